@@ -1,0 +1,47 @@
+# gpuqueue: `make help` lists the targets. `make test` is what CI runs (.ci/run).
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+# Crates that must stay free of I/O: no async runtime, no HTTP, no Kubernetes client.
+PURE_CRATES := gpuqueue-api gpuqueue-core
+IO_CRATES := tokio hyper kube-client kube-runtime
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: fmt
+fmt: ## Format all Rust code
+	$(CARGO) fmt --all
+
+.PHONY: fmt-check
+fmt-check: ## Fail if any Rust code is not formatted
+	$(CARGO) fmt --all -- --check
+
+.PHONY: lint
+lint: ## Clippy on every crate and target, warnings are errors
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+.PHONY: crds
+crds: ## Regenerate crds/ from the Rust types in crates/api
+	$(CARGO) run --quiet --locked -p gpuqueue-api --bin crdgen -- crds
+
+.PHONY: verify
+verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	  $(CARGO) run --quiet --locked -p gpuqueue-api --bin crdgen -- "$$tmp" && \
+	  if ! diff -ru crds "$$tmp"; then echo "verify: crds/ is stale; run 'make crds'" >&2; exit 1; fi
+	@for crate in $(PURE_CRATES); do \
+	  found=$$($(CARGO) tree --locked -p $$crate -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | grep -xE '$(subst $() ,|,$(IO_CRATES))' || true); \
+	  if [ -n "$$found" ]; then echo "verify: $$crate depends on I/O crates: $$found" >&2; exit 1; fi; \
+	done
+	@echo "verify: crds/ up to date; $(PURE_CRATES) free of $(IO_CRATES)"
+
+.PHONY: unit
+unit: ## Unit, scenario and property tests of every crate (no cluster)
+	$(CARGO) test --workspace --locked
+
+.PHONY: test
+test: fmt-check lint verify unit ## Everything CI runs: format, lint, verify, all tests

@@ -1,0 +1,26 @@
+//! Condition types and reasons of `GpuQueue` status. Reasons are PascalCase, as Kubernetes
+//! conventions ask, and stable: tools may match on them.
+
+/// Condition types.
+pub mod types {
+    /// The queue's spec was accepted and the operator is admitting its pods.
+    pub const READY: &str = "Ready";
+    /// The sum of all queues' guarantees for a resource exceeds the cluster's capacity.
+    pub const OVERCOMMITTED: &str = "Overcommitted";
+    /// A reclaim for or from this queue is in progress.
+    pub const RECLAIMING: &str = "Reclaiming";
+    /// A namespace of this queue is also claimed by another queue.
+    pub const NAMESPACE_CONFLICT: &str = "NamespaceConflict";
+}
+
+/// Condition reasons.
+pub mod reasons {
+    pub const ADMITTING: &str = "Admitting";
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub const NAMESPACE_CONFLICT: &str = "NamespaceConflict";
+    pub const NO_CONFLICT: &str = "NoConflict";
+    pub const GUARANTEES_EXCEED_CAPACITY: &str = "GuaranteesExceedCapacity";
+    pub const GUARANTEES_FIT: &str = "GuaranteesFit";
+    pub const HANDOVER_IN_PROGRESS: &str = "HandoverInProgress";
+    pub const IDLE: &str = "Idle";
+}

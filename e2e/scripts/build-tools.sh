@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds the real control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
+# kubectl, etcd, kwok) from the Go module proxy at the versions pinned in e2e/tools/*/go.mod,
+# and caches the binaries outside the repository, keyed by version and lockfile hash, so a
+# second run does nothing.
+#
+# Usage: e2e/scripts/build-tools.sh        prints the binary directory on its last line
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+tools="$here/tools"
+cache_root=${GPUQUEUE_E2E_CACHE:-$HOME/.cache/gpuqueue-e2e}
+
+export GOWORK=off GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false"
+
+# version_of MODULE DIR: the version DIR's go.mod requires of MODULE.
+version_of() { sed -n "s|^[[:space:]]*\(require[[:space:]]*\)\{0,1\}$1 \(v[^ ]*\).*|\2|p" "$2/go.mod" | head -n1; }
+lock_hash() { cat "$1/go.mod" "$1/go.sum" $(ls "$1"/*.go 2>/dev/null) | sha256sum | cut -c1-12; }
+
+k8s_version=$(version_of k8s.io/kubernetes "$tools/k8s")
+etcd_version=$(version_of go.etcd.io/etcd/server/v3 "$tools/etcd")
+kwok_version=$(version_of sigs.k8s.io/kwok "$tools/kwok")
+
+k8s_dir="$cache_root/kubernetes-$k8s_version-$(lock_hash "$tools/k8s")"
+etcd_dir="$cache_root/etcd-$etcd_version-$(lock_hash "$tools/etcd")"
+kwok_dir="$cache_root/kwok-$kwok_version-$(lock_hash "$tools/kwok")"
+bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
+
+log() { printf '[build-tools] %s\n' "$*" >&2; }
+
+# build_into DIR MODULE_DIR PACKAGES...: go build into DIR unless DIR/.complete exists.
+build_into() {
+  local out=$1 mod=$2; shift 2
+  if [[ -f "$out/.complete" ]]; then
+    log "cached: $out"
+    return
+  fi
+  log "building $* into $out (cold builds take minutes)"
+  local start=$SECONDS tmp="$out.partial.$$"
+  rm -rf "$tmp" && mkdir -p "$tmp"
+  (cd "$mod" && go mod download && go build -trimpath -ldflags "$LDFLAGS" -o "$tmp/" "$@")
+  rm -rf "$out" && mv "$tmp" "$out" && touch "$out/.complete"
+  log "built in $((SECONDS - start))s: $(ls "$out" | tr '\n' ' ')"
+}
+
+minor=$(echo "$k8s_version" | cut -d. -f2)
+LDFLAGS="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  LDFLAGS="$LDFLAGS -X $p.gitVersion=$k8s_version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+  LDFLAGS="$LDFLAGS -X $p.gitTreeState=clean -X $p.gitCommit=unknown -X $p.buildDate=1970-01-01T00:00:00Z"
+done
+build_into "$k8s_dir" "$tools/k8s" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+
+LDFLAGS="-s -w"
+build_into "$etcd_dir" "$tools/etcd" .
+[[ -x "$etcd_dir/etcd" ]] || mv "$etcd_dir"/etcd* "$etcd_dir/etcd" 2>/dev/null || true
+
+LDFLAGS="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version"
+build_into "$kwok_dir" "$tools/kwok" sigs.k8s.io/kwok/cmd/kwok
+
+# KWOK's fast stages ship in its module; the bare kwok binary needs them as a config file.
+stages="$kwok_dir/kwok-stages.yaml"
+if [[ ! -f "$stages" ]]; then
+  kwok_mod=$(cd "$tools/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)
+  for f in node/fast/node-initialize.yaml pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    cat "$kwok_mod/kustomize/stage/$f"
+    echo '---'
+  done >"$stages.tmp"
+  mv "$stages.tmp" "$stages"
+fi
+
+# One directory of links so callers need a single path.
+mkdir -p "$bin_dir"
+for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$stages"; do
+  ln -sfn "$f" "$bin_dir/$(basename "$f")"
+done
+echo "$bin_dir"
