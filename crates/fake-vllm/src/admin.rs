@@ -10,7 +10,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Extension, Path, Query, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use http::{StatusCode, Uri};
@@ -116,20 +116,38 @@ async fn clear_faults(
     StatusCode::NO_CONTENT
 }
 
+/// Marks an admin request that came in on the server's own address (not the fleet's listener).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ViaOwnAddress;
+
 #[derive(Deserialize)]
 struct ListeningBody {
     accepting: bool,
 }
 
-/// `POST /_fake/listening {"accepting": false}` closes the socket: connections are refused. Sent
-/// to the server's own address, this is the last call it answers there; use the fleet's admin
-/// listener (or the in-process handle) to start accepting again.
+/// `POST /_fake/listening {"accepting": false}` closes the socket and every open connection:
+/// connections are refused. Sent to the server's own address it takes effect just after this
+/// answer (which would otherwise be cut off with the connection), and it is the last call that
+/// address answers: use the fleet's admin listener or the in-process handle to accept again.
 async fn listening(
     State(server): State<FakeVllm>,
+    own_address: Option<Extension<ViaOwnAddress>>,
     body: Result<axum::Json<ListeningBody>, JsonRejection>,
 ) -> Response {
     let body = body!(body);
-    server.set_accepting(body.accepting);
+    if own_address.is_some() && !body.accepting {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            server.set_accepting(false).await;
+        });
+        return (
+            StatusCode::ACCEPTED,
+            [(http::header::CONNECTION, "close")],
+            axum::Json(json!({ "listening": "refusing" })),
+        )
+            .into_response();
+    }
+    server.set_accepting(body.accepting).await;
     axum::Json(json!({ "listening": server.listening() })).into_response()
 }
 

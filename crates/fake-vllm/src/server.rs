@@ -51,6 +51,8 @@ struct Inner {
     faults: FaultTable,
     calls: CallLog,
     listening: watch::Sender<Listening>,
+    /// Whether the socket is open now, as the listener last reported.
+    bound: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -70,6 +72,7 @@ impl FakeVllm {
                 faults: FaultTable::default(),
                 calls: CallLog::new(),
                 listening: watch::channel(Listening::Accepting).0,
+                bound: watch::channel(true).0,
                 tasks: Mutex::new(Vec::new()),
             }),
         };
@@ -158,9 +161,9 @@ impl FakeVllm {
     }
 
     /// Stops accepting (the socket closes: connections are refused and open ones are dropped),
-    /// or starts again on the same address.
-    pub fn set_accepting(&self, accepting: bool) {
-        self.inner.listening.send_if_modified(|listening| {
+    /// or starts again on the same address. Returns once the socket is closed or bound again.
+    pub async fn set_accepting(&self, accepting: bool) {
+        let changed = self.inner.listening.send_if_modified(|listening| {
             let next = match (*listening, accepting) {
                 (Listening::Stopped, _) => return false,
                 (_, true) => Listening::Accepting,
@@ -170,6 +173,11 @@ impl FakeVllm {
             *listening = next;
             modified
         });
+        if changed {
+            let mut bound = self.inner.bound.subscribe();
+            // An error means the listener is gone, which is as closed as it gets.
+            let _ = bound.wait_for(|bound| *bound == accepting).await;
+        }
     }
 
     /// Makes `/health` answer 503, as after vLLM's `EngineDeadError`.
@@ -229,7 +237,9 @@ impl FakeVllm {
         let path = request.uri().path().to_owned();
         if path == "/_fake" || path.starts_with("/_fake/") {
             let admin = admin::server_router(self.clone());
-            return match admin.oneshot(request.map(Body::new)).await {
+            let mut request = request.map(Body::new);
+            request.extensions_mut().insert(admin::ViaOwnAddress);
+            return match admin.oneshot(request).await {
                 Ok(response) => response,
                 Err(never) => match never {},
             };
@@ -294,10 +304,14 @@ async fn listen(server: FakeVllm, listener: TcpListener) {
     loop {
         let current = *state.borrow_and_update();
         match current {
-            Listening::Stopped => return,
+            Listening::Stopped => {
+                server.inner.bound.send_replace(false);
+                return;
+            }
             Listening::Refusing => {
                 listener = None;
                 closing.send_modify(|generation| *generation += 1);
+                server.inner.bound.send_replace(false);
                 if state.changed().await.is_err() {
                     return;
                 }
@@ -317,6 +331,7 @@ async fn listen(server: FakeVllm, listener: TcpListener) {
                         }
                     },
                 };
+                server.inner.bound.send_replace(true);
                 loop {
                     tokio::select! {
                         accepted = active.accept() => match accepted {
