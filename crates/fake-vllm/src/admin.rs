@@ -91,11 +91,15 @@ async fn faults(State(server): State<FakeVllm>) -> Response {
 
 /// `POST /_fake/faults {"route": "/pause", "delay_ms": 1200, "action": {"status": 500}, "times": 1}`;
 /// `action` is `"respond"` (default), `{"status": N}`, `"hang"` or `"close"`.
-async fn set_fault(
-    State(server): State<FakeVllm>,
-    fault: Result<axum::Json<RouteFault>, JsonRejection>,
-) -> Response {
-    let fault = body!(fault);
+async fn set_fault(State(server): State<FakeVllm>, body: axum::body::Bytes) -> Response {
+    let fault: RouteFault = match serde_json::from_slice(&body) {
+        Ok(fault) => fault,
+        Err(error) => {
+            return bad_request(&format!(
+                "invalid fault ({error}); expected {{\"route\": \"/pause\", \"delay_ms\": 0, \"action\": \"respond\" | \"hang\" | \"close\" | {{\"status\": 500}}, \"times\": 1}}"
+            ));
+        }
+    };
     if fault.route != crate::faults::ANY_ROUTE && !fault.route.starts_with('/') {
         return bad_request("route must be a path such as /pause, or *");
     }
