@@ -377,15 +377,15 @@ fn wait_ready(child: &mut std::process::Child) -> String {
 
 #[tokio::test]
 async fn the_binary_serves_several_addresses_with_cli_faults_and_exits_on_sigterm() {
-    // Fixed ports on addresses no other test uses.
+    // Fixed ports on addresses outside 127.100/16, which the end-to-end tests use for KWOK pods.
     let mut child = Command::new(env!("CARGO_BIN_EXE_fake-vllm"))
         .args([
             "--listen",
-            "127.100.32.1:18000",
+            "127.201.32.1:18000",
             "--listen",
-            "127.100.32.2:18000",
+            "127.201.32.2:18000",
             "--admin",
-            "127.100.32.3:18001",
+            "127.201.32.3:18001",
             "--dev-mode",
             "--profile",
             "v0_19",
@@ -403,10 +403,10 @@ async fn the_binary_serves_several_addresses_with_cli_faults_and_exits_on_sigter
     let ready = wait_ready(&mut child);
     assert_eq!(
         ready.trim(),
-        "fake-vllm ready: 127.100.32.1:18000 127.100.32.2:18000"
+        "fake-vllm ready: 127.201.32.1:18000 127.201.32.2:18000"
     );
 
-    for pod in ["127.100.32.1:18000", "127.100.32.2:18000"] {
+    for pod in ["127.201.32.1:18000", "127.201.32.2:18000"] {
         assert_eq!(
             call("GET", &format!("http://{pod}/version"), None)
                 .await
@@ -431,7 +431,7 @@ async fn the_binary_serves_several_addresses_with_cli_faults_and_exits_on_sigter
     }
     let state = call(
         "GET",
-        "http://127.100.32.3:18001/_fake/servers/127.100.32.1:18000/state",
+        "http://127.201.32.3:18001/_fake/servers/127.201.32.1:18000/state",
         None,
     )
     .await
@@ -458,7 +458,7 @@ fn the_binary_refuses_bad_flags_naming_them() {
     let output = Command::new(env!("CARGO_BIN_EXE_fake-vllm"))
         .args([
             "--listen",
-            "127.100.32.9:18000",
+            "127.201.32.9:18000",
             "--fault",
             "/pause=explode",
         ])

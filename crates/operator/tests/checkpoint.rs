@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointPolicy, PauseMode};
+use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointPolicy, GpuQueue, PauseMode};
 use gpuqueue_fake_vllm::{Config, ErrorStyle, FakeVllm, Fault, FaultAction, Profile};
 use gpuqueue_operator::checkpoint::{
     CallError, CheckpointClient, CheckpointReport, Checkpointer, Evidence, Outcome, SkipReason,
@@ -498,6 +498,10 @@ struct Sidecar {
 }
 
 async fn sidecar(pod: u8) -> (SocketAddr, Sidecar) {
+    sidecar_on(format!("127.100.2.{pod}:0").parse().unwrap()).await
+}
+
+async fn sidecar_on(addr: SocketAddr) -> (SocketAddr, Sidecar) {
     use axum::routing::post;
     let seen = Sidecar::default();
     let record = |seen: Sidecar, path: &'static str| {
@@ -539,9 +543,7 @@ async fn sidecar(pod: u8) -> (SocketAddr, Sidecar) {
                 }
             }),
         );
-    let listener = tokio::net::TcpListener::bind(format!("127.100.2.{pod}:0"))
-        .await
-        .unwrap();
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (addr, seen)
@@ -647,4 +649,56 @@ async fn parallel_checkpoints_each_pause_their_own_server_once() {
         assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
         assert_one_pause_never_sleep(server);
     }
+}
+
+/// The checkpoint policy of a queue in `examples/`.
+fn example_policy(file: &str) -> CheckpointPolicy {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples")
+        .join(file);
+    let queue: GpuQueue = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    queue.spec.reclaim.checkpoint
+}
+
+// The examples name fixed ports (8000, 9090); these loopback addresses sit outside 127.100/16,
+// which the end-to-end tests use for KWOK pods.
+
+#[tokio::test]
+async fn the_vllm_example_queue_checkpoints_a_vllm_pod() {
+    let policy = example_policy("checkpoint-vllm.yaml");
+    let addr: SocketAddr = "127.201.0.1:8000".parse().unwrap();
+    let server = FakeVllm::start(vllm_config(), addr).await.unwrap();
+    server.add_load(2, 64, 8000);
+    eventually(|| server.snapshot().running == 2).await;
+
+    let report = run(&policy, Some(addr.ip()), DEADLINE).await;
+
+    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        server.calls_to("/pause")[0].query_param("mode"),
+        Some("abort")
+    );
+    assert_one_pause_never_sleep(&server);
+}
+
+#[tokio::test]
+async fn the_http_example_queue_checkpoints_through_its_sidecar() {
+    let policy = example_policy("checkpoint-http.yaml");
+    let (addr, sidecar) = sidecar_on("127.201.0.2:9090".parse().unwrap()).await;
+
+    let report = run(&policy, Some(addr.ip()), DEADLINE).await;
+
+    assert_eq!(
+        report.outcome,
+        Outcome::Succeeded(Evidence::Acknowledged { status: 204 })
+    );
+    assert_eq!(sidecar.bodies.lock().unwrap()[0].0, "/checkpoint");
+}
+
+#[tokio::test]
+async fn the_none_example_queue_calls_nothing() {
+    let policy = example_policy("checkpoint-none.yaml");
+    let report = run(&policy, Some("127.201.0.3".parse().unwrap()), DEADLINE).await;
+    assert_eq!(report.outcome, Outcome::Skipped(SkipReason::DriverNone));
+    assert_eq!(report.result(), "skipped");
 }
