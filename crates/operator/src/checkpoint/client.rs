@@ -4,6 +4,7 @@
 
 use std::error::Error as _;
 use std::fmt;
+use std::time::Duration;
 
 use reqwest::redirect;
 
@@ -60,6 +61,9 @@ impl CheckpointClient {
             .redirect(redirect::Policy::none())
             .http1_only()
             .tcp_nodelay(true)
+            // Reuse connections within a checkpoint; don't keep them long enough for the pod IP
+            // to belong to another pod.
+            .pool_idle_timeout(Duration::from_secs(5))
             .user_agent(concat!("gpuqueue-operator/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self { http })
