@@ -1,0 +1,340 @@
+//! GPU fragmentation as the FGD paper (Weng et al., USENIX ATC '23) measures it.
+//!
+//! The target workload is a mix of task shapes with their shares. For a node `n` and a task
+//! class `m`, the fragment is the node's idle GPU capacity that `m` cannot use:
+//! - all of it when `m` requests no GPU, when `m`'s GPU models exclude the node's, or when the
+//!   node lacks enough devices with `m`'s per-device request free, or enough free CPU;
+//! - otherwise the free capacity of the devices whose free part is below `m`'s per-device
+//!   request (the leftovers `m` cannot use), plus any devices of other resources.
+//!
+//! `F_n = Σ_m p_m · frag_n(m)` and the cluster's fragmentation is `Σ_n F_n`. Written as
+//! `F_n = idle_n − Σ_m p_m · usable_n(m)`, classes can be grouped by (resource, per-device
+//! request, device count) with their CPU thresholds sorted, so one node is measured in a few
+//! passes over its devices, which keeps FGD scoring fast enough for whole-trace simulations.
+
+use std::collections::HashMap;
+
+use crate::model::{GpuRequest, Pod};
+use crate::quantity::ResourceName;
+use crate::snapshot::{ModelId, PoolLayout, ResourceId};
+
+/// The share of all tasks the typical shapes must cover (the FGD simulator's
+/// `podPopularityThreshold: 95`).
+pub const DEFAULT_POPULARITY: f64 = 0.95;
+
+/// One task shape of the workload mix: CPU, at most one GPU request, allowed GPU models.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskShape {
+    pub cpu_milli: u64,
+    /// `None`: a CPU-only task.
+    pub gpu: Option<GpuRequest>,
+    /// Allowed GPU models as the task lists them; empty: any. Not normalised, because FGD
+    /// groups tasks by the model list as written (`A|B|B` is a class of its own), and the
+    /// published values depend on that.
+    pub gpu_models: Vec<String>,
+}
+
+impl TaskShape {
+    /// The shape of a pod: its CPU, its first GPU request and its GPU models. A pod that
+    /// requests several GPU resources (rare) is classed by the first, as FGD classes by one.
+    pub fn of_pod(pod: &Pod) -> Self {
+        Self {
+            cpu_milli: pod.requests.cpu_milli,
+            gpu: pod.requests.gpus.first().cloned(),
+            gpu_models: pod.gpu_models.clone(),
+        }
+    }
+}
+
+/// The workload mix fragmentation is measured against: task classes with shares summing to 1.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkloadMix {
+    classes: Vec<(TaskShape, f64)>,
+}
+
+impl WorkloadMix {
+    /// The "typical pods" of FGD: group the shapes, sort the groups by count (descending;
+    /// equal counts by shape, descending, as the FGD simulator orders them), keep groups until
+    /// their cumulative share reaches `popularity` (0.95 in the paper), then renormalise the
+    /// kept shares to sum to 1.
+    pub fn from_shapes<I: IntoIterator<Item = TaskShape>>(shapes: I, popularity: f64) -> Self {
+        let mut counts: HashMap<TaskShape, u64> = HashMap::new();
+        let mut total = 0u64;
+        for shape in shapes {
+            *counts.entry(shape).or_default() += 1;
+            total += 1;
+        }
+        if total == 0 {
+            return Self::default();
+        }
+        let mut groups: Vec<(TaskShape, u64)> = counts.into_iter().collect();
+        groups.sort_by(|(a, n), (b, m)| {
+            m.cmp(n)
+                .then_with(|| fgd_shape_order(b).cmp(&fgd_shape_order(a)))
+        });
+        #[allow(clippy::cast_precision_loss)] // task counts are far below 2^52
+        let wanted = popularity * total as f64;
+        let mut kept = Vec::new();
+        let mut covered = 0u64;
+        for (shape, count) in groups {
+            #[allow(clippy::cast_precision_loss)]
+            if covered as f64 >= wanted {
+                break;
+            }
+            covered += count;
+            kept.push((shape, count));
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let classes = kept
+            .into_iter()
+            .map(|(shape, n)| (shape, n as f64 / covered as f64))
+            .collect();
+        Self { classes }
+    }
+
+    /// A mix with the given shares (normalised to sum to 1; non-positive shares are dropped).
+    pub fn new(classes: Vec<(TaskShape, f64)>) -> Self {
+        let classes: Vec<_> = classes
+            .into_iter()
+            .filter(|(_, p)| *p > 0.0 && p.is_finite())
+            .collect();
+        let total: f64 = classes.iter().map(|(_, p)| p).sum();
+        Self {
+            classes: classes.into_iter().map(|(s, p)| (s, p / total)).collect(),
+        }
+    }
+
+    /// The classes and their shares, most frequent first.
+    pub fn classes(&self) -> &[(TaskShape, f64)] {
+        &self.classes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.classes.is_empty()
+    }
+}
+
+/// The order of FGD's `PodResource.Less`: CPU, milli-GPU per device, device count, GPU type.
+fn fgd_shape_order(shape: &TaskShape) -> (u64, u32, u32, String) {
+    let (milli, count) = shape
+        .gpu
+        .as_ref()
+        .map_or((0, 0), |g| (g.milli_per_device, g.count));
+    (shape.cpu_milli, milli, count, shape.gpu_models.join("|"))
+}
+
+/// Cluster-wide fragmentation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterFragmentation {
+    /// GPU capacity of all nodes, milli.
+    pub capacity_milli: u64,
+    /// Free GPU capacity, milli.
+    pub idle_milli: u64,
+    /// `Σ_n F_n`, milli (expected free capacity the workload mix cannot use).
+    pub fragmented_milli: f64,
+}
+
+impl ClusterFragmentation {
+    /// Fragmentation as a share of all GPU capacity (FGD's "fragmentation amount", Fig. 7b).
+    pub fn share_of_capacity(&self) -> f64 {
+        ratio(self.fragmented_milli, self.capacity_milli)
+    }
+
+    /// Fragmentation as a share of idle GPU capacity (FGD's "fragmentation ratio", Fig. 7a).
+    pub fn share_of_idle(&self) -> f64 {
+        ratio(self.fragmented_milli, self.idle_milli)
+    }
+
+    /// Allocated GPU capacity as a share of all capacity (FGD's "GPU allocation ratio").
+    pub fn allocation(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        ratio(
+            (self.capacity_milli - self.idle_milli) as f64,
+            self.capacity_milli,
+        )
+    }
+}
+
+fn ratio(part: f64, whole: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    if whole == 0 { 0.0 } else { part / whole as f64 }
+}
+
+/// Classes with the same (resource, per-device request, device count) accessible on one GPU
+/// model, with CPU thresholds sorted so `P(cpu fits)` is one binary search.
+#[derive(Clone, Debug)]
+struct ClassGroup {
+    resource: ResourceId,
+    milli: u16,
+    count: u16,
+    /// CPU requests, ascending.
+    cpu: Vec<u64>,
+    /// `share_up_to[k]`: summed share of the first `k` entries of `cpu` (`share_up_to[0] = 0`).
+    share_up_to: Vec<f64>,
+}
+
+/// The mix compiled against a snapshot's resource and model ids.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct FragIndex {
+    /// Index 0: nodes without a GPU model; index `m + 1`: model id `m`.
+    by_model: Vec<Vec<ClassGroup>>,
+}
+
+impl FragIndex {
+    /// Compiles `mix` for `models` (by id) and a resource lookup.
+    pub(crate) fn new(
+        mix: &WorkloadMix,
+        models: &[String],
+        resource_id: impl Fn(&ResourceName) -> Option<ResourceId>,
+    ) -> Self {
+        let mut by_model = Vec::with_capacity(models.len() + 1);
+        for slot in 0..=models.len() {
+            let model = slot.checked_sub(1).map(|m| models[m].as_str());
+            let mut groups: Vec<ClassGroup> = Vec::new();
+            let mut members: Vec<Vec<(u64, f64)>> = Vec::new();
+            for (shape, share) in &mix.classes {
+                let Some(gpu) = &shape.gpu else { continue };
+                let accessible = shape.gpu_models.is_empty()
+                    || model.is_some_and(|m| shape.gpu_models.iter().any(|allowed| allowed == m));
+                let Some(resource) = resource_id(&gpu.resource) else {
+                    continue;
+                };
+                let (Ok(milli), Ok(count)) = (
+                    u16::try_from(gpu.milli_per_device),
+                    u16::try_from(gpu.count),
+                ) else {
+                    continue;
+                };
+                if !accessible || count == 0 || milli == 0 {
+                    continue;
+                }
+                let existing = groups
+                    .iter()
+                    .position(|g| g.resource == resource && g.milli == milli && g.count == count);
+                let at = existing.unwrap_or_else(|| {
+                    groups.push(ClassGroup {
+                        resource,
+                        milli,
+                        count,
+                        cpu: Vec::new(),
+                        share_up_to: Vec::new(),
+                    });
+                    members.push(Vec::new());
+                    groups.len() - 1
+                });
+                members[at].push((shape.cpu_milli, *share));
+            }
+            for (group, mut entries) in groups.iter_mut().zip(members) {
+                entries.sort_by_key(|e| e.0);
+                group.cpu = entries.iter().map(|(cpu, _)| *cpu).collect();
+                group.share_up_to = std::iter::once(0.0)
+                    .chain(entries.iter().scan(0.0, |sum, (_, p)| {
+                        *sum += p;
+                        Some(*sum)
+                    }))
+                    .collect();
+            }
+            by_model.push(groups);
+        }
+        Self { by_model }
+    }
+
+    /// `F_n` of a node: its model, free CPU, and the free milli of each device (`free`, laid
+    /// out in pools by `layout`).
+    pub(crate) fn node_fragmentation(
+        &self,
+        model: Option<ModelId>,
+        cpu_free: i64,
+        layout: &[PoolLayout],
+        free: &[u16],
+    ) -> f64 {
+        let idle: u64 = free.iter().map(|f| u64::from(*f)).sum();
+        if idle == 0 {
+            return 0.0;
+        }
+        let groups = model.map_or(self.by_model.first(), |m| {
+            self.by_model.get(usize::from(m.0) + 1)
+        });
+        let mut usable = 0.0;
+        for group in groups.into_iter().flatten() {
+            let Some(pool) = layout.iter().find(|p| p.resource == group.resource) else {
+                continue;
+            };
+            let (mut fitting, mut fitting_milli) = (0u16, 0u64);
+            for &f in &free[usize::from(pool.start)..usize::from(pool.start + pool.len)] {
+                if f >= group.milli {
+                    fitting += 1;
+                    fitting_milli += u64::from(f);
+                }
+            }
+            if fitting < group.count {
+                continue;
+            }
+            let cpu_fits = group
+                .cpu
+                .partition_point(|&c| i128::from(c) <= i128::from(cpu_free));
+            #[allow(clippy::cast_precision_loss)]
+            {
+                usable += group.share_up_to[cpu_fits] * fitting_milli as f64;
+            }
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (idle as f64 - usable).max(0.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(cpu: u64, gpu: Option<GpuRequest>) -> TaskShape {
+        TaskShape {
+            cpu_milli: cpu,
+            gpu,
+            gpu_models: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn typical_shapes_cover_the_popularity_threshold_and_renormalise() {
+        let a = shape(1000, Some(GpuRequest::devices("nvidia.com/gpu", 1)));
+        let b = shape(2000, Some(GpuRequest::shared("nvidia.com/gpu", 500)));
+        let c = shape(4000, None);
+        let shapes = std::iter::repeat_n(a.clone(), 70)
+            .chain(std::iter::repeat_n(b.clone(), 26))
+            .chain(std::iter::repeat_n(c, 4));
+        let mix = WorkloadMix::from_shapes(shapes, DEFAULT_POPULARITY);
+        assert_eq!(mix.classes().len(), 2, "96% is covered by two shapes");
+        assert_eq!(mix.classes()[0].0, a);
+        assert!((mix.classes()[0].1 - 70.0 / 96.0).abs() < 1e-12);
+        assert!((mix.classes()[1].1 - 26.0 / 96.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn fragmentation_counts_what_the_mix_cannot_use() {
+        // One class: a half GPU with 1 CPU; the node has devices free 1000, 300, 0.
+        let gpu = ResourceName::nvidia_gpu();
+        let mix = WorkloadMix::new(vec![(
+            shape(1000, Some(GpuRequest::shared(gpu.clone(), 500))),
+            1.0,
+        )]);
+        let index = FragIndex::new(&mix, &[], |r| (r == &gpu).then_some(ResourceId(0)));
+        let free = [1000u16, 300, 0];
+        let layout = [PoolLayout {
+            resource: ResourceId(0),
+            start: 0,
+            len: 3,
+            memory_mib: None,
+        }];
+        let f = index.node_fragmentation(None, 8000, &layout, &free);
+        assert!(
+            (f - 300.0).abs() < 1e-9,
+            "only the 300 left on the second GPU is a fragment, got {f}"
+        );
+        let no_cpu = index.node_fragmentation(None, 500, &layout, &free);
+        assert!(
+            (no_cpu - 1300.0).abs() < 1e-9,
+            "without CPU for the class, all idle GPU is a fragment"
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! The quota ledger: per queue and resource, what is guaranteed, allocated, borrowed, lent and
+//! pending, and which admitted pods are the borrowers.
+//!
+//! Borrowers are chosen deterministically: walk the queue's admitted pods from the least
+//! protected (lowest priority, then most recently admitted, then name) and mark a pod as a
+//! borrower while the marked pods' requests still fit within what the queue holds above its
+//! guarantee. Evicting any subset of the borrowers therefore never takes the queue below its
+//! guarantee, which is the rule reclaim must keep.
+
+use std::{cmp::Ordering, collections::BTreeSet};
+
+use jiff::Timestamp;
+
+use crate::model::{PodKey, Queue};
+use crate::quantity::Milli;
+use crate::snapshot::{PodId, ResourceId};
+
+/// One queue's numbers for one resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceUsage {
+    pub(crate) resource: ResourceId,
+    pub guaranteed: Milli,
+    pub burstable: Milli,
+    /// The part of guaranteed that may be lent.
+    pub lendable: Milli,
+    /// Held by admitted pods (running, pinned or terminating).
+    pub allocated: Milli,
+    /// Requested by pods waiting at the gate.
+    pub pending: Milli,
+    /// GPU memory held by admitted pods, MiB (on nodes that report device memory).
+    pub memory_mib: u64,
+    /// The queue's cap on GPU memory of this resource, MiB.
+    pub memory_cap_mib: Option<u64>,
+    /// Whether the queue's spec lists this resource (pods may use resources it does not).
+    pub in_spec: bool,
+}
+
+impl ResourceUsage {
+    /// guaranteed + burstable.
+    pub fn ceiling(&self) -> Milli {
+        self.guaranteed + self.burstable
+    }
+
+    /// Allocated above guaranteed.
+    pub fn borrowed(&self) -> Milli {
+        self.allocated.saturating_sub(self.guaranteed)
+    }
+
+    /// Guaranteed capacity this queue does not use.
+    pub fn idle_guarantee(&self) -> Milli {
+        self.guaranteed.saturating_sub(self.allocated)
+    }
+
+    /// Idle guaranteed capacity that may be lent.
+    pub fn idle_lendable(&self) -> Milli {
+        self.idle_guarantee().min(self.lendable)
+    }
+
+    /// Idle guaranteed capacity that must stay free for this queue (never lent).
+    pub fn reserved_idle(&self) -> Milli {
+        self.idle_guarantee().saturating_sub(self.lendable)
+    }
+}
+
+/// Orders a queue's admitted pods from the least protected to the most: lowest priority, then
+/// most recently admitted, then name (descending), so iteration yields borrowers first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Protection {
+    pub priority: i32,
+    pub since: Timestamp,
+    pub key: PodKey,
+    pub id: PodId,
+}
+
+impl Ord for Protection {
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.priority
+            .cmp(&other.priority)
+            .then_with(|| other.since.cmp(&self.since))
+            .then_with(|| other.key.cmp(&self.key))
+            .then_with(|| self.id.cmp(&other.id))
+    }
+}
+
+impl PartialOrd for Protection {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A queue in the snapshot: its spec and its ledger.
+#[derive(Clone, Debug)]
+pub(crate) struct QueueState {
+    pub queue: Queue,
+    /// One entry per resource the spec lists or the queue's pods use, sorted by resource id.
+    pub usage: Vec<ResourceUsage>,
+    /// Admitted pods, least protected first.
+    pub members: BTreeSet<Protection>,
+    pub admitted_pods: u32,
+    pub pending_pods: u32,
+    /// Namespaces this queue claims that another queue claims too.
+    pub conflicts: Vec<(String, Vec<String>)>,
+}
+
+impl QueueState {
+    pub fn new(
+        queue: Queue,
+        mut resource_id: impl FnMut(&crate::quantity::ResourceName) -> ResourceId,
+    ) -> Self {
+        let mut usage: Vec<ResourceUsage> = queue
+            .quotas
+            .iter()
+            .map(|q| ResourceUsage {
+                resource: resource_id(&q.resource),
+                guaranteed: q.guaranteed,
+                burstable: q.burstable,
+                lendable: q.lendable(),
+                allocated: Milli::ZERO,
+                pending: Milli::ZERO,
+                memory_mib: 0,
+                memory_cap_mib: q.gpu_memory_mib,
+                in_spec: true,
+            })
+            .collect();
+        usage.sort_by_key(|u| u.resource);
+        Self {
+            queue,
+            usage,
+            members: BTreeSet::new(),
+            admitted_pods: 0,
+            pending_pods: 0,
+            conflicts: Vec::new(),
+        }
+    }
+
+    /// The usage entry of `resource`, created with a zero quota when the spec does not list it.
+    pub fn usage_mut(&mut self, resource: ResourceId) -> &mut ResourceUsage {
+        let at = match self.usage.binary_search_by_key(&resource, |u| u.resource) {
+            Ok(at) => at,
+            Err(at) => {
+                self.usage.insert(
+                    at,
+                    ResourceUsage {
+                        resource,
+                        guaranteed: Milli::ZERO,
+                        burstable: Milli::ZERO,
+                        lendable: Milli::ZERO,
+                        allocated: Milli::ZERO,
+                        pending: Milli::ZERO,
+                        memory_mib: 0,
+                        memory_cap_mib: None,
+                        in_spec: false,
+                    },
+                );
+                at
+            }
+        };
+        &mut self.usage[at]
+    }
+
+    /// The usage of `resource`; `None` when neither the spec nor any pod names it.
+    pub fn usage(&self, resource: ResourceId) -> Option<&ResourceUsage> {
+        self.usage
+            .binary_search_by_key(&resource, |u| u.resource)
+            .ok()
+            .map(|at| &self.usage[at])
+    }
+
+    /// The queue's borrowing share: the largest fraction of a resource's capacity it holds
+    /// above its guarantee, divided by its weight. Idle capacity goes to the lowest share.
+    pub fn borrowing_share(&self, capacity: impl Fn(ResourceId) -> Milli) -> f64 {
+        let share = self
+            .usage
+            .iter()
+            .map(|u| {
+                let cap = capacity(u.resource).0.max(1);
+                #[allow(clippy::cast_precision_loss)]
+                let s = u.borrowed().0 as f64 / cap as f64;
+                s
+            })
+            .fold(0.0, f64::max);
+        share / f64::from(self.queue.weight.max(1))
+    }
+
+    /// The borrower pods: see the module documentation. `requests(id)` gives a pod's GPU
+    /// requests by resource.
+    pub fn borrowers<'a>(
+        &self,
+        requests: impl Fn(PodId) -> &'a [(ResourceId, Milli)],
+    ) -> Vec<PodId> {
+        let over: Vec<(ResourceId, Milli)> = self
+            .usage
+            .iter()
+            .filter(|u| u.borrowed() > Milli::ZERO)
+            .map(|u| (u.resource, u.borrowed()))
+            .collect();
+        if over.is_empty() {
+            return Vec::new();
+        }
+        let mut room = over.clone();
+        let mut borrowers = Vec::new();
+        for member in &self.members {
+            let wants = requests(member.id);
+            if wants.is_empty() {
+                continue;
+            }
+            let fits = wants.iter().all(|(resource, amount)| {
+                room.iter().any(|(r, left)| r == resource && amount <= left)
+            });
+            if fits {
+                for (resource, amount) in wants {
+                    if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
+                        *left = left.saturating_sub(*amount);
+                    }
+                }
+                borrowers.push(member.id);
+                if room.iter().all(|(_, left)| *left == Milli::ZERO) {
+                    break;
+                }
+            }
+        }
+        borrowers
+    }
+}

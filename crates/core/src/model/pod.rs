@@ -1,0 +1,517 @@
+//! A pod as the policy sees it: what it requests, which nodes it may use, whether it waits at
+//! the gate or holds quota, and the hints reclaim orders victims by.
+
+use std::{collections::BTreeMap, fmt};
+
+use gpuqueue_api::{ADMISSION_GATE, annotations, node_labels};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1 as k8s;
+
+use super::{Converted, node::HOSTNAME_LABEL, selector::NodeRules, selector::Operator};
+use crate::quantity::{
+    MILLI_PER_DEVICE, Milli, ResourceName, is_gpu_resource, parse_bytes, parse_device_count,
+    parse_milli,
+};
+
+/// `namespace/name` of a pod: unique in a snapshot, and the last tie-breaker of every ordering.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PodKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl PodKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for PodKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A request for devices of one GPU resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GpuRequest {
+    pub resource: ResourceName,
+    /// Number of devices.
+    pub count: u32,
+    /// Milli-units used on each device: 1000 for whole devices, less for a shared GPU (only
+    /// with `count == 1`).
+    pub milli_per_device: u32,
+}
+
+impl GpuRequest {
+    /// `count` whole devices.
+    pub fn devices(resource: impl Into<ResourceName>, count: u32) -> Self {
+        Self {
+            resource: resource.into(),
+            count,
+            milli_per_device: MILLI_PER_DEVICE,
+        }
+    }
+
+    /// A share of one device (`milli` < 1000), as GPU-sharing tasks of the Alibaba trace use.
+    pub fn shared(resource: impl Into<ResourceName>, milli: u32) -> Self {
+        Self {
+            resource: resource.into(),
+            count: 1,
+            milli_per_device: milli,
+        }
+    }
+
+    /// The quota this request is charged: devices × milli per device.
+    pub fn total(&self) -> Milli {
+        Milli(u64::from(self.count) * u64::from(self.milli_per_device))
+    }
+}
+
+/// What a pod requests.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    pub cpu_milli: u64,
+    pub memory_bytes: u64,
+    /// One entry per GPU resource, sorted by resource name.
+    pub gpus: Vec<GpuRequest>,
+}
+
+impl Requests {
+    /// The amount of `resource` requested.
+    pub fn of(&self, resource: &ResourceName) -> Milli {
+        self.gpus
+            .iter()
+            .filter(|g| &g.resource == resource)
+            .map(GpuRequest::total)
+            .sum()
+    }
+}
+
+/// Where a pod stands with the gate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodState {
+    /// Held at the gate `gpuqueue.io/admission`: waits for admission and holds no quota.
+    Pending,
+    /// Past the gate (or never gated): holds quota, and capacity on its node when known.
+    Admitted(Assignment),
+}
+
+/// The node of an admitted pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    /// The node it is bound to, or pinned to (a node name or hostname label value); `None`
+    /// when neither is known yet.
+    pub node: Option<String>,
+    /// Bound by kube-scheduler (`spec.nodeName` set).
+    pub bound: bool,
+    /// Being deleted; it holds its GPUs until it is gone.
+    pub terminating: bool,
+}
+
+/// Which devices of a node a pod holds, for one resource.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceSet {
+    pub resource: ResourceName,
+    /// Device indices within the node's pool of `resource`.
+    pub devices: Vec<u16>,
+}
+
+/// The quota a pod was admitted against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AdmittedAs {
+    /// Within its queue's guaranteed quota.
+    Guaranteed,
+    /// Above guaranteed, from idle capacity: reclaimable.
+    Borrowed,
+}
+
+impl AdmittedAs {
+    /// The value of the `gpuqueue.io/admitted-as` annotation.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Guaranteed => "guaranteed",
+            Self::Borrowed => "borrowed",
+        }
+    }
+}
+
+impl fmt::Display for AdmittedAs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A pod's part in a reclaim that is under way (from its reclaim annotations).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReclaimMark {
+    pub id: String,
+    pub role: ReclaimRole,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReclaimRole {
+    /// The pod the GPUs are freed for.
+    Owner,
+    /// A pod being checkpointed and evicted.
+    Victim,
+}
+
+/// A GPU pod.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pod {
+    pub key: PodKey,
+    pub requests: Requests,
+    /// GPU models the pod may run on; empty: any.
+    pub gpu_models: Vec<String>,
+    /// Node selector, required affinity and tolerations; `None`: no rules.
+    pub node_rules: Option<Box<NodeRules>>,
+    pub priority: i32,
+    pub state: PodState,
+    pub created_at: Timestamp,
+    /// When the gate was released (the `gpuqueue.io/admitted-at` annotation).
+    pub admitted_at: Option<Timestamp>,
+    /// When its containers started (`status.startTime`).
+    pub started_at: Option<Timestamp>,
+    /// A user's hint of how much work a checkpoint of this pod saves: bigger is evicted later.
+    pub checkpoint_cost: u64,
+    pub reclaim: Option<ReclaimMark>,
+    /// Devices it holds, when known (the simulator knows; Kubernetes does not say, and the
+    /// snapshot assigns devices itself).
+    pub devices: Vec<DeviceSet>,
+}
+
+/// A pod that cannot be modelled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("pod {pod}: {field}: {rule}")]
+pub struct PodError {
+    pub pod: String,
+    pub field: String,
+    pub rule: String,
+}
+
+impl Pod {
+    /// A pending pod (held at the gate) with these requests, created at `created_at`.
+    pub fn new(key: PodKey, requests: Requests, created_at: Timestamp) -> Self {
+        Self {
+            key,
+            requests,
+            gpu_models: Vec::new(),
+            node_rules: None,
+            priority: 0,
+            state: PodState::Pending,
+            created_at,
+            admitted_at: None,
+            started_at: None,
+            checkpoint_cost: 0,
+            reclaim: None,
+            devices: Vec::new(),
+        }
+    }
+
+    /// Whether the pod holds quota.
+    pub fn is_admitted(&self) -> bool {
+        matches!(self.state, PodState::Admitted(_))
+    }
+
+    /// When the pod started doing work that a reclaim would lose: start, admission or creation.
+    pub fn running_since(&self) -> Timestamp {
+        self.started_at
+            .or(self.admitted_at)
+            .unwrap_or(self.created_at)
+    }
+
+    /// Reads a Kubernetes pod. `Ok(None)` for pods the policy ignores: finished pods and pods
+    /// that request no GPU resource.
+    pub fn from_k8s(pod: &k8s::Pod) -> Result<Option<Converted<Self>>, PodError> {
+        let key = PodKey::new(
+            pod.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let err = |field: &str, rule: String| PodError {
+            pod: key.to_string(),
+            field: field.to_string(),
+            rule,
+        };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return Ok(None);
+        }
+        let Some(spec) = pod.spec.as_ref() else {
+            return Err(err("spec", "must be set".into()));
+        };
+        let requests = effective_requests(spec).map_err(|(field, rule)| err(&field, rule))?;
+        if requests.gpus.is_empty() {
+            return Ok(None);
+        }
+
+        let mut warnings = Vec::new();
+        let created_at = if let Some(t) = &pod.metadata.creation_timestamp {
+            t.0
+        } else {
+            warnings.push(format!(
+                "pod {key}: metadata.creationTimestamp is missing; ordered as the oldest"
+            ));
+            Timestamp::UNIX_EPOCH
+        };
+        let hints = Hints::read(&key, pod.metadata.annotations.as_ref(), &mut warnings);
+
+        let node_rules = NodeRules::from_k8s(spec).map_err(|e| err(&e.field, e.rule))?;
+        let gpu_models = node_rules.as_ref().map(gpu_models_of).unwrap_or_default();
+        let gated = spec
+            .scheduling_gates
+            .iter()
+            .flatten()
+            .any(|g| g.name == ADMISSION_GATE);
+        let state = if gated && spec.node_name.is_none() {
+            PodState::Pending
+        } else {
+            let pinned = spec
+                .node_selector
+                .as_ref()
+                .and_then(|s| s.get(HOSTNAME_LABEL))
+                .cloned();
+            PodState::Admitted(Assignment {
+                bound: spec.node_name.is_some(),
+                node: spec.node_name.clone().or(pinned),
+                terminating: pod.metadata.deletion_timestamp.is_some(),
+            })
+        };
+        Ok(Some(Converted {
+            value: Self {
+                key,
+                requests,
+                gpu_models,
+                node_rules: node_rules.map(Box::new),
+                priority: spec.priority.unwrap_or(0),
+                state,
+                created_at,
+                admitted_at: hints.admitted_at,
+                started_at: pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.start_time.as_ref())
+                    .map(|t| t.0),
+                checkpoint_cost: hints.checkpoint_cost,
+                reclaim: hints.reclaim,
+                devices: Vec::new(),
+            },
+            warnings,
+        }))
+    }
+}
+
+/// What the operator's annotations on a pod say.
+struct Hints {
+    admitted_at: Option<Timestamp>,
+    checkpoint_cost: u64,
+    reclaim: Option<ReclaimMark>,
+}
+
+impl Hints {
+    /// Reads the annotations; a malformed one is reported in `warnings` and ignored.
+    fn read(
+        key: &PodKey,
+        notes: Option<&BTreeMap<String, String>>,
+        warnings: &mut Vec<String>,
+    ) -> Self {
+        let note = |name: &str| notes.and_then(|a| a.get(name)).map(String::as_str);
+        let admitted_at =
+            note(annotations::ADMITTED_AT).and_then(|v| match v.parse::<Timestamp>() {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    warnings.push(format!(
+                        "pod {key}: annotation {}={v:?} is not an RFC 3339 time: {e}",
+                        annotations::ADMITTED_AT
+                    ));
+                    None
+                }
+            });
+        let checkpoint_cost = note(annotations::CHECKPOINT_COST).map_or(0, |v| {
+            v.parse::<u64>().unwrap_or_else(|_| {
+                warnings.push(format!(
+                    "pod {key}: annotation {}={v:?} is not a whole number; treated as 0",
+                    annotations::CHECKPOINT_COST
+                ));
+                0
+            })
+        });
+        let role = match note(annotations::RECLAIM_ROLE) {
+            Some("owner") => Some(ReclaimRole::Owner),
+            Some("victim") => Some(ReclaimRole::Victim),
+            _ => None,
+        };
+        let reclaim = match (note(annotations::RECLAIM_ID), role) {
+            (Some(id), Some(role)) => Some(ReclaimMark {
+                id: id.to_string(),
+                role,
+            }),
+            (None, None) if note(annotations::RECLAIM_ROLE).is_none() => None,
+            (id, _) => {
+                warnings.push(format!(
+                    "pod {key}: reclaim annotations are incomplete or unknown ({}={id:?}, {}={:?}); ignored",
+                    annotations::RECLAIM_ID,
+                    annotations::RECLAIM_ROLE,
+                    note(annotations::RECLAIM_ROLE)
+                ));
+                None
+            }
+        };
+        Self {
+            admitted_at,
+            checkpoint_cost,
+            reclaim,
+        }
+    }
+}
+
+/// GPU models a pod's node rules allow, from the `nvidia.com/gpu.product` label: the node
+/// selector's value, or the union over affinity terms when every term names models.
+fn gpu_models_of(rules: &NodeRules) -> Vec<String> {
+    if let Some(model) = rules.node_selector.get(node_labels::GPU_PRODUCT) {
+        return vec![model.clone()];
+    }
+    let mut models = Vec::new();
+    for term in &rules.affinity_terms {
+        let named = term
+            .labels
+            .iter()
+            .find(|r| r.key == node_labels::GPU_PRODUCT && r.operator == Operator::In);
+        match named {
+            Some(r) => models.extend(r.values.iter().cloned()),
+            None => return Vec::new(),
+        }
+    }
+    models.sort();
+    models.dedup();
+    models
+}
+
+/// Amounts of one container's resources: (cpu milli, memory bytes, GPU devices by name).
+#[derive(Default, Clone)]
+struct Amounts {
+    cpu: u64,
+    memory: u64,
+    gpus: Vec<(String, u64)>,
+}
+
+impl Amounts {
+    fn add(&mut self, other: &Self) {
+        self.cpu = self.cpu.saturating_add(other.cpu);
+        self.memory = self.memory.saturating_add(other.memory);
+        for (name, n) in &other.gpus {
+            match self.gpus.iter_mut().find(|(m, _)| m == name) {
+                Some((_, m)) => *m = m.saturating_add(*n),
+                None => self.gpus.push((name.clone(), *n)),
+            }
+        }
+    }
+
+    fn max(&mut self, other: &Self) {
+        self.cpu = self.cpu.max(other.cpu);
+        self.memory = self.memory.max(other.memory);
+        for (name, n) in &other.gpus {
+            match self.gpus.iter_mut().find(|(m, _)| m == name) {
+                Some((_, m)) => *m = (*m).max(*n),
+                None => self.gpus.push((name.clone(), *n)),
+            }
+        }
+    }
+}
+
+fn container_amounts(c: &k8s::Container, field: &str) -> Result<Amounts, (String, String)> {
+    let resources = c.resources.as_ref();
+    let requests = resources.and_then(|r| r.requests.as_ref());
+    let limits = resources.and_then(|r| r.limits.as_ref());
+    let mut names: Vec<&String> = requests
+        .into_iter()
+        .chain(limits)
+        .flat_map(|m| m.keys())
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut amounts = Amounts::default();
+    for name in names {
+        // Kubernetes defaults a missing request to the limit.
+        let Some(q) = requests
+            .and_then(|r| r.get(name))
+            .or_else(|| limits.and_then(|l| l.get(name)))
+        else {
+            continue;
+        };
+        let f = || format!("{field}.resources.requests[{name}]");
+        match name.as_str() {
+            "cpu" => amounts.cpu = parse_milli(&q.0).map_err(|e| (f(), e.to_string()))?,
+            "memory" => amounts.memory = parse_bytes(&q.0).map_err(|e| (f(), e.to_string()))?,
+            gpu if is_gpu_resource(gpu) => {
+                let n = parse_device_count(&q.0).map_err(|e| (f(), e.to_string()))?;
+                if n > 0 {
+                    amounts.gpus.push((gpu.to_string(), n));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(amounts)
+}
+
+/// The pod's effective requests as kube-scheduler computes them: the sum over containers (and
+/// sidecars), at least the largest init container, plus the pod overhead.
+fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)> {
+    let mut total = Amounts::default();
+    for (i, c) in spec.containers.iter().enumerate() {
+        total.add(&container_amounts(c, &format!("spec.containers[{i}]"))?);
+    }
+    let mut sidecars = Amounts::default();
+    let mut init_peak = Amounts::default();
+    for (i, c) in spec.init_containers.iter().flatten().enumerate() {
+        let amounts = container_amounts(c, &format!("spec.initContainers[{i}]"))?;
+        if c.restart_policy.as_deref() == Some("Always") {
+            sidecars.add(&amounts);
+        } else {
+            let mut during = sidecars.clone();
+            during.add(&amounts);
+            init_peak.max(&during);
+        }
+    }
+    total.add(&sidecars);
+    total.max(&init_peak);
+    for (name, q) in spec.overhead.iter().flatten() {
+        let f = || format!("spec.overhead[{name}]");
+        match name.as_str() {
+            "cpu" => {
+                total.cpu = total
+                    .cpu
+                    .saturating_add(parse_milli(&q.0).map_err(|e| (f(), e.to_string()))?);
+            }
+            "memory" => {
+                total.memory = total
+                    .memory
+                    .saturating_add(parse_bytes(&q.0).map_err(|e| (f(), e.to_string()))?);
+            }
+            _ => {}
+        }
+    }
+    let mut gpus = Vec::new();
+    for (name, count) in total.gpus {
+        let count = u32::try_from(count).map_err(|_| {
+            (
+                format!("spec.containers.resources.requests[{name}]"),
+                format!("{count} devices is more than any node has"),
+            )
+        })?;
+        gpus.push(GpuRequest::devices(name, count));
+    }
+    gpus.sort();
+    Ok(Requests {
+        cpu_milli: total.cpu,
+        memory_bytes: total.memory,
+        gpus,
+    })
+}

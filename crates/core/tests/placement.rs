@@ -1,0 +1,287 @@
+//! The snapshot's device accounting and the scorers' choices on small, hand-checked clusters.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+use gpuqueue_core::Snapshot;
+use gpuqueue_core::fragmentation::{TaskShape, WorkloadMix};
+use gpuqueue_core::model::{
+    Assignment, DeviceSet, GpuRequest, Node, Pod, PodKey, PodState, Requests,
+};
+use gpuqueue_core::placement::{
+    BestFit, Fgd, FragmentationAware, GpuPacking, Random, Scorer, TieBreak,
+};
+use jiff::Timestamp;
+
+const GPU: &str = "nvidia.com/gpu";
+
+fn task(name: &str, gpu: GpuRequest) -> Pod {
+    Pod::new(
+        PodKey::new("t", name),
+        Requests {
+            cpu_milli: 1000,
+            memory_bytes: 0,
+            gpus: vec![gpu],
+        },
+        Timestamp::UNIX_EPOCH,
+    )
+}
+
+/// A pod already running on `node`, on `devices` when given.
+fn running(name: &str, gpu: GpuRequest, node: &str, devices: &[u16]) -> Pod {
+    let mut pod = task(name, gpu.clone());
+    pod.state = PodState::Admitted(Assignment {
+        node: Some(node.into()),
+        bound: true,
+        terminating: false,
+    });
+    if !devices.is_empty() {
+        pod.devices = vec![DeviceSet {
+            resource: gpu.resource,
+            devices: devices.to_vec(),
+        }];
+    }
+    pod
+}
+
+fn node(name: &str, gpus: u32) -> Node {
+    Node::new(name).cpu_milli(64_000).gpus(GPU, gpus)
+}
+
+#[test]
+fn running_pods_take_the_lowest_free_devices_and_free_them_when_removed() {
+    let (mut snapshot, issues) = Snapshot::builder()
+        .node(node("n1", 4))
+        .pod(running("a", GpuRequest::devices(GPU, 2), "n1", &[]))
+        .pod(running("b", GpuRequest::shared(GPU, 300), "n1", &[3]))
+        .build();
+    assert!(issues.is_empty(), "{issues:?}");
+    let n1 = snapshot.node_id("n1").unwrap();
+    assert_eq!(snapshot.node_view(n1).gpu_free(), &[0, 0, 1000, 700]);
+    assert_eq!(snapshot.node_view(n1).cpu_free_milli(), 62_000);
+    let a = snapshot.pod_id(&PodKey::new("t", "a")).unwrap();
+    assert_eq!(
+        snapshot.pod_devices(a),
+        vec![DeviceSet {
+            resource: GPU.into(),
+            devices: vec![0, 1]
+        }]
+    );
+    snapshot.remove_pod(a).unwrap();
+    assert_eq!(snapshot.node_view(n1).gpu_free(), &[1000, 1000, 1000, 700]);
+    assert!(snapshot.pod(a).is_none());
+}
+
+#[test]
+fn a_pod_pinned_to_a_full_node_waits_there_as_a_deficit_until_room_frees() {
+    let mut owner = task("owner", GpuRequest::devices(GPU, 2));
+    owner.state = PodState::Admitted(Assignment {
+        node: Some("n1".into()),
+        bound: false,
+        terminating: false,
+    });
+    let (mut snapshot, _) = Snapshot::builder()
+        .node(node("n1", 2))
+        .node(node("n2", 2))
+        .pod(owner)
+        .pod(running("victim", GpuRequest::devices(GPU, 2), "n1", &[]))
+        .build();
+    let n1 = snapshot.node_id("n1").unwrap();
+    assert!(
+        snapshot.is_oversubscribed(n1),
+        "the bound victim holds the devices; the pinned owner waits"
+    );
+    // Nothing else may be placed on the over-subscribed node.
+    let p = snapshot
+        .find_placement(
+            &task("x", GpuRequest::devices(GPU, 1)),
+            &BestFit,
+            TieBreak::First,
+        )
+        .unwrap();
+    assert_eq!(p.node_name, "n2");
+    let victim = snapshot.pod_id(&PodKey::new("t", "victim")).unwrap();
+    snapshot.remove_pod(victim);
+    assert!(!snapshot.is_oversubscribed(n1));
+    let owner = snapshot.pod_id(&PodKey::new("t", "owner")).unwrap();
+    assert_eq!(snapshot.pod_node(owner), Some(n1));
+    assert_eq!(snapshot.node_view(n1).gpu_free(), &[0, 0]);
+}
+
+#[test]
+fn a_simulated_removal_is_restored_exactly() {
+    let (mut snapshot, _) = Snapshot::builder()
+        .node(node("n1", 4))
+        .pod(running("a", GpuRequest::devices(GPU, 1), "n1", &[2]))
+        .pod(running("b", GpuRequest::shared(GPU, 500), "n1", &[0]))
+        .build();
+    let n1 = snapshot.node_id("n1").unwrap();
+    let before: Vec<u16> = snapshot.node_view(n1).gpu_free().to_vec();
+    let ids: Vec<_> = snapshot.pod_ids().collect();
+    let removal = snapshot.simulate_removal(&ids);
+    assert_eq!(snapshot.node_view(n1).gpu_free(), &[1000, 1000, 1000, 1000]);
+    snapshot.restore(removal).unwrap();
+    assert_eq!(snapshot.node_view(n1).gpu_free(), before.as_slice());
+    assert_eq!(snapshot.pod_ids().count(), 2);
+    // A change in between makes the removal stale instead of corrupting the snapshot.
+    let removal = snapshot.simulate_removal(&ids[..1]);
+    snapshot.mark_victim(ids[1], "r");
+    assert!(snapshot.restore(removal).is_err());
+}
+
+#[test]
+fn invalid_requests_and_devices_are_refused_with_the_rule() {
+    let (mut snapshot, _) = Snapshot::builder().node(node("n1", 2)).build();
+    let err = snapshot
+        .add_pod(task(
+            "x",
+            GpuRequest {
+                resource: GPU.into(),
+                count: 2,
+                milli_per_device: 500,
+            },
+        ))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("only a single device can be shared"),
+        "{err}"
+    );
+    let err = snapshot
+        .add_pod(running("y", GpuRequest::devices(GPU, 1), "n1", &[5]))
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot hold there"), "{err}");
+    assert_eq!(
+        snapshot.pod_ids().count(),
+        0,
+        "a refused pod leaves nothing behind"
+    );
+}
+
+/// Two nodes: `busy` has one GPU half used, `idle` is empty.
+fn half_used() -> Snapshot {
+    let (snapshot, _) = Snapshot::builder()
+        .node(node("busy", 2))
+        .node(node("idle", 2))
+        .pod(running("half", GpuRequest::shared(GPU, 500), "busy", &[0]))
+        .build();
+    snapshot
+}
+
+#[test]
+fn best_fit_and_packing_share_the_used_gpu() {
+    let snapshot = half_used();
+    for scorer in [&BestFit as &dyn Scorer, &GpuPacking] {
+        let p = snapshot
+            .find_placement(
+                &task("q", GpuRequest::shared(GPU, 400)),
+                scorer,
+                TieBreak::First,
+            )
+            .unwrap();
+        assert_eq!(p.node_name, "busy");
+        assert_eq!(p.devices[0].devices, vec![0], "onto the half-used device");
+    }
+}
+
+#[test]
+fn fgd_avoids_leaving_a_fragment_the_mix_cannot_use() {
+    // The mix is all 600-milli tasks. Putting a 400 on the half-used GPU (500 free) leaves 100
+    // there (a fragment) and keeps a whole GPU; FGD must prefer that to splitting a whole GPU.
+    let mix = WorkloadMix::new(vec![(
+        TaskShape {
+            cpu_milli: 1000,
+            gpu: Some(GpuRequest::shared(GPU, 600)),
+            gpu_models: vec![],
+        },
+        1.0,
+    )]);
+    let mut snapshot = half_used();
+    snapshot.set_workload_mix(mix);
+    let busy = snapshot.node_id("busy").unwrap();
+    assert!(
+        (snapshot.node_fragmentation(busy) - 500.0).abs() < 1e-9,
+        "500 free on the shared GPU is unusable"
+    );
+    for scorer in [&Fgd as &dyn Scorer, &FragmentationAware] {
+        let p = snapshot
+            .find_placement(
+                &task("q", GpuRequest::shared(GPU, 400)),
+                scorer,
+                TieBreak::First,
+            )
+            .unwrap();
+        assert_eq!(
+            (p.node_name.as_str(), p.devices[0].devices.as_slice()),
+            ("busy", &[0u16][..])
+        );
+    }
+    let cluster = snapshot.fragmentation();
+    assert_eq!(cluster.capacity_milli, 4000);
+    assert_eq!(cluster.idle_milli, 3500);
+    assert!((cluster.share_of_idle() - 500.0 / 3500.0).abs() < 1e-9);
+}
+
+#[test]
+fn gpu_models_taints_and_selectors_filter_nodes() {
+    let (snapshot, _) = Snapshot::builder()
+        .node(node("t4", 4).gpu_model("T4"))
+        .node(node("a100", 4).gpu_model("A100").label("zone", "b"))
+        .build();
+    let mut p = task("p", GpuRequest::devices(GPU, 1));
+    p.gpu_models = vec!["A100".into()];
+    assert_eq!(
+        snapshot
+            .find_placement(&p, &BestFit, TieBreak::First)
+            .unwrap()
+            .node_name,
+        "a100"
+    );
+    p.gpu_models = vec!["H100".into()];
+    assert!(
+        snapshot
+            .find_placement(&p, &BestFit, TieBreak::First)
+            .is_none()
+    );
+    let too_big = task("big", GpuRequest::devices(GPU, 5));
+    assert!(
+        snapshot
+            .find_placement(&too_big, &BestFit, TieBreak::First)
+            .is_none()
+    );
+}
+
+#[test]
+fn seeded_ties_are_reproducible_and_spread() {
+    let (snapshot, _) = Snapshot::builder()
+        .nodes((0..16).map(|i| node(&format!("n{i:02}"), 8)))
+        .build();
+    let p = task("p", GpuRequest::devices(GPU, 1));
+    let pick = |seed| {
+        snapshot
+            .find_placement(&p, &BestFit, TieBreak::Seeded(seed))
+            .unwrap()
+            .node_name
+    };
+    assert_eq!(pick(7), pick(7));
+    let distinct: std::collections::BTreeSet<String> = (0..64).map(pick).collect();
+    assert!(
+        distinct.len() > 8,
+        "seeded ties spread over the equal nodes: {distinct:?}"
+    );
+    assert_eq!(
+        snapshot
+            .find_placement(&p, &BestFit, TieBreak::First)
+            .unwrap()
+            .node_name,
+        "n00"
+    );
+    let random: std::collections::BTreeSet<String> = (0..64)
+        .map(|seed| {
+            snapshot
+                .find_placement(&p, &Random { seed }, TieBreak::First)
+                .unwrap()
+                .node_name
+        })
+        .collect();
+    assert!(random.len() > 8, "{random:?}");
+}
