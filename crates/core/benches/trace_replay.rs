@@ -21,7 +21,7 @@ use std::{fmt::Write as _, time::Instant};
 
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, WorkloadMix};
-use gpuqueue_core::model::{Assignment, Pod, PodKey, PodState, Requests};
+use gpuqueue_core::model::{Pod, PodKey, Requests};
 use gpuqueue_core::placement::{
     BestFit, Fgd, FragmentationAware, GpuPacking, Random, Scorer, TieBreak, mix64,
 };
@@ -86,13 +86,7 @@ fn main() {
                     _ => Box::new(FragmentationAware),
                 };
                 if let Some(placement) = snapshot.find_placement(&pod, scorer.as_ref(), tie) {
-                    pod.state = PodState::Admitted(Assignment {
-                        node: Some(placement.node_name),
-                        bound: true,
-                        terminating: false,
-                    });
-                    pod.devices = placement.devices;
-                    snapshot.add_pod(pod).unwrap();
+                    snapshot.add_placed(pod, &placement).unwrap();
                     placements += 1;
                 }
                 if reached100.is_none() && arrived >= CAPACITY_MILLI {

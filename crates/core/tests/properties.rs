@@ -392,7 +392,7 @@ proptest! {
     #[test]
     fn shared_gpu_placements_keep_devices_and_fragmentation_consistent(steps in steps(), seed in any::<u64>()) {
         use gpuqueue_core::fragmentation::{TaskShape, WorkloadMix};
-        use gpuqueue_core::model::{Assignment, GpuRequest, PodKey, PodState, Requests};
+        use gpuqueue_core::model::{GpuRequest, PodKey, Requests};
         use gpuqueue_core::placement::Fgd;
         let models = ["A", "B"];
         let mix = WorkloadMix::new(vec![
@@ -413,9 +413,7 @@ proptest! {
                     );
                     pod.gpu_models = model.map(|m| vec![models[m].to_string()]).unwrap_or_default();
                     if let Some(p) = snapshot.find_placement(&pod, &Fgd, TieBreak::Seeded(seed ^ i as u64)) {
-                        pod.state = PodState::Admitted(Assignment { node: Some(p.node_name.clone()), bound: true, terminating: false });
-                        pod.devices = p.devices;
-                        placed.push(snapshot.add_pod(pod).unwrap());
+                        placed.push(snapshot.add_placed(pod, &p).unwrap());
                     }
                 }
                 Step::Remove(n) if !placed.is_empty() => {
