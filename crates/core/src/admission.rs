@@ -608,7 +608,20 @@ pub fn apply(snapshot: &mut Snapshot, decision: Decision, now: Timestamp) -> Dec
         Decision::Wait(_) => Ok(()),
     };
     match result {
-        Ok(()) => decision,
+        Ok(()) => {
+            match &decision {
+                Decision::Admit(a) => {
+                    tracing::debug!(pod = %a.key, queue = %a.queue, node = %a.placement.node_name, admitted_as = %a.admitted_as, "admit");
+                }
+                Decision::Reclaim(plan) => {
+                    tracing::debug!(pod = %plan.owner_key, victims = plan.victims.len(), "{plan}");
+                }
+                Decision::Wait(w) => {
+                    tracing::debug!(pod = %w.key, reason = w.reason.code(), "wait: {}", w.reason);
+                }
+            }
+            decision
+        }
         Err(e) => Decision::Wait(Wait {
             pod: decision.pod(),
             key: decision.key().clone(),

@@ -91,6 +91,8 @@ pub enum NoPlan {
     },
     /// The pod is already the owner of a reclaim under way.
     InProgress { id: String },
+    /// The pod fits on a node as things are: admit it, evict nobody.
+    RoomAvailable { node: String },
     /// No node could ever take the pod (GPU model, device count, node rules).
     NoSuitableNode,
     /// No queue holds evictable borrowers of what the pod needs.
@@ -114,6 +116,7 @@ impl fmt::Display for NoPlan {
                 "{resource}: allocated {allocated} + requested {requested} exceeds the guarantee of {guaranteed}, so the pod may only borrow"
             ),
             Self::InProgress { id } => write!(f, "reclaim {id} for this pod is under way"),
+            Self::RoomAvailable { node } => write!(f, "node {node} has room for the pod already"),
             Self::NoSuitableNode => {
                 write!(
                     f,
@@ -133,17 +136,29 @@ impl fmt::Display for NoPlan {
 struct NodePlan {
     node: NodeId,
     victims: Vec<PodId>,
-    rank: (usize, i32, u64, i64),
+    rank: Rank,
 }
 
+/// How node plans compare (lower is better): victims, their highest priority, their
+/// checkpoint cost, the seconds of work they lose.
+type Rank = (usize, i32, u64, i64);
+
 /// A candidate victim on a node with its preference key.
-struct Candidate {
+struct Candidate<'a> {
     pod: PodId,
     protected: bool,
     priority: i32,
     running_since: Timestamp,
     checkpoint_cost: u64,
-    key: PodKey,
+    key: &'a PodKey,
+}
+
+/// Buffers reused from node to node, so planning over a large cluster does not allocate per
+/// node.
+struct Scratch<'a> {
+    candidates: Vec<Candidate<'a>>,
+    chosen: Vec<PodId>,
+    trial: Trial,
 }
 
 /// Plans the reclaim for a pending owner pod at `now`.
@@ -161,28 +176,35 @@ pub fn plan_reclaim(
             id: mark.id.clone(),
         });
     }
-    for (resource, amount) in &slot.amounts {
-        let usage = snapshot.usage_of(*queue, *resource);
-        let (allocated, guaranteed) =
-            usage.map_or((Milli::ZERO, Milli::ZERO), |u| (u.allocated, u.guaranteed));
-        if allocated + *amount > guaranteed {
-            return Err(NoPlan::NotWithinGuarantee {
-                resource: snapshot.resource_name(*resource).clone(),
-                allocated,
-                requested: *amount,
-                guaranteed,
-            });
-        }
-    }
+    within_guarantee(snapshot, *queue, &slot.amounts)?;
     let request = Request::new(snapshot, &slot.pod).ok_or(NoPlan::NoSuitableNode)?;
     let borrowers = evictable_borrowers(snapshot, *queue);
     if !borrowers.iter().any(|b| *b) {
         return Err(NoPlan::NoBorrowers);
     }
+    let floors: Vec<Option<SignedDuration>> = snapshot
+        .queue_ids()
+        .map(|q| {
+            snapshot
+                .queue(q)
+                .reclaim
+                .min_borrow
+                .and_then(|d| SignedDuration::try_from(d).ok())
+        })
+        .collect();
 
     let mut suitable = false;
     let mut borrower_nodes = 0;
     let mut best: Option<NodePlan> = None;
+    let mut scratch = Scratch {
+        candidates: Vec::new(),
+        chosen: Vec::new(),
+        trial: Trial {
+            free: Vec::new(),
+            cpu: 0,
+            memory: 0,
+        },
+    };
     for spare_protected in [true, false] {
         for id in snapshot.node_ids() {
             let n = &snapshot.nodes[id.index()];
@@ -190,20 +212,41 @@ pub fn plan_reclaim(
                 continue;
             }
             suitable = true;
+            if request.admits(n) {
+                return Err(NoPlan::RoomAvailable {
+                    node: n.node.name.clone(),
+                });
+            }
             if !n.deficit.is_empty() {
                 continue; // another owner's reservation
             }
-            let mut candidates = candidates_on(snapshot, id, &borrowers, now, spare_protected);
-            if candidates.is_empty() {
+            candidates_on(
+                snapshot,
+                id,
+                &borrowers,
+                &floors,
+                now,
+                spare_protected,
+                &mut scratch.candidates,
+            );
+            if scratch.candidates.is_empty() {
                 continue;
             }
             if !spare_protected {
                 borrower_nodes += 1;
             }
-            if let Some(plan) = plan_on_node(snapshot, &request, id, &mut candidates, now)
-                && best.as_ref().is_none_or(|b| plan.rank < b.rank)
+            let floor = best_possible(&scratch.candidates, now);
+            if best.as_ref().is_some_and(|b| floor >= b.rank) {
+                continue;
+            }
+            if let Some(rank) = plan_on_node(snapshot, &request, id, &mut scratch, now)
+                && best.as_ref().is_none_or(|b| rank < b.rank)
             {
-                best = Some(plan);
+                best = Some(NodePlan {
+                    node: id,
+                    victims: scratch.chosen.clone(),
+                    rank,
+                });
             }
         }
         if best.is_some() {
@@ -215,6 +258,45 @@ pub fn plan_reclaim(
     }
     let plan = best.ok_or(NoPlan::BorrowersCannotMakeRoom { borrower_nodes })?;
     Ok(finish(snapshot, owner, *queue, &request, &plan, now))
+}
+
+/// No plan on a node can rank below one victim with the least priority, cost and work found
+/// among its candidates; a node whose floor is no better than the best plan so far is skipped.
+fn best_possible(candidates: &[Candidate<'_>], now: Timestamp) -> Rank {
+    candidates
+        .iter()
+        .fold((1, i32::MAX, u64::MAX, i64::MAX), |floor, c| {
+            (
+                1,
+                floor.1.min(c.priority),
+                floor.2.min(c.checkpoint_cost),
+                floor
+                    .3
+                    .min(now.duration_since(c.running_since).as_secs().max(0)),
+            )
+        })
+}
+
+/// Reclaim is only for a pod that keeps its queue within its guarantee.
+fn within_guarantee(
+    snapshot: &Snapshot,
+    queue: QueueId,
+    amounts: &[(ResourceId, Milli)],
+) -> Result<(), NoPlan> {
+    for (resource, amount) in amounts {
+        let usage = snapshot.usage_of(queue, *resource);
+        let (allocated, guaranteed) =
+            usage.map_or((Milli::ZERO, Milli::ZERO), |u| (u.allocated, u.guaranteed));
+        if allocated + *amount > guaranteed {
+            return Err(NoPlan::NotWithinGuarantee {
+                resource: snapshot.resource_name(*resource).clone(),
+                allocated,
+                requested: *amount,
+                guaranteed,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Borrower pods of other queues, by pod index, that may be evicted: seated on a node and not
@@ -247,41 +329,54 @@ fn protected_until(snapshot: &Snapshot, pod: PodId, now: Timestamp) -> Option<Ti
     (until > now).then_some(until)
 }
 
-fn candidates_on(
-    snapshot: &Snapshot,
+/// The borrowers on a node, most preferred victim first, into `out`.
+fn candidates_on<'a>(
+    snapshot: &'a Snapshot,
     node: NodeId,
     borrowers: &[bool],
+    floors: &[Option<SignedDuration>],
     now: Timestamp,
     spare_protected: bool,
-) -> Vec<Candidate> {
-    let mut candidates: Vec<Candidate> = snapshot.nodes[node.index()]
-        .pods
-        .iter()
-        .filter(|p| borrowers[p.index()])
-        .filter_map(|p| {
-            let pod = &snapshot.slot(*p)?.pod;
-            let protected = protected_until(snapshot, *p, now).is_some();
-            (!(protected && spare_protected)).then(|| Candidate {
-                pod: *p,
-                protected,
-                priority: pod.priority,
-                running_since: pod.running_since(),
-                checkpoint_cost: pod.checkpoint_cost,
-                key: pod.key.clone(),
-            })
-        })
-        .collect();
+    out: &mut Vec<Candidate<'a>>,
+) {
+    out.clear();
+    for p in &snapshot.nodes[node.index()].pods {
+        if !borrowers[p.index()] {
+            continue;
+        }
+        let Some(slot) = snapshot.slot(*p) else {
+            continue;
+        };
+        let Attribution::Queue(q) = slot.attribution else {
+            continue;
+        };
+        let pod = &slot.pod;
+        let running_since = pod.running_since();
+        let protected = floors[q.index()]
+            .and_then(|floor| running_since.checked_add(floor).ok())
+            .is_some_and(|until| until > now);
+        if protected && spare_protected {
+            continue;
+        }
+        out.push(Candidate {
+            pod: *p,
+            protected,
+            priority: pod.priority,
+            running_since,
+            checkpoint_cost: pod.checkpoint_cost,
+            key: &pod.key,
+        });
+    }
     // Most preferred victim first: unprotected, lowest priority, most recently started,
     // cheapest checkpoint, then name (descending, as the ledger orders borrowers).
-    candidates.sort_by(|a, b| {
+    out.sort_by(|a, b| {
         a.protected
             .cmp(&b.protected)
             .then(a.priority.cmp(&b.priority))
             .then(b.running_since.cmp(&a.running_since))
             .then(a.checkpoint_cost.cmp(&b.checkpoint_cost))
-            .then_with(|| b.key.cmp(&a.key))
+            .then_with(|| b.key.cmp(a.key))
     });
-    candidates
 }
 
 /// Free devices, CPU and memory of a node while victims are tried out.
@@ -292,6 +387,13 @@ struct Trial {
 }
 
 impl Trial {
+    fn reset(&mut self, n: &crate::snapshot::NodeState) {
+        self.free.clear();
+        self.free.extend_from_slice(&n.free);
+        self.cpu = n.cpu_free;
+        self.memory = n.memory_free;
+    }
+
     fn apply(&mut self, snapshot: &Snapshot, pod: PodId, sign: i8) {
         let Some(slot) = snapshot.slot(pod) else {
             return;
@@ -312,56 +414,50 @@ impl Trial {
     }
 }
 
-/// Greedy removal in preference order until the owner fits, then fill-back.
+/// Greedy removal in preference order until the owner fits, then fill-back; the victims are
+/// left in `scratch.chosen`.
 fn plan_on_node(
     snapshot: &Snapshot,
     request: &Request,
     node: NodeId,
-    candidates: &mut [Candidate],
+    scratch: &mut Scratch<'_>,
     now: Timestamp,
-) -> Option<NodePlan> {
+) -> Option<Rank> {
     let n = &snapshot.nodes[node.index()];
-    let mut trial = Trial {
-        free: n.free.clone(),
-        cpu: n.cpu_free,
-        memory: n.memory_free,
-    };
+    let Scratch {
+        candidates,
+        chosen,
+        trial,
+    } = scratch;
+    trial.reset(n);
     let fits = |t: &Trial| request.has_room(&n.layout, &t.free, t.cpu, t.memory);
-    let mut chosen = Vec::new();
+    chosen.clear();
     for c in candidates.iter() {
         trial.apply(snapshot, c.pod, 1);
         chosen.push(c.pod);
-        if fits(&trial) {
+        if fits(trial) {
             break;
         }
     }
-    if !fits(&trial) {
+    if !fits(trial) {
         return None;
     }
     // Fill-back: put back each victim, last chosen first, whose room the owner does not need.
     for i in (0..chosen.len()).rev() {
         trial.apply(snapshot, chosen[i], -1);
-        if fits(&trial) {
+        if fits(trial) {
             chosen.remove(i);
         } else {
             trial.apply(snapshot, chosen[i], 1);
         }
     }
-    let victims: Vec<&Candidate> = chosen
-        .iter()
-        .filter_map(|p| candidates.iter().find(|c| c.pod == *p))
-        .collect();
-    let max_priority = victims.iter().map(|c| c.priority).max().unwrap_or(i32::MIN);
-    let cost: u64 = victims.iter().map(|c| c.checkpoint_cost).sum();
-    let work: i64 = victims
-        .iter()
-        .map(|c| (now - c.running_since).get_seconds().max(0))
-        .sum();
-    Some(NodePlan {
-        node,
-        rank: (chosen.len(), max_priority, cost, work),
-        victims: chosen,
-    })
+    let (mut max_priority, mut cost, mut work) = (i32::MIN, 0u64, 0i64);
+    for c in candidates.iter().filter(|c| chosen.contains(&c.pod)) {
+        max_priority = max_priority.max(c.priority);
+        cost += c.checkpoint_cost;
+        work += now.duration_since(c.running_since).as_secs().max(0);
+    }
+    Some((chosen.len(), max_priority, cost, work))
 }
 
 fn finish(

@@ -1187,6 +1187,22 @@ impl Snapshot {
         self.refresh_frag(seat.node);
     }
 
+    /// Adds a pod bound where `placement` says, on its devices (the simulator's arrival: find
+    /// a placement, then add the pod there).
+    pub fn add_placed(
+        &mut self,
+        mut pod: Pod,
+        placement: &Placement,
+    ) -> Result<PodId, SnapshotError> {
+        pod.state = PodState::Admitted(Assignment {
+            node: Some(placement.node_name.clone()),
+            bound: true,
+            terminating: false,
+        });
+        pod.devices.clone_from(&placement.devices);
+        self.add_pod(pod)
+    }
+
     /// Admits a pending pod onto a placement: it holds quota from now on.
     pub fn admit(
         &mut self,
