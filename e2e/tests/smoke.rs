@@ -7,8 +7,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use gpuqueue_api::{ADMISSION_GATE, NVIDIA_GPU};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, describe_pod, gpu_pod, pod_condition,
-    wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, MIG_3G_40GB, describe_pod, gpu_pod,
+    pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod, PodSchedulingGate};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -145,6 +145,16 @@ async fn gpu_pod_is_bound_by_kube_scheduler_and_reachable_on_its_loopback_ip() {
         .unwrap();
     assert_eq!(body, "pong from the pod's IP");
     server.abort();
+
+    // A MIG slice is a resource of its own, which only the MIG node has.
+    pods.create(&PostParams::default(), &gpu_pod("slice", MIG_3G_40GB, 1))
+        .await
+        .unwrap();
+    let slice = running_pod(&pods, "slice").await;
+    assert_eq!(
+        slice.spec.and_then(|s| s.node_name).as_deref(),
+        Some("mig-node-0")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
