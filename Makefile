@@ -10,7 +10,7 @@ IO_CRATES := tokio hyper kube-client kube-runtime
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: fmt
 fmt: ## Format all Rust code
@@ -41,7 +41,34 @@ verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates
 
 .PHONY: unit
 unit: ## Unit, scenario and property tests of every crate (no cluster)
-	$(CARGO) test --workspace --locked
+	$(CARGO) test --workspace --locked --exclude gpuqueue-e2e
+
+# The control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, KWOK) is
+# built from the Go module proxy by e2e/scripts/build-tools.sh and cached under
+# ~/.cache/gpuqueue-e2e; the script prints the binary directory and is a no-op when cached.
+E2E_TOOLS := e2e/scripts/build-tools.sh
+E2E_DIR ?= .e2e
+E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
+
+.PHONY: e2e-tools
+e2e-tools: ## Build the control-plane binaries from Go modules (minutes once, then cached)
+	@$(E2E_TOOLS) >/dev/null
+
+.PHONY: e2e
+e2e: ## End-to-end tests; each test starts and stops its own control plane, even on failure
+	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) test --locked -p gpuqueue-e2e
+
+.PHONY: cluster-up
+cluster-up: ## Start a local cluster with KWOK GPU nodes (state in .e2e/; see cluster-env)
+	@bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(E2E_CLUSTER) up --dir $(E2E_DIR)
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local cluster's processes and remove .e2e/
+	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
+
+.PHONY: cluster-env
+cluster-env: ## Print KUBECONFIG/PATH exports for the local cluster: eval "$(make -s cluster-env)"
+	@$(E2E_CLUSTER) env --dir $(E2E_DIR)
 
 .PHONY: bench-core
 bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on the Alibaba trace); writes target/bench-core/
@@ -49,4 +76,4 @@ bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on t
 	$(CARGO) bench --locked -p gpuqueue-core --bench trace_replay
 
 .PHONY: test
-test: fmt-check lint verify unit ## Everything CI runs: format, lint, verify, all tests
+test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end

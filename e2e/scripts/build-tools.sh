@@ -28,6 +28,11 @@ bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
+# One build at a time per cache (two checkouts running `make test` at once share it).
+mkdir -p "$cache_root"
+exec 9>"$cache_root/.lock"
+flock 9
+
 # build_into DIR MODULE_DIR PACKAGES...: go build into DIR unless DIR/.complete exists.
 build_into() {
   local out=$1 mod=$2; shift 2
@@ -38,7 +43,11 @@ build_into() {
   log "building $* into $out (cold builds take minutes)"
   local start=$SECONDS tmp="$out.partial.$$"
   rm -rf "$tmp" && mkdir -p "$tmp"
-  (cd "$mod" && go mod download && go build -trimpath -ldflags "$LDFLAGS" -o "$tmp/" "$@")
+  if ! (cd "$mod" && go mod download && go build -trimpath -ldflags "$LDFLAGS" -o "$tmp/" "$@"); then
+    rm -rf "$tmp"
+    log "FAILED to build $* (module $mod); the go error is above"
+    exit 1
+  fi
   rm -rf "$out" && mv "$tmp" "$out" && touch "$out/.complete"
   log "built in $((SECONDS - start))s: $(ls "$out" | tr '\n' ' ')"
 }

@@ -1,1 +1,43 @@
+//! End-to-end tests of gpuqueue against a real control plane: etcd, kube-apiserver,
+//! kube-scheduler and kube-controller-manager v1.36 built from the Go module proxy, with KWOK
+//! running fake GPU nodes and pod lifecycles. No Docker.
+//!
+//! A test starts its own [`ControlPlane`] (a few seconds), which gives it a cluster-admin
+//! client, fake GPU nodes and pod IPs on loopback (`127.100.0.0/16`) that it can bind test
+//! servers to; dropping the control plane stops exactly its processes.
+//!
+//! ```no_run
+//! # async fn example() -> gpuqueue_e2e::Result<()> {
+//! use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig};
+//! let cluster = ControlPlane::start(ControlPlaneConfig::new("my_test")).await?;
+//! let ns = cluster.namespace("my-test").await?;
+//! gpuqueue_e2e::apply_yaml(&cluster.client(), "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", Some(ns.name())).await?;
+//! # Ok(()) }
+//! ```
 
+mod apply;
+mod binaries;
+mod control_plane;
+mod error;
+mod namespace;
+mod nodes;
+mod pods;
+mod process;
+mod slot;
+mod wait;
+
+pub use apply::{
+    FIELD_MANAGER, WriteMode, apply_file, apply_yaml, install_crds, write_file, write_yaml,
+    yaml_files,
+};
+pub use binaries::{BIN_DIR_ENV, bin_dir, repo_root, target_dir};
+pub use control_plane::{
+    CONTROLLERS, ControlPlane, ControlPlaneConfig, DetachedCluster, UserAccess,
+};
+pub use error::{Error, Result};
+pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
+pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};
+pub use pods::{describe_pod, gpu_pod, pod_condition};
+pub use process::ManagedProcess;
+pub use slot::SLOTS;
+pub use wait::{DEFAULT_TIMEOUT, wait_for};

@@ -177,6 +177,9 @@ pub struct ResourceQuota {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))")
         .message("gpuMemory must be a positive quantity such as 80Gi"))]
+    // The bound keeps the rule within kube-apiserver's CEL cost budget (unbounded, it
+    // exceeds it by a factor of 1.007 across 16 resources and the CRD is refused).
+    #[schemars(length(max = 32))]
     pub gpu_memory: Option<String>,
 }
 

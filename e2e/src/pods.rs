@@ -1,0 +1,79 @@
+//! Pods as tests write them, and one-line descriptions of pods for wait messages.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::ObjectMeta;
+
+/// A pod asking for `count` of GPU resource `resource` (such as `nvidia.com/gpu` or a MIG
+/// profile). Extended resources go in limits (requests default to them). KWOK never pulls
+/// the image, so it only has to look real.
+pub fn gpu_pod(name: &str, resource: &str, count: u32) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([("app".to_owned(), name.to_owned())])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "main".to_owned(),
+                image: Some("registry.invalid/gpuqueue-e2e/fake:1".to_owned()),
+                resources: Some(ResourceRequirements {
+                    limits: Some(BTreeMap::from([(
+                        resource.to_owned(),
+                        Quantity(count.to_string()),
+                    )])),
+                    ..ResourceRequirements::default()
+                }),
+                ..Container::default()
+            }],
+            ..PodSpec::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+/// `phase=Pending node=- ip=- PodScheduled=False(Unschedulable: 0/5 nodes are available: …)`:
+/// what a failed wait should say about a pod.
+pub fn describe_pod(pod: &Pod) -> String {
+    let status = pod.status.as_ref();
+    let conditions: Vec<String> = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let detail = match (&c.reason, &c.message) {
+                (Some(reason), Some(message)) => format!("({reason}: {message})"),
+                (Some(reason), None) => format!("({reason})"),
+                _ => String::new(),
+            };
+            format!("{}={}{detail}", c.type_, c.status)
+        })
+        .collect();
+    format!(
+        "phase={} node={} ip={} deleting={} {}",
+        status.and_then(|s| s.phase.as_deref()).unwrap_or("-"),
+        pod.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .unwrap_or("-"),
+        status.and_then(|s| s.pod_ip.as_deref()).unwrap_or("-"),
+        pod.metadata.deletion_timestamp.is_some(),
+        conditions.join(" ")
+    )
+}
+
+/// The pod's condition of `type_` (`PodScheduled`, `Ready`, …), if it has one.
+pub fn pod_condition<'a>(
+    pod: &'a Pod,
+    type_: &str,
+) -> Option<&'a k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+}
