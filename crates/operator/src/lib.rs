@@ -1,1 +1,24 @@
+//! The gpuqueue operator: everything that talks to the cluster. It observes (watches and
+//! stores), asks the pure core what to do, and applies the answer (gates, events, status); it
+//! decides nothing itself.
+//!
+//! ```text
+//! watches ─▶ stores ─▶ snapshot ─▶ gpuqueue-core decides ─▶ apply (gate, pin, event, status)
+//!                 └──▶ webhook: gate new GPU pods of claimed namespaces
+//! ```
+//!
+//! One module per concern: [`args`] (the command line), [`telemetry`] (logs), [`metrics`] and
+//! [`http`] (`/metrics`, `/healthz`, `/readyz`), [`stores`] (reflectors), [`webhook`] (the
+//! mutating webhook and its certificates), [`leader`] (leader election), [`clock`] (the one
+//! place that reads the time).
 
+pub mod args;
+pub mod clock;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod stores;
+pub mod telemetry;
+pub mod webhook;
+
+pub use args::Args;
