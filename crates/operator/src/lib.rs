@@ -14,9 +14,12 @@
 
 pub mod args;
 pub mod clock;
+pub mod debounce;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod patch;
+pub mod status;
 pub mod stores;
 pub mod telemetry;
 pub mod webhook;
