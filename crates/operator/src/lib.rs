@@ -13,6 +13,7 @@
 //! place that reads the time).
 
 pub mod args;
+pub mod assumed;
 pub mod clock;
 pub mod debounce;
 pub mod http;
