@@ -16,6 +16,7 @@ pub mod args;
 pub mod assumed;
 pub mod clock;
 pub mod debounce;
+pub mod events;
 pub mod http;
 pub mod leader;
 pub mod metrics;
