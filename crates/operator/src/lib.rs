@@ -20,6 +20,7 @@ pub mod events;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod observe;
 pub mod patch;
 pub mod status;
 pub mod stores;

@@ -231,6 +231,68 @@ where
     })
 }
 
+/// Stores filled by hand, for tests of the modules that read them.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Stores with their writers; `add_*` puts an object in as a watch event would.
+    pub(crate) struct TestStores {
+        pub stores: Stores,
+        queues: Writer<StoredQueue>,
+        pods: Writer<Pod>,
+        nodes: Writer<Node>,
+        namespaces: Writer<Namespace>,
+        _signal: watch::Sender<u64>,
+    }
+
+    impl TestStores {
+        pub(crate) fn new() -> Self {
+            let (signal, changes) = watch::channel(0_u64);
+            let (queues, queue_writer) = reflector::store();
+            let (pods, pod_writer) = reflector::store();
+            let (nodes, node_writer) = reflector::store();
+            let (namespaces, namespace_writer) = reflector::store();
+            Self {
+                stores: Stores {
+                    queues,
+                    pods,
+                    nodes,
+                    namespaces,
+                    changes,
+                },
+                queues: queue_writer,
+                pods: pod_writer,
+                nodes: node_writer,
+                namespaces: namespace_writer,
+                _signal: signal,
+            }
+        }
+
+        pub(crate) fn add_queue(&mut self, queue: serde_json::Value) {
+            let queue: StoredQueue = serde_json::from_value(queue).unwrap();
+            self.queues
+                .apply_watcher_event(&watcher::Event::Apply(queue));
+        }
+
+        pub(crate) fn add_pod(&mut self, pod: serde_json::Value) {
+            let pod: Pod = serde_json::from_value(pod).unwrap();
+            self.pods.apply_watcher_event(&watcher::Event::Apply(pod));
+        }
+
+        pub(crate) fn add_node(&mut self, node: serde_json::Value) {
+            let node: Node = serde_json::from_value(node).unwrap();
+            self.nodes.apply_watcher_event(&watcher::Event::Apply(node));
+        }
+
+        pub(crate) fn add_namespace(&mut self, namespace: serde_json::Value) {
+            let namespace: Namespace = serde_json::from_value(namespace).unwrap();
+            self.namespaces
+                .apply_watcher_event(&watcher::Event::Apply(namespace));
+        }
+    }
+}
+
 /// Drops the parts of an object's metadata the operator never reads.
 fn strip_metadata<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
