@@ -8,12 +8,16 @@
 //! ```
 //!
 //! One module per concern: [`args`] (the command line), [`telemetry`] (logs), [`metrics`] and
-//! [`http`] (`/metrics`, `/healthz`, `/readyz`), [`stores`] (reflectors), [`webhook`] (the
-//! mutating webhook and its certificates), [`leader`] (leader election), [`clock`] (the one
-//! place that reads the time).
+//! [`http`] (`/metrics`, `/healthz`, `/readyz`), [`stores`] (reflectors), [`observe`] (stores
+//! into the core's model), [`debounce`] (bursts of changes), [`assumed`] (writes the stores
+//! have not shown yet), [`patch`] (pod writes), [`status`] (queue status writes), [`events`],
+//! [`webhook`] (the mutating webhook and its certificates), [`leader`] (leader election),
+//! [`checkpoint`] (checkpoint drivers for reclaim), [`clock`] (the one place that reads the
+//! time).
 
 pub mod args;
 pub mod assumed;
+pub mod checkpoint;
 pub mod clock;
 pub mod debounce;
 pub mod events;

@@ -1,0 +1,433 @@
+//! One fake vLLM server on one address: its engine, its faults and call log, and a listener that
+//! can stop accepting (connection refused) and start again. Connections are served with hyper
+//! directly so that a fault can drop a connection without answering.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tower::ServiceExt;
+
+use crate::config::Config;
+use crate::engine::{Engine, GenEvent, Snapshot};
+use crate::faults::{Call, CallLog, Fault, FaultAction, FaultTable, RouteFault};
+use crate::{admin, errors, routes};
+
+/// Whether a server accepts connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Listening {
+    /// Bound and serving.
+    Accepting,
+    /// Socket closed: connections are refused (and open ones were closed) until accepting again.
+    Refusing,
+    /// Gone for good (stopped, or the engine exited after a shutdown).
+    Stopped,
+}
+
+/// A handle to one running fake server; clones share it.
+#[derive(Clone, Debug)]
+pub struct FakeVllm {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    addr: SocketAddr,
+    engine: Arc<Engine>,
+    vllm: Router,
+    faults: FaultTable,
+    calls: CallLog,
+    listening: watch::Sender<Listening>,
+    /// Whether the socket is open now, as the listener last reported.
+    bound: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl FakeVllm {
+    /// Binds `addr` (port 0 picks a free port) and starts serving.
+    pub async fn start(config: Config, addr: SocketAddr) -> io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let busy = config.busy;
+        let busy_max_tokens = config.busy_max_tokens;
+        let engine = Engine::new(config);
+        let server = Self {
+            inner: Arc::new(Inner {
+                addr,
+                vllm: routes::router(Arc::clone(&engine)),
+                engine: Arc::clone(&engine),
+                faults: FaultTable::default(),
+                calls: CallLog::new(),
+                listening: watch::channel(Listening::Accepting).0,
+                bound: watch::channel(true).0,
+                tasks: Mutex::new(Vec::new()),
+            }),
+        };
+        server.spawn(Arc::clone(&engine).run());
+        for _ in 0..busy {
+            server.spawn(synthetic_client(
+                Arc::clone(&engine),
+                128,
+                busy_max_tokens,
+                true,
+            ));
+        }
+        server.spawn(listen(server.clone(), listener));
+        let exiting = server.clone();
+        server.spawn(async move {
+            exiting.inner.engine.exited().await;
+            exiting.inner.listening.send_replace(Listening::Stopped);
+        });
+        tracing::info!(%addr, "fake vLLM serving");
+        Ok(server)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.inner.addr
+    }
+
+    /// `http://<addr><path>`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.inner.addr)
+    }
+
+    pub fn config(&self) -> &Config {
+        self.inner.engine.config()
+    }
+
+    /// The engine's state as the metrics and admin routes report it.
+    pub fn snapshot(&self) -> Snapshot {
+        self.inner.engine.snapshot()
+    }
+
+    /// Injects `fault` on `route` (a path such as `/pause`, or `*`).
+    pub fn set_fault(&self, route: &str, fault: Fault) {
+        self.inner.faults.set(route, fault);
+    }
+
+    /// Injects a fault with only an action (no delay, no count).
+    pub fn set_fault_action(&self, route: &str, action: FaultAction) {
+        self.set_fault(
+            route,
+            Fault {
+                action,
+                ..Fault::default()
+            },
+        );
+    }
+
+    /// Clears the fault on `route`, or every fault.
+    pub fn clear_faults(&self, route: Option<&str>) {
+        self.inner.faults.clear(route);
+    }
+
+    pub fn faults(&self) -> Vec<RouteFault> {
+        self.inner.faults.list()
+    }
+
+    /// Every vLLM call received so far (admin calls are not logged).
+    pub fn calls(&self) -> Vec<Call> {
+        self.inner.calls.calls()
+    }
+
+    /// The calls to `path`.
+    pub fn calls_to(&self, path: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|call| call.path == path)
+            .collect()
+    }
+
+    pub fn clear_calls(&self) {
+        self.inner.calls.clear();
+    }
+
+    pub fn listening(&self) -> Listening {
+        *self.inner.listening.borrow()
+    }
+
+    /// Stops accepting (the socket closes: connections are refused and open ones are dropped),
+    /// or starts again on the same address. Returns once the socket is closed or bound again.
+    pub async fn set_accepting(&self, accepting: bool) {
+        let changed = self.inner.listening.send_if_modified(|listening| {
+            let next = match (*listening, accepting) {
+                (Listening::Stopped, _) => return false,
+                (_, true) => Listening::Accepting,
+                (_, false) => Listening::Refusing,
+            };
+            let modified = *listening != next;
+            *listening = next;
+            modified
+        });
+        if changed {
+            let mut bound = self.inner.bound.subscribe();
+            // An error means the listener is gone, which is as closed as it gets.
+            let _ = bound.wait_for(|bound| *bound == accepting).await;
+        }
+    }
+
+    /// Makes `/health` answer 503, as after vLLM's `EngineDeadError`.
+    pub fn set_engine_dead(&self, dead: bool) {
+        self.inner.engine.set_dead(dead);
+    }
+
+    /// Emulates SIGTERM with `--shutdown-timeout`: new requests get 503, in-flight ones have
+    /// `drain` to finish, then the engine exits and the address refuses connections.
+    pub fn shutdown(&self, drain: Duration) {
+        self.inner.engine.begin_shutdown(drain);
+    }
+
+    /// Resolves once the engine has exited after [`FakeVllm::shutdown`].
+    pub async fn exited(&self) {
+        self.inner.engine.exited().await;
+    }
+
+    /// Starts `requests` synthetic requests (no HTTP client) of `prompt_tokens` and
+    /// `max_tokens`; like real clients' they are held while paused or asleep.
+    pub fn add_load(&self, requests: usize, prompt_tokens: u32, max_tokens: u32) {
+        for _ in 0..requests {
+            self.spawn(synthetic_client(
+                Arc::clone(&self.inner.engine),
+                prompt_tokens,
+                max_tokens,
+                false,
+            ));
+        }
+    }
+
+    /// Stops the server for good: the address refuses connections and every task ends.
+    pub fn stop(&self) {
+        self.inner.listening.send_replace(Listening::Stopped);
+        let tasks = std::mem::take(&mut *self.lock_tasks());
+        for task in tasks {
+            task.abort();
+        }
+    }
+
+    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.lock_tasks();
+        tasks.retain(|task| !task.is_finished());
+        tasks.push(tokio::spawn(task));
+    }
+
+    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.inner
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// One request: admin routes go to the admin router; vLLM routes are logged, then faults
+    /// apply, then the vLLM router answers.
+    async fn handle(&self, request: Request<Incoming>, kill: &Notify) -> Response<Body> {
+        let path = request.uri().path().to_owned();
+        if path == "/_fake" || path.starts_with("/_fake/") {
+            let admin = admin::server_router(self.clone());
+            let mut request = request.map(Body::new);
+            request.extensions_mut().insert(admin::ViaOwnAddress);
+            return match admin.oneshot(request).await {
+                Ok(response) => response,
+                Err(never) => match never {},
+            };
+        }
+        self.inner
+            .calls
+            .record(request.method().as_str(), &path, request.uri().query());
+        tracing::debug!(addr = %self.inner.addr, method = %request.method(), %path, "call");
+        if let Some(fault) = self.inner.faults.take(&path) {
+            tokio::time::sleep(fault.delay()).await;
+            match fault.action {
+                FaultAction::Respond => {}
+                FaultAction::Status(code) => {
+                    let status =
+                        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                    return errors::injected(self.config().error_style, &path, status);
+                }
+                FaultAction::Hang => return std::future::pending().await,
+                FaultAction::Close => {
+                    kill.notify_one();
+                    return std::future::pending().await;
+                }
+            }
+        }
+        match self
+            .inner
+            .vllm
+            .clone()
+            .oneshot(request.map(Body::new))
+            .await
+        {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// A client that needs no HTTP: waits at the door, submits, reads until finished; `forever`
+/// keeps one request in flight for as long as the engine runs.
+async fn synthetic_client(engine: Arc<Engine>, prompt_tokens: u32, max_tokens: u32, forever: bool) {
+    loop {
+        let Ok((_, mut events)) = engine.admit(prompt_tokens, max_tokens).await else {
+            return;
+        };
+        while let Some(event) = events.recv().await {
+            if matches!(event, GenEvent::Finished(_)) {
+                break;
+            }
+        }
+        if !forever {
+            return;
+        }
+    }
+}
+
+/// Accepts connections while the server is `Accepting`; closes the socket and every open
+/// connection when it is not, and binds again when it is accepting again.
+async fn listen(server: FakeVllm, listener: TcpListener) {
+    let mut state = server.inner.listening.subscribe();
+    let closing = watch::channel(0u64).0;
+    let mut listener = Some(listener);
+    loop {
+        let current = *state.borrow_and_update();
+        match current {
+            Listening::Stopped => {
+                server.inner.bound.send_replace(false);
+                return;
+            }
+            Listening::Refusing => {
+                listener = None;
+                closing.send_modify(|generation| *generation += 1);
+                server.inner.bound.send_replace(false);
+                if state.changed().await.is_err() {
+                    return;
+                }
+            }
+            Listening::Accepting => {
+                let active = match listener.take() {
+                    Some(active) => active,
+                    None => match TcpListener::bind(server.inner.addr).await {
+                        Ok(active) => active,
+                        Err(error) => {
+                            tracing::warn!(addr = %server.inner.addr, %error, "rebinding failed; retrying");
+                            tokio::select! {
+                                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                                changed = state.changed() => if changed.is_err() { return },
+                            }
+                            continue;
+                        }
+                    },
+                };
+                server.inner.bound.send_replace(true);
+                loop {
+                    tokio::select! {
+                        accepted = active.accept() => match accepted {
+                            Ok((stream, _)) => {
+                                tokio::spawn(connection(server.clone(), stream, closing.subscribe()));
+                            }
+                            Err(error) => {
+                                tracing::warn!(%error, "accept failed");
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                        },
+                        changed = state.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Serves one connection until it ends, a `close` fault drops it, or the listener closes.
+async fn connection(server: FakeVllm, stream: TcpStream, mut closing: watch::Receiver<u64>) {
+    let _ = stream.set_nodelay(true);
+    let kill = Arc::new(Notify::new());
+    let service = {
+        let kill = Arc::clone(&kill);
+        hyper::service::service_fn(move |request| {
+            let server = server.clone();
+            let kill = Arc::clone(&kill);
+            async move { Ok::<_, Infallible>(server.handle(request, &kill).await) }
+        })
+    };
+    let serving =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    tokio::select! {
+        _ = serving => {}
+        () = kill.notified() => {}
+        _ = closing.changed() => {}
+    }
+}
+
+/// Several fake servers in one process, one per address, each with its own state; the admin
+/// listener reaches each through `/_fake/servers/{addr}/...` and can add or remove servers.
+#[derive(Debug)]
+pub struct Fleet {
+    config: Config,
+    faults: Vec<RouteFault>,
+    servers: Mutex<BTreeMap<SocketAddr, FakeVllm>>,
+}
+
+impl Fleet {
+    /// A fleet whose servers all take `config` and start with `faults`.
+    pub fn new(config: Config, faults: Vec<RouteFault>) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            faults,
+            servers: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Starts a server on `addr`.
+    pub async fn add(&self, addr: SocketAddr) -> io::Result<FakeVllm> {
+        if self.get(addr).is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{addr} is already served"),
+            ));
+        }
+        let server = FakeVllm::start(self.config.clone(), addr).await?;
+        for fault in &self.faults {
+            server.set_fault(&fault.route, fault.fault.clone());
+        }
+        self.lock().insert(server.addr(), server.clone());
+        Ok(server)
+    }
+
+    pub fn get(&self, addr: SocketAddr) -> Option<FakeVllm> {
+        self.lock().get(&addr).cloned()
+    }
+
+    /// Stops and forgets the server on `addr`.
+    pub fn remove(&self, addr: SocketAddr) -> Option<FakeVllm> {
+        let server = self.lock().remove(&addr)?;
+        server.stop();
+        Some(server)
+    }
+
+    pub fn servers(&self) -> Vec<FakeVllm> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, FakeVllm>> {
+        self.servers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
