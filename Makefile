@@ -44,5 +44,10 @@ verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates
 unit: ## Unit, scenario and property tests of every crate (no cluster)
 	$(CARGO) test --workspace --locked
 
+.PHONY: bench-core
+bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on the Alibaba trace); writes target/bench-core/
+	$(CARGO) bench --locked -p gpuqueue-core --bench policy
+	$(CARGO) bench --locked -p gpuqueue-core --bench trace_replay
+
 .PHONY: test
 test: fmt-check lint verify unit ## Everything CI runs: format, lint, verify, all tests

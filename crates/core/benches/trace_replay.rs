@@ -17,11 +17,11 @@
 #[path = "../tests/common/trace.rs"]
 mod trace;
 
-use std::time::Instant;
+use std::{fmt::Write as _, time::Instant};
 
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, WorkloadMix};
-use gpuqueue_core::model::{Assignment, Pod, PodKey, PodState, Requests};
+use gpuqueue_core::model::{Pod, PodKey, Requests};
 use gpuqueue_core::placement::{
     BestFit, Fgd, FragmentationAware, GpuPacking, Random, Scorer, TieBreak, mix64,
 };
@@ -41,10 +41,13 @@ fn main() {
         .nodes(trace::nodes())
         .workload_mix(mix)
         .build();
-    println!(
-        "trace {variant}, {seeds} seeds, ties {}",
-        if seeded_ties { "seeded" } else { "first" }
+    let ties = if seeded_ties { "seeded" } else { "first" };
+    let mut report = format!(
+        "# Placement on the Alibaba `{variant}` trace, 130% arrived, {seeds} seeds, ties {ties}\n\n\
+         | policy | GPU allocation at 100% | at 130% | fragmentation at 130% (of capacity) | placements | time |\n\
+         | --- | ---: | ---: | ---: | ---: | ---: |\n"
     );
+    println!("trace {variant}, {seeds} seeds, ties {ties}");
 
     for policy in ["random", "best-fit", "packing", "fgd", "ours"] {
         let started = Instant::now();
@@ -83,13 +86,7 @@ fn main() {
                     _ => Box::new(FragmentationAware),
                 };
                 if let Some(placement) = snapshot.find_placement(&pod, scorer.as_ref(), tie) {
-                    pod.state = PodState::Admitted(Assignment {
-                        node: Some(placement.node_name),
-                        bound: true,
-                        terminating: false,
-                    });
-                    pod.devices = placement.devices;
-                    snapshot.add_pod(pod).unwrap();
+                    snapshot.add_placed(pod, &placement).unwrap();
                     placements += 1;
                 }
                 if reached100.is_none() && arrived >= CAPACITY_MILLI {
@@ -102,12 +99,28 @@ fn main() {
             frag130 += f.share_of_capacity();
         }
         let n = seeds as f64;
+        let elapsed = started.elapsed();
         println!(
-            "{policy:>9}: GPU allocation {:.2}% at 100% arrived, {:.2}% at 130%; fragmentation {:.2}% of capacity at 130%; {placements} placements in {:.2?}",
+            "{policy:>9}: GPU allocation {:.2}% at 100% arrived, {:.2}% at 130%; fragmentation {:.2}% of capacity at 130%; {placements} placements in {elapsed:.2?}",
             100.0 * at100 / n,
             100.0 * at130 / n,
             100.0 * frag130 / n,
-            started.elapsed()
+        );
+        let _ = writeln!(
+            report,
+            "| {policy} | {:.2}% | {:.2}% | {:.2}% | {placements} | {elapsed:.2?} |",
+            100.0 * at100 / n,
+            100.0 * at130 / n,
+            100.0 * frag130 / n,
         );
     }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"),
+        std::path::PathBuf::from,
+    );
+    let out = target.join("bench-core");
+    std::fs::create_dir_all(&out).unwrap();
+    let file = out.join(format!("trace_replay_{variant}_{ties}.md"));
+    std::fs::write(&file, report).unwrap();
+    println!("written to {}", file.display());
 }

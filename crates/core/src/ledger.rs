@@ -36,6 +36,11 @@ pub struct ResourceUsage {
 }
 
 impl ResourceUsage {
+    /// The resource these numbers are for.
+    pub fn resource(&self) -> ResourceId {
+        self.resource
+    }
+
     /// guaranteed + burstable.
     pub fn ceiling(&self) -> Milli {
         self.guaranteed + self.burstable

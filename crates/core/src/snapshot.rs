@@ -23,7 +23,7 @@ use crate::model::{
     AdmittedAs, Assignment, DeviceSet, MAX_DEVICES_PER_POOL, Namespace, Node, Pod, PodKey,
     PodState, Queue, ReclaimMark, ReclaimRole, Requests,
 };
-use crate::placement::{Candidate, NodeView, Placement, Score, Scorer, TieBreak};
+use crate::placement::{NodeView, Placement};
 use crate::quantity::{MILLI_PER_DEVICE, Milli, ResourceName};
 
 /// Index of a GPU resource name in a snapshot.
@@ -132,7 +132,7 @@ pub(crate) struct Charge {
 /// `u64::MAX` host resources mean "not reported": kept far from overflow.
 const UNLIMITED: i64 = i64::MAX / 4;
 
-fn host_amount(v: u64) -> i64 {
+pub(crate) fn host_amount(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(UNLIMITED).min(UNLIMITED)
 }
 
@@ -380,8 +380,8 @@ fn snapshot_intern(
 pub struct Snapshot {
     resources: Vec<ResourceName>,
     resource_ids: HashMap<ResourceName, ResourceId>,
-    models: Vec<String>,
-    model_ids: HashMap<String, ModelId>,
+    pub(crate) models: Vec<String>,
+    pub(crate) model_ids: HashMap<String, ModelId>,
     pub(crate) nodes: Vec<NodeState>,
     node_ids: HashMap<String, NodeId>,
     hostnames: HashMap<String, NodeId>,
@@ -397,7 +397,7 @@ pub struct Snapshot {
     /// Held by admitted pods of no queue, per resource.
     unmanaged: Vec<Milli>,
     mix: Option<WorkloadMix>,
-    frag: Option<FragIndex>,
+    pub(crate) frag: Option<FragIndex>,
     pub(crate) reclaimed_from: HashMap<QueueId, Timestamp>,
     generation: u64,
     build_notes: Vec<SnapshotError>,
@@ -1187,6 +1187,22 @@ impl Snapshot {
         self.refresh_frag(seat.node);
     }
 
+    /// Adds a pod bound where `placement` says, on its devices (the simulator's arrival: find
+    /// a placement, then add the pod there).
+    pub fn add_placed(
+        &mut self,
+        mut pod: Pod,
+        placement: &Placement,
+    ) -> Result<PodId, SnapshotError> {
+        pod.state = PodState::Admitted(Assignment {
+            node: Some(placement.node_name.clone()),
+            bound: true,
+            terminating: false,
+        });
+        pod.devices.clone_from(&placement.devices);
+        self.add_pod(pod)
+    }
+
     /// Admits a pending pod onto a placement: it holds quota from now on.
     pub fn admit(
         &mut self,
@@ -1338,257 +1354,5 @@ impl Snapshot {
         }
         self.generation += 1;
         Ok(())
-    }
-
-    // ---- placement ---------------------------------------------------------------------
-
-    /// The best node and devices for `pod` now, by `scorer`, ties broken by `tie`; `None` when
-    /// no node fits. `allowed` restricts the nodes (quota rules such as a GPU memory cap).
-    pub fn find_placement(
-        &self,
-        pod: &Pod,
-        scorer: &dyn Scorer,
-        tie: TieBreak,
-    ) -> Option<Placement> {
-        self.find_placement_where(pod, scorer, tie, &|_| true)
-    }
-
-    /// [`Snapshot::find_placement`] among the nodes `allowed` accepts.
-    pub fn find_placement_where(
-        &self,
-        pod: &Pod,
-        scorer: &dyn Scorer,
-        tie: TieBreak,
-        allowed: &dyn Fn(NodeId) -> bool,
-    ) -> Option<Placement> {
-        let request = Request::new(self, pod)?;
-        let mut scratch = Vec::new();
-        let mut charges = Vec::new();
-        let mut best: Option<(Rank, NodeId, Option<u16>)> = None;
-        for (i, n) in self.nodes.iter().enumerate() {
-            let id = NodeId(u32::try_from(i).unwrap_or(u32::MAX));
-            if !request.admits(n) || !allowed(id) {
-                continue;
-            }
-            let Some((score, option)) =
-                self.best_option(&request, id, scorer, &mut scratch, &mut charges)
-            else {
-                continue;
-            };
-            let key = (score.node, score.tie, std::cmp::Reverse(tie.key(id)));
-            if best
-                .as_ref()
-                .is_none_or(|(b, _, _)| key.partial_cmp(b).is_some_and(std::cmp::Ordering::is_gt))
-            {
-                best = Some((key, id, option));
-            }
-        }
-        let ((score, _, _), node, option) = best?;
-        request.charges(&self.nodes[node.index()], option, &mut charges);
-        let n = &self.nodes[node.index()];
-        Some(Placement {
-            node,
-            node_name: n.node.name.clone(),
-            pin: n.node.hostname().to_string(),
-            devices: self.device_sets(node, &charges),
-            score,
-            charges,
-        })
-    }
-
-    /// The node's best option for the request: the device shared (for a shared request) or
-    /// the canonical whole devices, with its score. `None` when the request does not fit.
-    fn best_option(
-        &self,
-        request: &Request,
-        node: NodeId,
-        scorer: &dyn Scorer,
-        scratch: &mut Vec<u16>,
-        charges: &mut Vec<Charge>,
-    ) -> Option<(Score, Option<u16>)> {
-        let n = &self.nodes[node.index()];
-        let frag = self.frag.as_ref();
-        let mut best: Option<(Score, Option<u16>)> = None;
-        let mut consider = |option: Option<u16>,
-                            charges: &mut Vec<Charge>,
-                            scratch: &mut Vec<u16>| {
-            if !request.charges(n, option, charges) {
-                return;
-            }
-            scratch.clear();
-            scratch.extend_from_slice(&n.free);
-            for c in charges.iter() {
-                scratch[usize::from(c.device)] -= c.milli;
-            }
-            let mut after = n.view();
-            after.free = scratch;
-            after.cpu_free -= request.cpu;
-            after.memory_free -= request.memory;
-            let candidate = Candidate {
-                node,
-                before: n.view(),
-                after,
-                request_cpu_milli: request.cpu_milli,
-                request_gpu_milli: request.gpu_milli,
-                request_devices: request.gpus.first().map_or(0, |g| u32::from(g.count)),
-                request_milli_per_device: request.gpus.first().map_or(0, |g| u32::from(g.milli)),
-                shared_device: option.map(usize::from),
-                frag,
-                frag_before: n.frag,
-            };
-            let score = scorer.score(&candidate);
-            if best.as_ref().is_none_or(|(b, _)| {
-                (score.node, score.tie, score.device) > (b.node, b.tie, b.device)
-            }) {
-                best = Some((score, option));
-            }
-        };
-        match request.shared_pool(n) {
-            Some(pool) => {
-                // Devices with the same free milli are interchangeable: score each value once.
-                let mut seen = [0u64; 16];
-                for d in pool.start..pool.start + pool.len {
-                    let f = n.free[usize::from(d)];
-                    let (word, bit) = (usize::from(f / 64), f % 64);
-                    if f < request.shared_milli || seen[word] & (1 << bit) != 0 {
-                        continue;
-                    }
-                    seen[word] |= 1 << bit;
-                    consider(Some(d), charges, scratch);
-                }
-            }
-            None => consider(None, charges, scratch),
-        }
-        best
-    }
-}
-
-/// How nodes compare: score, tie score, then the tie-break key (lower wins).
-type Rank = (f64, f64, std::cmp::Reverse<u64>);
-
-/// A pod's request resolved for placement.
-struct Request<'a> {
-    pod: &'a Pod,
-    gpus: Vec<ResolvedGpu>,
-    /// Allowed models by id; `None`: any.
-    models: Option<Vec<bool>>,
-    cpu: i64,
-    memory: i64,
-    cpu_milli: u64,
-    gpu_milli: u64,
-    /// The per-device milli of a shared (fractional, single-device) request, else 0.
-    shared_milli: u16,
-}
-
-impl<'a> Request<'a> {
-    /// `None` when some requested resource exists on no node (nothing can fit).
-    fn new(snapshot: &Snapshot, pod: &'a Pod) -> Option<Self> {
-        Snapshot::validate_requests(&pod.requests).ok()?;
-        let mut gpus = Vec::new();
-        for g in &pod.requests.gpus {
-            gpus.push(ResolvedGpu {
-                resource: snapshot.resource_id(&g.resource)?,
-                count: u16::try_from(g.count).ok()?,
-                milli: u16::try_from(g.milli_per_device).ok()?,
-            });
-        }
-        let models = (!pod.gpu_models.is_empty()).then(|| {
-            let mut allowed = vec![false; snapshot.models.len()];
-            for m in &pod.gpu_models {
-                if let Some(id) = snapshot.model_ids.get(m) {
-                    allowed[id.index()] = true;
-                }
-            }
-            allowed
-        });
-        let shared_milli = match gpus.as_slice() {
-            [g] if g.count == 1 && u32::from(g.milli) < MILLI_PER_DEVICE => g.milli,
-            _ => 0,
-        };
-        Some(Self {
-            pod,
-            cpu: host_amount(pod.requests.cpu_milli),
-            memory: host_amount(pod.requests.memory_bytes),
-            cpu_milli: pod.requests.cpu_milli,
-            gpu_milli: pod.requests.gpus.iter().map(|g| g.total().0).sum(),
-            gpus,
-            models,
-            shared_milli,
-        })
-    }
-
-    /// Whether the node passes the static filters and has room now.
-    fn admits(&self, n: &NodeState) -> bool {
-        if !n.node.schedulable
-            || !n.deficit.is_empty()
-            || n.cpu_free < self.cpu
-            || n.memory_free < self.memory
-        {
-            return false;
-        }
-        if let Some(models) = &self.models
-            && !n.model.is_some_and(|m| models[m.index()])
-        {
-            return false;
-        }
-        for g in &self.gpus {
-            let Some(pool) = n.pool(g.resource) else {
-                return false;
-            };
-            let fitting = n.free[usize::from(pool.start)..usize::from(pool.start + pool.len)]
-                .iter()
-                .filter(|f| **f >= g.milli)
-                .count();
-            if fitting < usize::from(g.count) {
-                return false;
-            }
-        }
-        self.pod
-            .node_rules
-            .as_ref()
-            .is_none_or(|r| r.admits(&n.node.name, &n.node.labels, &n.node.taints))
-    }
-
-    /// The pool of a shared request, when the request is one.
-    fn shared_pool<'n>(&self, n: &'n NodeState) -> Option<&'n PoolLayout> {
-        if self.shared_milli == 0 {
-            return None;
-        }
-        n.pool(self.gpus[0].resource)
-    }
-
-    /// The charges of placing the request on `n`: on `shared` for a shared request, else on
-    /// the lowest-numbered devices that fit. False when it does not fit.
-    fn charges(&self, n: &NodeState, shared: Option<u16>, out: &mut Vec<Charge>) -> bool {
-        out.clear();
-        if let Some(device) = shared {
-            out.push(Charge {
-                device,
-                milli: self.shared_milli,
-            });
-            return n.free[usize::from(device)] >= self.shared_milli;
-        }
-        for g in &self.gpus {
-            let Some(pool) = n.pool(g.resource) else {
-                return false;
-            };
-            let mut wanted = g.count;
-            for d in pool.start..pool.start + pool.len {
-                if wanted == 0 {
-                    break;
-                }
-                if n.free[usize::from(d)] >= g.milli {
-                    out.push(Charge {
-                        device: d,
-                        milli: g.milli,
-                    });
-                    wanted -= 1;
-                }
-            }
-            if wanted > 0 {
-                return false;
-            }
-        }
-        true
     }
 }

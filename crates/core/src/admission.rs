@@ -1,0 +1,634 @@
+//! Admission: for each pod waiting at the gate, admit it (within its guarantee, or as a
+//! borrower of idle capacity), plan a reclaim for it, or say why it waits.
+//!
+//! A pod whose queue stays within its guarantee is admitted wherever it fits; when nothing
+//! fits because borrowers hold the room, a reclaim is planned. A pod that takes its queue
+//! above its guarantee borrows: only up to the queue's ceiling (guaranteed + burstable), only
+//! from capacity that is idle and may be lent (other queues' never-lent part stays free), and
+//! not while the queue is cooling down after a reclaim took GPUs from it (`minBorrowDuration`).
+//!
+//! [`admission_cycle`] decides every pending pod in a fair order and applies each decision to
+//! the snapshot before the next, so no two decisions count on the same capacity: pods within
+//! their guarantee first, then borrowers by their queue's weighted share of borrowed capacity
+//! (lowest first), then pod priority, then age (Kueue's BestEffortFIFO: a pod that waits does
+//! not block the pods behind it).
+
+use std::fmt;
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::Snapshot;
+use crate::model::{AdmittedAs, PodKey};
+use crate::placement::{Placement, Request, Scorer, TieBreak};
+use crate::quantity::{Milli, ResourceName};
+use crate::reclaim::{NoPlan, ReclaimPlan, plan_reclaim};
+use crate::snapshot::{Attribution, NodeId, PodId, QueueId};
+
+/// What to do with a pending pod.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Pin the pod to the node and release its gate.
+    Admit(Admission),
+    /// Evict the plan's victims for the pod (pin and release it at once: it binds when they
+    /// are gone).
+    Reclaim(ReclaimPlan),
+    /// Leave the pod at the gate, and say why.
+    Wait(Wait),
+}
+
+impl Decision {
+    pub fn pod(&self) -> PodId {
+        match self {
+            Self::Admit(a) => a.pod,
+            Self::Reclaim(p) => p.owner,
+            Self::Wait(w) => w.pod,
+        }
+    }
+
+    pub fn key(&self) -> &PodKey {
+        match self {
+            Self::Admit(a) => &a.key,
+            Self::Reclaim(p) => &p.owner_key,
+            Self::Wait(w) => &w.key,
+        }
+    }
+}
+
+/// A pod to admit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    pub pod: PodId,
+    pub key: PodKey,
+    pub queue: String,
+    pub placement: Placement,
+    pub admitted_as: AdmittedAs,
+}
+
+/// A pod that waits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Wait {
+    pub pod: PodId,
+    pub key: PodKey,
+    /// Its queue, when one claims it.
+    pub queue: Option<String>,
+    pub reason: WaitReason,
+}
+
+/// Why a pod waits. `Display` gives the one line a person reads (on the pod's event and in
+/// `kubectl gpuqueue explain`); [`WaitReason::code`] a stable `PascalCase` reason.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WaitReason {
+    /// No queue claims the pod's namespace.
+    NoQueue { namespace: String },
+    /// Several queues claim the namespace.
+    NamespaceConflict {
+        namespace: String,
+        queues: Vec<String>,
+    },
+    /// The pod's requests are malformed.
+    InvalidRequest { rule: String },
+    /// The pod owns a reclaim under way; the reclaim executor admits it.
+    ReclaimInProgress { id: String },
+    /// The queue lists no quota for a resource the pod requests.
+    NoQuota {
+        queue: String,
+        resource: ResourceName,
+    },
+    /// The pod would take the queue above guaranteed + burstable.
+    OverCeiling {
+        queue: String,
+        resource: ResourceName,
+        allocated: Milli,
+        requested: Milli,
+        guaranteed: Milli,
+        burstable: Milli,
+    },
+    /// The queue was reclaimed from recently and may not borrow yet.
+    BorrowCooldown { queue: String, until: Timestamp },
+    /// The pod must borrow, but not enough capacity is idle and lendable.
+    NoIdleCapacity {
+        queue: String,
+        resource: ResourceName,
+        allocated: Milli,
+        requested: Milli,
+        guaranteed: Milli,
+        idle: Milli,
+    },
+    /// No node offers the pod's devices within the queue's GPU memory cap.
+    GpuMemoryCap {
+        queue: String,
+        resource: ResourceName,
+        used_mib: u64,
+        cap_mib: u64,
+    },
+    /// Quota allows the pod but no node has room for it (and, within the guarantee, no
+    /// reclaim can make room).
+    NoRoom {
+        queue: String,
+        admitted_as: AdmittedAs,
+        resource: Option<ResourceName>,
+        requested: Milli,
+        /// The most the pod could get on one suitable node.
+        largest_free: Milli,
+        /// Free on all suitable nodes together.
+        idle: Milli,
+        reclaim: Option<NoPlan>,
+    },
+}
+
+impl WaitReason {
+    /// A stable `PascalCase` reason for events and conditions.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NoQueue { .. } => "NoQueue",
+            Self::NamespaceConflict { .. } => "NamespaceConflict",
+            Self::InvalidRequest { .. } => "InvalidRequest",
+            Self::ReclaimInProgress { .. } => "ReclaimInProgress",
+            Self::NoQuota { .. } => "NoQuota",
+            Self::OverCeiling { .. } => "OverCeiling",
+            Self::BorrowCooldown { .. } => "BorrowCooldown",
+            Self::NoIdleCapacity { .. } => "NoIdleCapacity",
+            Self::GpuMemoryCap { .. } => "GpuMemoryCap",
+            Self::NoRoom { .. } => "NoRoom",
+        }
+    }
+}
+
+impl fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoQueue { namespace } => {
+                write!(f, "namespace {namespace} is claimed by no GpuQueue")
+            }
+            Self::NamespaceConflict { namespace, queues } => write!(
+                f,
+                "namespace {namespace} is claimed by several GpuQueues ({}); nothing there is admitted until only one claims it",
+                queues.join(", ")
+            ),
+            Self::InvalidRequest { rule } => write!(f, "the pod's request is invalid: {rule}"),
+            Self::ReclaimInProgress { id } => {
+                write!(
+                    f,
+                    "reclaim {id} is freeing GPUs for this pod; it is admitted when they are free"
+                )
+            }
+            Self::NoQuota { queue, resource } => {
+                write!(f, "queue {queue} has no quota for {resource}")
+            }
+            Self::OverCeiling {
+                queue,
+                resource,
+                allocated,
+                requested,
+                guaranteed,
+                burstable,
+            } => write!(
+                f,
+                "queue {queue}: {resource} allocated {allocated} + requested {requested} exceeds its ceiling of {} (guaranteed {guaranteed} + burstable {burstable})",
+                *guaranteed + *burstable
+            ),
+            Self::BorrowCooldown { queue, until } => write!(
+                f,
+                "queue {queue}: a reclaim recently took GPUs from this queue; it may borrow again from {until} (minBorrowDuration)"
+            ),
+            Self::NoIdleCapacity {
+                queue,
+                resource,
+                allocated,
+                requested,
+                guaranteed,
+                idle,
+            } => write!(
+                f,
+                "queue {queue}: {resource} allocated {allocated} + requested {requested} is above its guarantee of {guaranteed}, so the pod must borrow, but only {idle} is idle and lendable"
+            ),
+            Self::GpuMemoryCap {
+                queue,
+                resource,
+                used_mib,
+                cap_mib,
+            } => write!(
+                f,
+                "queue {queue}: {resource} GPU memory in use is {used_mib} MiB of its cap of {cap_mib} MiB; no node offers the pod's devices within what is left"
+            ),
+            Self::NoRoom {
+                queue,
+                admitted_as,
+                resource,
+                requested,
+                largest_free,
+                idle,
+                reclaim,
+            } => {
+                let what = resource.as_ref().map_or_else(
+                    || "its CPU and memory".to_string(),
+                    |r| format!("{requested} {r}"),
+                );
+                write!(
+                    f,
+                    "queue {queue}: quota allows the pod ({admitted_as}), but no node has room for {what}"
+                )?;
+                if resource.is_some() {
+                    write!(
+                        f,
+                        " (the most free on one suitable node is {largest_free}; {idle} idle on suitable nodes)"
+                    )?;
+                }
+                if let Some(reason) = reclaim {
+                    write!(f, "; no reclaim possible: {reason}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Decides one pending pod at `now`, without changing the snapshot.
+pub fn decide(
+    snapshot: &Snapshot,
+    pod: PodId,
+    scorer: &dyn Scorer,
+    tie: TieBreak,
+    now: Timestamp,
+) -> Decision {
+    match check(snapshot, pod, scorer, tie, now) {
+        Ok(decision) => decision,
+        Err(reason) => {
+            let slot = snapshot.slot(pod);
+            let queue = slot.and_then(|s| match s.attribution {
+                Attribution::Queue(q) => Some(snapshot.queue(q).name.clone()),
+                _ => None,
+            });
+            Decision::Wait(Wait {
+                pod,
+                key: slot.map_or_else(|| PodKey::new("", ""), |s| s.pod.key.clone()),
+                queue,
+                reason,
+            })
+        }
+    }
+}
+
+fn check(
+    snapshot: &Snapshot,
+    pod: PodId,
+    scorer: &dyn Scorer,
+    tie: TieBreak,
+    now: Timestamp,
+) -> Result<Decision, WaitReason> {
+    let slot = snapshot
+        .slot(pod)
+        .ok_or_else(|| WaitReason::InvalidRequest {
+            rule: "the pod is gone".into(),
+        })?;
+    let queue = match &slot.attribution {
+        Attribution::Queue(q) => *q,
+        Attribution::Conflict { namespace, queues } => {
+            return Err(WaitReason::NamespaceConflict {
+                namespace: namespace.clone(),
+                queues: queues.clone(),
+            });
+        }
+        Attribution::Unclaimed => {
+            return Err(WaitReason::NoQueue {
+                namespace: slot.pod.key.namespace.clone(),
+            });
+        }
+    };
+    if let Some(mark) = &slot.pod.reclaim {
+        return Err(WaitReason::ReclaimInProgress {
+            id: mark.id.clone(),
+        });
+    }
+    let name = snapshot.queue(queue).name.clone();
+    let admitted_as = quota_check(snapshot, queue, &slot.amounts, now)?;
+    let memory_ok = memory_filter(snapshot, queue, pod);
+    let placement = snapshot.find_placement_where(&slot.pod, scorer, tie, &|node| memory_ok(node));
+    if let Some(placement) = placement {
+        return Ok(Decision::Admit(Admission {
+            pod,
+            key: slot.pod.key.clone(),
+            queue: name,
+            placement,
+            admitted_as,
+        }));
+    }
+    if let Some(reason) = memory_cap_reason(snapshot, queue, pod, &memory_ok) {
+        return Err(reason);
+    }
+    let reclaim = if admitted_as == AdmittedAs::Guaranteed {
+        match plan_reclaim(snapshot, pod, now) {
+            Ok(plan) => return Ok(Decision::Reclaim(plan)),
+            Err(no) => Some(no),
+        }
+    } else {
+        None
+    };
+    let (resource, requested, largest_free, idle) = room(snapshot, pod);
+    Err(WaitReason::NoRoom {
+        queue: name,
+        admitted_as,
+        resource,
+        requested,
+        largest_free,
+        idle,
+        reclaim,
+    })
+}
+
+/// Whether the queue's quota admits the request, and as what.
+fn quota_check(
+    snapshot: &Snapshot,
+    queue: QueueId,
+    amounts: &[(crate::snapshot::ResourceId, Milli)],
+    now: Timestamp,
+) -> Result<AdmittedAs, WaitReason> {
+    let spec = snapshot.queue(queue);
+    let name = &spec.name;
+    let mut borrowing = Vec::new();
+    for (resource, requested) in amounts {
+        let Some(usage) = snapshot.usage_of(queue, *resource).filter(|u| u.in_spec) else {
+            return Err(WaitReason::NoQuota {
+                queue: name.clone(),
+                resource: snapshot.resource_name(*resource).clone(),
+            });
+        };
+        if usage.allocated + *requested > usage.ceiling() {
+            return Err(WaitReason::OverCeiling {
+                queue: name.clone(),
+                resource: snapshot.resource_name(*resource).clone(),
+                allocated: usage.allocated,
+                requested: *requested,
+                guaranteed: usage.guaranteed,
+                burstable: usage.burstable,
+            });
+        }
+        if usage.allocated + *requested > usage.guaranteed {
+            borrowing.push((*resource, *requested, usage.allocated, usage.guaranteed));
+        }
+    }
+    if borrowing.is_empty() {
+        return Ok(AdmittedAs::Guaranteed);
+    }
+    if let (Some(floor), Some(at)) = (spec.reclaim.min_borrow, snapshot.last_reclaimed(queue))
+        && let Some(until) = SignedDuration::try_from(floor)
+            .ok()
+            .and_then(|f| at.checked_add(f).ok())
+        && now < until
+    {
+        return Err(WaitReason::BorrowCooldown {
+            queue: name.clone(),
+            until,
+        });
+    }
+    for (resource, requested, allocated, guaranteed) in borrowing {
+        let idle = idle_for_borrowing(snapshot, queue, resource);
+        if requested > idle {
+            return Err(WaitReason::NoIdleCapacity {
+                queue: name.clone(),
+                resource: snapshot.resource_name(resource).clone(),
+                allocated,
+                requested,
+                guaranteed,
+                idle,
+            });
+        }
+    }
+    Ok(AdmittedAs::Borrowed)
+}
+
+/// Capacity a queue may borrow: what no pod holds, less what other queues never lend.
+pub fn idle_for_borrowing(
+    snapshot: &Snapshot,
+    queue: QueueId,
+    resource: crate::snapshot::ResourceId,
+) -> Milli {
+    let reserved: Milli = snapshot
+        .queue_ids()
+        .filter(|q| *q != queue)
+        .filter_map(|q| snapshot.usage_of(q, resource))
+        .map(crate::ledger::ResourceUsage::reserved_idle)
+        .sum();
+    snapshot
+        .capacity(resource)
+        .saturating_sub(snapshot.allocated(resource))
+        .saturating_sub(reserved)
+}
+
+/// The nodes on which the pod's devices fit the queue's GPU memory caps.
+fn memory_filter(snapshot: &Snapshot, queue: QueueId, pod: PodId) -> impl Fn(NodeId) -> bool + '_ {
+    let caps: Vec<(crate::snapshot::ResourceId, u64, u64)> =
+        snapshot.slot(pod).map_or_else(Vec::new, |slot| {
+            slot.gpus
+                .iter()
+                .filter_map(|g| {
+                    let usage = snapshot.usage_of(queue, g.resource)?;
+                    let cap = usage.memory_cap_mib?;
+                    Some((
+                        g.resource,
+                        cap.saturating_sub(usage.memory_mib),
+                        u64::from(g.milli) * u64::from(g.count),
+                    ))
+                })
+                .collect()
+        });
+    move |node: NodeId| {
+        let n = &snapshot.nodes[node.index()];
+        caps.iter().all(|(resource, left, milli)| {
+            n.pool(*resource)
+                .and_then(|p| p.memory_mib)
+                .is_some_and(|mib| {
+                    mib * milli / u64::from(crate::quantity::MILLI_PER_DEVICE) <= *left
+                })
+        })
+    }
+}
+
+/// The memory-cap reason, when the cap is what keeps the pod off every node with room.
+fn memory_cap_reason(
+    snapshot: &Snapshot,
+    queue: QueueId,
+    pod: PodId,
+    memory_ok: &dyn Fn(NodeId) -> bool,
+) -> Option<WaitReason> {
+    let slot = snapshot.slot(pod)?;
+    let request = Request::new(snapshot, &slot.pod)?;
+    let blocked = snapshot
+        .node_ids()
+        .any(|n| request.admits(&snapshot.nodes[n.index()]) && !memory_ok(n));
+    if !blocked {
+        return None;
+    }
+    let (resource, usage) = slot.gpus.iter().find_map(|g| {
+        let usage = snapshot.usage_of(queue, g.resource)?;
+        usage.memory_cap_mib.map(|_| (g.resource, usage))
+    })?;
+    Some(WaitReason::GpuMemoryCap {
+        queue: snapshot.queue(queue).name.clone(),
+        resource: snapshot.resource_name(resource).clone(),
+        used_mib: usage.memory_mib,
+        cap_mib: usage.memory_cap_mib.unwrap_or_default(),
+    })
+}
+
+/// For the pod's first GPU request: the resource, the request, the most of it one suitable
+/// node could give now, and the idle capacity on suitable nodes.
+fn room(snapshot: &Snapshot, pod: PodId) -> (Option<ResourceName>, Milli, Milli, Milli) {
+    let Some(slot) = snapshot.slot(pod) else {
+        return (None, Milli::ZERO, Milli::ZERO, Milli::ZERO);
+    };
+    let Some(gpu) = slot.gpus.first() else {
+        return (None, Milli::ZERO, Milli::ZERO, Milli::ZERO);
+    };
+    let requested = Milli(u64::from(gpu.milli) * u64::from(gpu.count));
+    let Some(request) = Request::new(snapshot, &slot.pod) else {
+        return (
+            Some(snapshot.resource_name(gpu.resource).clone()),
+            requested,
+            Milli::ZERO,
+            Milli::ZERO,
+        );
+    };
+    let (mut largest, mut idle) = (0u64, 0u64);
+    for n in &snapshot.nodes {
+        if !request.fits_statically(n) || !n.deficit.is_empty() {
+            continue;
+        }
+        let Some(pool) = n.pool(gpu.resource) else {
+            continue;
+        };
+        let devices = &n.free[usize::from(pool.start)..usize::from(pool.start + pool.len)];
+        let fitting = devices
+            .iter()
+            .filter(|f| **f >= gpu.milli)
+            .count()
+            .min(usize::from(gpu.count)) as u64;
+        largest = largest.max(fitting * u64::from(gpu.milli));
+        idle += devices.iter().map(|f| u64::from(*f)).sum::<u64>();
+    }
+    (
+        Some(snapshot.resource_name(gpu.resource).clone()),
+        requested,
+        Milli(largest),
+        Milli(idle),
+    )
+}
+
+/// Whether the pod would keep its queue within its guarantee.
+fn within_guarantee(snapshot: &Snapshot, pod: PodId) -> bool {
+    let Some(slot) = snapshot.slot(pod) else {
+        return false;
+    };
+    let Attribution::Queue(q) = slot.attribution else {
+        return false;
+    };
+    slot.amounts.iter().all(|(r, amount)| {
+        snapshot
+            .usage_of(q, *r)
+            .is_some_and(|u| u.allocated + *amount <= u.guaranteed)
+    })
+}
+
+/// Decides every pending pod in fair order, applying each decision to `snapshot` before the
+/// next: admitted pods hold their room, a reclaim's victims are marked and its owner is
+/// pinned to the node (as the node's deficit until the victims are gone).
+pub fn admission_cycle(
+    snapshot: &mut Snapshot,
+    scorer: &dyn Scorer,
+    tie: TieBreak,
+    now: Timestamp,
+) -> Vec<Decision> {
+    let mut per_queue: Vec<Vec<PodId>> = vec![Vec::new(); snapshot.queues.len()];
+    let mut unqueued = Vec::new();
+    for pod in snapshot.pending_pods().collect::<Vec<_>>() {
+        match snapshot.pod_queue(pod) {
+            Some(q) => per_queue[q.index()].push(pod),
+            None => unqueued.push(pod),
+        }
+    }
+    for pods in &mut per_queue {
+        // Reversed so that `pop` yields the highest priority, then the oldest.
+        pods.sort_by(|a, b| {
+            let (a, b) = (snapshot.pod(*a), snapshot.pod(*b));
+            let key = |p: Option<&crate::model::Pod>| {
+                p.map(|p| (std::cmp::Reverse(p.priority), p.created_at, p.key.clone()))
+            };
+            key(b).cmp(&key(a))
+        });
+    }
+    let mut decisions = Vec::new();
+    loop {
+        let next = per_queue
+            .iter()
+            .enumerate()
+            .filter_map(|(q, pods)| {
+                let head = *pods.last()?;
+                let pod = snapshot.pod(head)?;
+                let guaranteed = within_guarantee(snapshot, head);
+                let share = if guaranteed {
+                    0.0
+                } else {
+                    snapshot.borrowing_share(QueueId(u16::try_from(q).unwrap_or(u16::MAX)))
+                };
+                Some((
+                    (
+                        u8::from(!guaranteed),
+                        share,
+                        -i64::from(pod.priority),
+                        pod.created_at,
+                        pod.key.clone(),
+                    ),
+                    q,
+                ))
+            })
+            .min_by(|(a, _), (b, _)| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+        let Some((_, q)) = next else { break };
+        let Some(pod) = per_queue[q].pop() else { break };
+        let decision = decide(snapshot, pod, scorer, tie, now);
+        decisions.push(apply(snapshot, decision, now));
+    }
+    unqueued.sort_by_key(|p| snapshot.pod(*p).map(|p| p.key.clone()));
+    for pod in unqueued {
+        decisions.push(decide(snapshot, pod, scorer, tie, now));
+    }
+    decisions
+}
+
+/// Applies a decision to the snapshot; a decision the snapshot refuses becomes a wait.
+pub fn apply(snapshot: &mut Snapshot, decision: Decision, now: Timestamp) -> Decision {
+    let result = match &decision {
+        Decision::Admit(a) => snapshot.admit(a.pod, &a.placement, a.admitted_as, now),
+        Decision::Reclaim(plan) => {
+            let id = format!("planned-for-{}", plan.owner_key);
+            for v in &plan.victims {
+                snapshot.mark_victim(v.pod, &id);
+            }
+            snapshot.admit_pinned(plan.owner, plan.node, AdmittedAs::Guaranteed, now)
+        }
+        Decision::Wait(_) => Ok(()),
+    };
+    match result {
+        Ok(()) => {
+            match &decision {
+                Decision::Admit(a) => {
+                    tracing::debug!(pod = %a.key, queue = %a.queue, node = %a.placement.node_name, admitted_as = %a.admitted_as, "admit");
+                }
+                Decision::Reclaim(plan) => {
+                    tracing::debug!(pod = %plan.owner_key, victims = plan.victims.len(), "{plan}");
+                }
+                Decision::Wait(w) => {
+                    tracing::debug!(pod = %w.key, reason = w.reason.code(), "wait: {}", w.reason);
+                }
+            }
+            decision
+        }
+        Err(e) => Decision::Wait(Wait {
+            pod: decision.pod(),
+            key: decision.key().clone(),
+            queue: None,
+            reason: WaitReason::InvalidRequest {
+                rule: e.to_string(),
+            },
+        }),
+    }
+}

@@ -1,0 +1,555 @@
+//! Reclaim planning: for an owner's pod that is within its queue's guarantee but finds no
+//! room, the node and the smallest set of borrower pods whose eviction makes room.
+//!
+//! Rules (DESIGN §5):
+//! - only borrowers are candidates (see [`crate::ledger`]), so no victim queue goes below its
+//!   guarantee, and pods already part of a reclaim are left alone;
+//! - victims are taken greedily in order of preference: lower priority, then less work lost
+//!   (most recently started, smaller checkpoint cost); a fill-back pass then puts back every
+//!   victim the owner can do without, which makes the set minimal (removing any victim left
+//!   breaks the fit) — the lesson of Kueue's over-eviction;
+//! - across nodes the plan with the fewest victims wins, then the lowest victim priority, then
+//!   the least work lost;
+//! - a borrower younger than its queue's `minBorrowDuration` is spared, unless no plan exists
+//!   without it: waiting for it to age would break the owner's budget, and the guarantee wins.
+//!   The plan says so.
+
+use std::{fmt, time::Duration};
+
+use jiff::{SignedDuration, Timestamp};
+
+use crate::Snapshot;
+use crate::model::{CheckpointSettings, DeviceSet, EVICTION_RESERVE, PodKey, format_duration};
+use crate::placement::Request;
+use crate::quantity::{Milli, ResourceName};
+use crate::snapshot::{Attribution, Charge, NodeId, PodId, QueueId, ResourceId};
+
+/// A reclaim to carry out: evict `victims`, then bind the owner to `node`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReclaimPlan {
+    pub owner: PodId,
+    pub owner_key: PodKey,
+    pub owner_queue: String,
+    pub node: NodeId,
+    pub node_name: String,
+    /// The value to pin the owner with (`kubernetes.io/hostname`).
+    pub pin: String,
+    /// The devices the owner takes once the victims are gone.
+    pub devices: Vec<DeviceSet>,
+    /// In the order they were chosen (most preferred first).
+    pub victims: Vec<Victim>,
+    /// A victim is younger than its queue's `minBorrowDuration`: no plan without it exists.
+    pub overrides_min_borrow: bool,
+    /// The owner queue's handover budget.
+    pub budget: Duration,
+    /// When the handover must be done: the plan's time plus the budget.
+    pub deadline: Timestamp,
+}
+
+/// A borrower pod to checkpoint and evict.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Victim {
+    pub pod: PodId,
+    pub key: PodKey,
+    pub queue: String,
+    pub priority: i32,
+    /// When it started the work a reclaim loses.
+    pub running_since: Timestamp,
+    pub checkpoint_cost: u64,
+    /// How its queue checkpoints its pods.
+    pub checkpoint: CheckpointSettings,
+    /// Its queue's termination grace period for reclaim victims.
+    pub grace: Duration,
+    /// Until when its queue's `minBorrowDuration` protects it, if it still does.
+    pub protected_until: Option<Timestamp>,
+    /// What it frees, per resource.
+    pub frees: Vec<(ResourceName, Milli)>,
+}
+
+impl ReclaimPlan {
+    /// The checkpoint deadline of a victim after `elapsed` of the handover: its queue's
+    /// checkpoint timeout, cut so that the eviction reserve still fits in the owner's budget.
+    pub fn checkpoint_deadline(&self, victim: &Victim, elapsed: Duration) -> Duration {
+        victim
+            .checkpoint
+            .timeout
+            .min(self.budget.saturating_sub(elapsed + EVICTION_RESERVE))
+    }
+}
+
+/// Why no reclaim plan exists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NoPlan {
+    /// The pod is not pending in a queue.
+    NotPendingInAQueue,
+    /// The pod asks for more than its queue's guarantee leaves: it may only borrow.
+    NotWithinGuarantee {
+        resource: ResourceName,
+        allocated: Milli,
+        requested: Milli,
+        guaranteed: Milli,
+    },
+    /// The pod is already the owner of a reclaim under way.
+    InProgress { id: String },
+    /// The pod fits on a node as things are: admit it, evict nobody.
+    RoomAvailable { node: String },
+    /// No node could ever take the pod (GPU model, device count, node rules).
+    NoSuitableNode,
+    /// No queue holds evictable borrowers of what the pod needs.
+    NoBorrowers,
+    /// Borrowers exist, but evicting them on any one node does not make room: the capacity is
+    /// held by owners within their guarantees, unmanaged pods or a reclaim in progress.
+    BorrowersCannotMakeRoom { borrower_nodes: usize },
+}
+
+impl fmt::Display for NoPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotPendingInAQueue => write!(f, "the pod is not waiting in a queue"),
+            Self::NotWithinGuarantee {
+                resource,
+                allocated,
+                requested,
+                guaranteed,
+            } => write!(
+                f,
+                "{resource}: allocated {allocated} + requested {requested} exceeds the guarantee of {guaranteed}, so the pod may only borrow"
+            ),
+            Self::InProgress { id } => write!(f, "reclaim {id} for this pod is under way"),
+            Self::RoomAvailable { node } => write!(f, "node {node} has room for the pod already"),
+            Self::NoSuitableNode => {
+                write!(
+                    f,
+                    "no node could ever take the pod (GPU model, device count or node rules)"
+                )
+            }
+            Self::NoBorrowers => write!(f, "no other queue is borrowing what the pod needs"),
+            Self::BorrowersCannotMakeRoom { borrower_nodes } => write!(
+                f,
+                "evicting the borrowers on any one of the {borrower_nodes} nodes holding them would not make room; the rest is held by owners within their guarantees, unmanaged pods or a reclaim under way"
+            ),
+        }
+    }
+}
+
+/// A plan on one node, before it is turned into a [`ReclaimPlan`].
+struct NodePlan {
+    node: NodeId,
+    victims: Vec<PodId>,
+    rank: Rank,
+}
+
+/// How node plans compare (lower is better): victims, their highest priority, their
+/// checkpoint cost, the seconds of work they lose.
+type Rank = (usize, i32, u64, i64);
+
+/// A candidate victim on a node with its preference key.
+struct Candidate<'a> {
+    pod: PodId,
+    protected: bool,
+    priority: i32,
+    running_since: Timestamp,
+    checkpoint_cost: u64,
+    key: &'a PodKey,
+}
+
+/// Buffers reused from node to node, so planning over a large cluster does not allocate per
+/// node.
+struct Scratch<'a> {
+    candidates: Vec<Candidate<'a>>,
+    chosen: Vec<PodId>,
+    trial: Trial,
+}
+
+/// Plans the reclaim for a pending owner pod at `now`.
+pub fn plan_reclaim(
+    snapshot: &Snapshot,
+    owner: PodId,
+    now: Timestamp,
+) -> Result<ReclaimPlan, NoPlan> {
+    let slot = snapshot.slot(owner).ok_or(NoPlan::NotPendingInAQueue)?;
+    let (Attribution::Queue(queue), false) = (&slot.attribution, slot.pod.is_admitted()) else {
+        return Err(NoPlan::NotPendingInAQueue);
+    };
+    if let Some(mark) = &slot.pod.reclaim {
+        return Err(NoPlan::InProgress {
+            id: mark.id.clone(),
+        });
+    }
+    within_guarantee(snapshot, *queue, &slot.amounts)?;
+    let request = Request::new(snapshot, &slot.pod).ok_or(NoPlan::NoSuitableNode)?;
+    let borrowers = evictable_borrowers(snapshot, *queue);
+    if !borrowers.iter().any(|b| *b) {
+        return Err(NoPlan::NoBorrowers);
+    }
+    let floors: Vec<Option<SignedDuration>> = snapshot
+        .queue_ids()
+        .map(|q| {
+            snapshot
+                .queue(q)
+                .reclaim
+                .min_borrow
+                .and_then(|d| SignedDuration::try_from(d).ok())
+        })
+        .collect();
+
+    let mut suitable = false;
+    let mut borrower_nodes = 0;
+    let mut best: Option<NodePlan> = None;
+    let mut scratch = Scratch {
+        candidates: Vec::new(),
+        chosen: Vec::new(),
+        trial: Trial {
+            free: Vec::new(),
+            cpu: 0,
+            memory: 0,
+        },
+    };
+    for spare_protected in [true, false] {
+        for id in snapshot.node_ids() {
+            let n = &snapshot.nodes[id.index()];
+            if !request.fits_statically(n) {
+                continue;
+            }
+            suitable = true;
+            if request.admits(n) {
+                return Err(NoPlan::RoomAvailable {
+                    node: n.node.name.clone(),
+                });
+            }
+            if !n.deficit.is_empty() {
+                continue; // another owner's reservation
+            }
+            candidates_on(
+                snapshot,
+                id,
+                &borrowers,
+                &floors,
+                now,
+                spare_protected,
+                &mut scratch.candidates,
+            );
+            if scratch.candidates.is_empty() {
+                continue;
+            }
+            if !spare_protected {
+                borrower_nodes += 1;
+            }
+            let floor = best_possible(&scratch.candidates, now);
+            if best.as_ref().is_some_and(|b| floor >= b.rank) {
+                continue;
+            }
+            if let Some(rank) = plan_on_node(snapshot, &request, id, &mut scratch, now)
+                && best.as_ref().is_none_or(|b| rank < b.rank)
+            {
+                best = Some(NodePlan {
+                    node: id,
+                    victims: scratch.chosen.clone(),
+                    rank,
+                });
+            }
+        }
+        if best.is_some() {
+            break;
+        }
+    }
+    if !suitable {
+        return Err(NoPlan::NoSuitableNode);
+    }
+    let plan = best.ok_or(NoPlan::BorrowersCannotMakeRoom { borrower_nodes })?;
+    Ok(finish(snapshot, owner, *queue, &request, &plan, now))
+}
+
+/// No plan on a node can rank below one victim with the least priority, cost and work found
+/// among its candidates; a node whose floor is no better than the best plan so far is skipped.
+fn best_possible(candidates: &[Candidate<'_>], now: Timestamp) -> Rank {
+    candidates
+        .iter()
+        .fold((1, i32::MAX, u64::MAX, i64::MAX), |floor, c| {
+            (
+                1,
+                floor.1.min(c.priority),
+                floor.2.min(c.checkpoint_cost),
+                floor
+                    .3
+                    .min(now.duration_since(c.running_since).as_secs().max(0)),
+            )
+        })
+}
+
+/// Reclaim is only for a pod that keeps its queue within its guarantee.
+fn within_guarantee(
+    snapshot: &Snapshot,
+    queue: QueueId,
+    amounts: &[(ResourceId, Milli)],
+) -> Result<(), NoPlan> {
+    for (resource, amount) in amounts {
+        let usage = snapshot.usage_of(queue, *resource);
+        let (allocated, guaranteed) =
+            usage.map_or((Milli::ZERO, Milli::ZERO), |u| (u.allocated, u.guaranteed));
+        if allocated + *amount > guaranteed {
+            return Err(NoPlan::NotWithinGuarantee {
+                resource: snapshot.resource_name(*resource).clone(),
+                allocated,
+                requested: *amount,
+                guaranteed,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Borrower pods of other queues, by pod index, that may be evicted: seated on a node and not
+/// already part of a reclaim.
+fn evictable_borrowers(snapshot: &Snapshot, owner_queue: QueueId) -> Vec<bool> {
+    let mut evictable = vec![false; snapshot.pods.len()];
+    for q in snapshot.queue_ids().filter(|q| *q != owner_queue) {
+        for pod in snapshot.borrowers(q) {
+            let seated = snapshot.slot(pod).is_some_and(|s| {
+                s.pod.reclaim.is_none() && s.seat.as_ref().is_some_and(|seat| !seat.deficit)
+            });
+            evictable[pod.index()] = seated;
+        }
+    }
+    evictable
+}
+
+/// Whether a pod's queue still protects it from reclaim at `now`, and until when.
+fn protected_until(snapshot: &Snapshot, pod: PodId, now: Timestamp) -> Option<Timestamp> {
+    let slot = snapshot.slot(pod)?;
+    let Attribution::Queue(q) = slot.attribution else {
+        return None;
+    };
+    let floor = snapshot.queue(q).reclaim.min_borrow?;
+    let until = slot
+        .pod
+        .running_since()
+        .checked_add(SignedDuration::try_from(floor).ok()?)
+        .ok()?;
+    (until > now).then_some(until)
+}
+
+/// The borrowers on a node, most preferred victim first, into `out`.
+fn candidates_on<'a>(
+    snapshot: &'a Snapshot,
+    node: NodeId,
+    borrowers: &[bool],
+    floors: &[Option<SignedDuration>],
+    now: Timestamp,
+    spare_protected: bool,
+    out: &mut Vec<Candidate<'a>>,
+) {
+    out.clear();
+    for p in &snapshot.nodes[node.index()].pods {
+        if !borrowers[p.index()] {
+            continue;
+        }
+        let Some(slot) = snapshot.slot(*p) else {
+            continue;
+        };
+        let Attribution::Queue(q) = slot.attribution else {
+            continue;
+        };
+        let pod = &slot.pod;
+        let running_since = pod.running_since();
+        let protected = floors[q.index()]
+            .and_then(|floor| running_since.checked_add(floor).ok())
+            .is_some_and(|until| until > now);
+        if protected && spare_protected {
+            continue;
+        }
+        out.push(Candidate {
+            pod: *p,
+            protected,
+            priority: pod.priority,
+            running_since,
+            checkpoint_cost: pod.checkpoint_cost,
+            key: &pod.key,
+        });
+    }
+    // Most preferred victim first: unprotected, lowest priority, most recently started,
+    // cheapest checkpoint, then name (descending, as the ledger orders borrowers).
+    out.sort_by(|a, b| {
+        a.protected
+            .cmp(&b.protected)
+            .then(a.priority.cmp(&b.priority))
+            .then(b.running_since.cmp(&a.running_since))
+            .then(a.checkpoint_cost.cmp(&b.checkpoint_cost))
+            .then_with(|| b.key.cmp(a.key))
+    });
+}
+
+/// Free devices, CPU and memory of a node while victims are tried out.
+struct Trial {
+    free: Vec<u16>,
+    cpu: i64,
+    memory: i64,
+}
+
+impl Trial {
+    fn reset(&mut self, n: &crate::snapshot::NodeState) {
+        self.free.clear();
+        self.free.extend_from_slice(&n.free);
+        self.cpu = n.cpu_free;
+        self.memory = n.memory_free;
+    }
+
+    fn apply(&mut self, snapshot: &Snapshot, pod: PodId, sign: i8) {
+        let Some(slot) = snapshot.slot(pod) else {
+            return;
+        };
+        let Some(seat) = &slot.seat else { return };
+        for Charge { device, milli } in &seat.charges {
+            let free = &mut self.free[usize::from(*device)];
+            *free = if sign > 0 {
+                free.saturating_add(*milli)
+            } else {
+                free.saturating_sub(*milli)
+            };
+        }
+        let cpu = crate::snapshot::host_amount(slot.pod.requests.cpu_milli);
+        let memory = crate::snapshot::host_amount(slot.pod.requests.memory_bytes);
+        self.cpu += i64::from(sign) * cpu;
+        self.memory += i64::from(sign) * memory;
+    }
+}
+
+/// Greedy removal in preference order until the owner fits, then fill-back; the victims are
+/// left in `scratch.chosen`.
+fn plan_on_node(
+    snapshot: &Snapshot,
+    request: &Request,
+    node: NodeId,
+    scratch: &mut Scratch<'_>,
+    now: Timestamp,
+) -> Option<Rank> {
+    let n = &snapshot.nodes[node.index()];
+    let Scratch {
+        candidates,
+        chosen,
+        trial,
+    } = scratch;
+    trial.reset(n);
+    let fits = |t: &Trial| request.has_room(&n.layout, &t.free, t.cpu, t.memory);
+    chosen.clear();
+    for c in candidates.iter() {
+        trial.apply(snapshot, c.pod, 1);
+        chosen.push(c.pod);
+        if fits(trial) {
+            break;
+        }
+    }
+    if !fits(trial) {
+        return None;
+    }
+    // Fill-back: put back each victim, last chosen first, whose room the owner does not need.
+    for i in (0..chosen.len()).rev() {
+        trial.apply(snapshot, chosen[i], -1);
+        if fits(trial) {
+            chosen.remove(i);
+        } else {
+            trial.apply(snapshot, chosen[i], 1);
+        }
+    }
+    let (mut max_priority, mut cost, mut work) = (i32::MIN, 0u64, 0i64);
+    for c in candidates.iter().filter(|c| chosen.contains(&c.pod)) {
+        max_priority = max_priority.max(c.priority);
+        cost += c.checkpoint_cost;
+        work += now.duration_since(c.running_since).as_secs().max(0);
+    }
+    Some((chosen.len(), max_priority, cost, work))
+}
+
+fn finish(
+    snapshot: &Snapshot,
+    owner: PodId,
+    queue: QueueId,
+    request: &Request,
+    plan: &NodePlan,
+    now: Timestamp,
+) -> ReclaimPlan {
+    let n = &snapshot.nodes[plan.node.index()];
+    let mut trial = Trial {
+        free: n.free.clone(),
+        cpu: n.cpu_free,
+        memory: n.memory_free,
+    };
+    for v in &plan.victims {
+        trial.apply(snapshot, *v, 1);
+    }
+    let mut charges = Vec::new();
+    request.charges_in(&n.layout, &trial.free, None, &mut charges);
+    let victims = plan
+        .victims
+        .iter()
+        .filter_map(|v| {
+            let slot = snapshot.slot(*v)?;
+            let Attribution::Queue(q) = slot.attribution else {
+                return None;
+            };
+            let settings = &snapshot.queue(q).reclaim;
+            Some(Victim {
+                pod: *v,
+                key: slot.pod.key.clone(),
+                queue: snapshot.queue(q).name.clone(),
+                priority: slot.pod.priority,
+                running_since: slot.pod.running_since(),
+                checkpoint_cost: slot.pod.checkpoint_cost,
+                checkpoint: settings.checkpoint.clone(),
+                grace: settings.victim_grace,
+                protected_until: protected_until(snapshot, *v, now),
+                frees: slot
+                    .amounts
+                    .iter()
+                    .map(|(r, m): &(ResourceId, Milli)| (snapshot.resource_name(*r).clone(), *m))
+                    .collect(),
+            })
+        })
+        .collect::<Vec<Victim>>();
+    let overrides_min_borrow = victims.iter().any(|v| v.protected_until.is_some());
+    let budget = snapshot.queue(queue).reclaim.budget;
+    let deadline = SignedDuration::try_from(budget)
+        .ok()
+        .and_then(|b| now.checked_add(b).ok())
+        .unwrap_or(now);
+    let owner_slot = snapshot.slot(owner);
+    ReclaimPlan {
+        owner,
+        owner_key: owner_slot.map_or_else(|| PodKey::new("", ""), |s| s.pod.key.clone()),
+        owner_queue: snapshot.queue(queue).name.clone(),
+        node: plan.node,
+        node_name: n.node.name.clone(),
+        pin: n.node.hostname().to_string(),
+        devices: snapshot.device_sets(plan.node, &charges),
+        victims,
+        overrides_min_borrow,
+        budget,
+        deadline,
+    }
+}
+
+impl fmt::Display for ReclaimPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let victims: Vec<String> = self
+            .victims
+            .iter()
+            .map(|v| format!("{} ({})", v.key, v.queue))
+            .collect();
+        write!(
+            f,
+            "reclaim for {} of queue {} on node {}: evict {} within {}",
+            self.owner_key,
+            self.owner_queue,
+            self.node_name,
+            victims.join(", "),
+            format_duration(self.budget)
+        )?;
+        if self.overrides_min_borrow {
+            write!(
+                f,
+                "; a victim is younger than its queue's minBorrowDuration, but no plan spares it"
+            )?;
+        }
+        Ok(())
+    }
+}

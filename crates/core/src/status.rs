@@ -1,0 +1,399 @@
+//! Queue status: the numbers `kubectl get gq` shows and the conditions that explain them,
+//! computed from a snapshot, plus the mapping onto the API's `GpuQueueStatus`.
+//!
+//! `lent` answers "whose idle guarantee are the borrowers using?": borrowers first use capacity
+//! nobody is guaranteed; the rest comes out of the queues' idle lendable guarantees, shared in
+//! proportion to them (largest remainder, ties by queue name, so it is deterministic).
+
+use gpuqueue_api::conditions::{reasons, types};
+use gpuqueue_api::v1alpha1::{GpuQueueStatus, ResourceStatus, StatusSummary};
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::Snapshot;
+use crate::model::{QueueError, ReclaimRole};
+use crate::quantity::{Milli, ResourceName};
+use crate::snapshot::{QueueId, ResourceId};
+
+/// One queue's status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueReport {
+    pub queue: String,
+    pub generation: Option<i64>,
+    /// One entry per resource the spec lists or the queue's pods use, by resource name.
+    pub resources: Vec<ResourceReport>,
+    pub admitted_pods: u32,
+    pub pending_pods: u32,
+    pub conditions: Vec<ConditionReport>,
+}
+
+/// One queue's numbers for one resource, in milli-units.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResourceReport {
+    pub resource: ResourceName,
+    pub guaranteed: Milli,
+    pub ceiling: Milli,
+    pub allocated: Milli,
+    pub borrowed: Milli,
+    pub lent: Milli,
+    pub pending: Milli,
+    /// Whether the spec lists the resource (pods that bypassed the gate may use others).
+    pub in_spec: bool,
+}
+
+/// A condition without timestamps (see [`QueueReport::conditions_at`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConditionReport {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The status of every queue in the snapshot, in name order.
+pub fn queue_reports(snapshot: &Snapshot) -> Vec<QueueReport> {
+    let lent = lent_by_queue(snapshot);
+    snapshot
+        .queue_ids()
+        .map(|q| {
+            let spec = snapshot.queue(q);
+            let mut resources: Vec<ResourceReport> = snapshot
+                .usage(q)
+                .iter()
+                .map(|u| ResourceReport {
+                    resource: snapshot.resource_name(u.resource()).clone(),
+                    guaranteed: u.guaranteed,
+                    ceiling: u.ceiling(),
+                    allocated: u.allocated,
+                    borrowed: u.borrowed(),
+                    lent: lent.get(&(q, u.resource())).copied().unwrap_or_default(),
+                    pending: u.pending,
+                    in_spec: u.in_spec,
+                })
+                .collect();
+            resources.sort_by(|a, b| a.resource.cmp(&b.resource));
+            let (admitted_pods, pending_pods) = snapshot.pod_counts(q);
+            QueueReport {
+                queue: spec.name.clone(),
+                generation: spec.generation,
+                resources,
+                admitted_pods,
+                pending_pods,
+                conditions: conditions(snapshot, q),
+            }
+        })
+        .collect()
+}
+
+/// Lent capacity per (queue, resource).
+fn lent_by_queue(snapshot: &Snapshot) -> std::collections::HashMap<(QueueId, ResourceId), Milli> {
+    let mut lent = std::collections::HashMap::new();
+    for (i, _) in snapshot.resources().iter().enumerate() {
+        let resource = ResourceId(u16::try_from(i).unwrap_or(u16::MAX));
+        let usages: Vec<(QueueId, &crate::ledger::ResourceUsage)> = snapshot
+            .queue_ids()
+            .filter_map(|q| Some((q, snapshot.usage_of(q, resource)?)))
+            .collect();
+        let borrowed: Milli = usages.iter().map(|(_, u)| u.borrowed()).sum();
+        let guaranteed: Milli = usages.iter().map(|(_, u)| u.guaranteed).sum();
+        let unguaranteed = snapshot
+            .capacity(resource)
+            .saturating_sub(guaranteed)
+            .saturating_sub(snapshot.unmanaged(resource));
+        let lendable: Vec<(QueueId, u64)> = usages
+            .iter()
+            .map(|(q, u)| (*q, u.idle_lendable().0))
+            .filter(|(_, l)| *l > 0)
+            .collect();
+        let total_lendable: u64 = lendable.iter().map(|(_, l)| l).sum();
+        let to_share = borrowed.saturating_sub(unguaranteed).0.min(total_lendable);
+        if to_share == 0 {
+            continue;
+        }
+        // Largest remainder: floor shares, then one milli each to the largest remainders.
+        let mut shares: Vec<(QueueId, u64, u64)> = lendable
+            .iter()
+            .map(|(q, l)| {
+                let exact = u128::from(to_share) * u128::from(*l);
+                let total = u128::from(total_lendable);
+                let floor = u64::try_from(exact / total).unwrap_or(u64::MAX);
+                let remainder = u64::try_from(exact % total).unwrap_or(0);
+                (*q, floor, remainder)
+            })
+            .collect();
+        let mut remaining = to_share - shares.iter().map(|(_, f, _)| f).sum::<u64>();
+        let mut order: Vec<usize> = (0..shares.len()).collect();
+        order.sort_by(|a, b| {
+            shares[*b]
+                .2
+                .cmp(&shares[*a].2)
+                .then(shares[*a].0.cmp(&shares[*b].0))
+        });
+        for i in order {
+            if remaining == 0 {
+                break;
+            }
+            shares[i].1 += 1;
+            remaining -= 1;
+        }
+        for (q, amount, _) in shares {
+            lent.insert((q, resource), Milli(amount));
+        }
+    }
+    lent
+}
+
+fn conditions(snapshot: &Snapshot, q: QueueId) -> Vec<ConditionReport> {
+    let conflicts = snapshot.namespace_conflicts(q);
+    let ready = if conflicts.is_empty() {
+        ConditionReport {
+            type_: types::READY,
+            status: true,
+            reason: reasons::ADMITTING,
+            message: "the spec is valid and pods of this queue are being admitted".into(),
+        }
+    } else {
+        ConditionReport {
+            type_: types::READY,
+            status: true,
+            reason: reasons::ADMITTING,
+            message: "the spec is valid; pods in namespaces claimed by other queues too wait (see NamespaceConflict)".into(),
+        }
+    };
+    let conflict = if conflicts.is_empty() {
+        ConditionReport {
+            type_: types::NAMESPACE_CONFLICT,
+            status: false,
+            reason: reasons::NO_CONFLICT,
+            message: "no other queue claims this queue's namespaces".into(),
+        }
+    } else {
+        let list: Vec<String> = conflicts
+            .iter()
+            .map(|(ns, others)| format!("namespace {ns} is also claimed by {}", others.join(", ")))
+            .collect();
+        ConditionReport {
+            type_: types::NAMESPACE_CONFLICT,
+            status: true,
+            reason: reasons::NAMESPACE_CONFLICT,
+            message: format!(
+                "{}; pods there are not admitted until one queue claims it",
+                list.join("; ")
+            ),
+        }
+    };
+    vec![
+        ready,
+        overcommitted(snapshot, q),
+        conflict,
+        reclaiming(snapshot, q),
+    ]
+}
+
+/// Whether the guarantees of all queues exceed the cluster's capacity, for the resources of
+/// this queue.
+fn overcommitted(snapshot: &Snapshot, q: QueueId) -> ConditionReport {
+    let mut over = Vec::new();
+    let mut fit = Vec::new();
+    for usage in snapshot.usage(q).iter().filter(|u| u.in_spec) {
+        let resource = usage.resource();
+        let guaranteed: Milli = snapshot
+            .queue_ids()
+            .filter_map(|q| snapshot.usage_of(q, resource))
+            .map(|u| u.guaranteed)
+            .sum();
+        let capacity = snapshot.capacity(resource);
+        let unmanaged = snapshot.unmanaged(resource);
+        let name = snapshot.resource_name(resource);
+        if guaranteed + unmanaged > capacity {
+            let held = if unmanaged > Milli::ZERO {
+                format!(", of which pods of no queue hold {unmanaged}")
+            } else {
+                String::new()
+            };
+            over.push(format!(
+                "{name}: the guarantees of all queues add up to {guaranteed} but the cluster has {capacity}{held}"
+            ));
+        } else {
+            fit.push(format!("{name}: guarantees {guaranteed} of {capacity}"));
+        }
+    }
+    if over.is_empty() {
+        ConditionReport {
+            type_: types::OVERCOMMITTED,
+            status: false,
+            reason: reasons::GUARANTEES_FIT,
+            message: if fit.is_empty() {
+                "no guarantees".into()
+            } else {
+                fit.join("; ")
+            },
+        }
+    } else {
+        ConditionReport {
+            type_: types::OVERCOMMITTED,
+            status: true,
+            reason: reasons::GUARANTEES_EXCEED_CAPACITY,
+            message: format!(
+                "{}; not every guarantee can be honoured at once",
+                over.join("; ")
+            ),
+        }
+    }
+}
+
+/// Whether pods of this queue take part in a reclaim under way (from their reclaim marks).
+fn reclaiming(snapshot: &Snapshot, q: QueueId) -> ConditionReport {
+    let (mut owners, mut victims) = (0, 0);
+    for pod in snapshot.pod_ids() {
+        if snapshot.pod_queue(pod) != Some(q) {
+            continue;
+        }
+        match snapshot
+            .pod(pod)
+            .and_then(|p| p.reclaim.as_ref())
+            .map(|m| m.role)
+        {
+            Some(ReclaimRole::Owner) => owners += 1,
+            Some(ReclaimRole::Victim) => victims += 1,
+            None => {}
+        }
+    }
+    if owners + victims == 0 {
+        ConditionReport {
+            type_: types::RECLAIMING,
+            status: false,
+            reason: reasons::IDLE,
+            message: "no reclaim is under way for or from this queue".into(),
+        }
+    } else {
+        ConditionReport {
+            type_: types::RECLAIMING,
+            status: true,
+            reason: reasons::HANDOVER_IN_PROGRESS,
+            message: format!(
+                "{owners} pod(s) of this queue are receiving reclaimed GPUs; {victims} are being evicted"
+            ),
+        }
+    }
+}
+
+/// Whole devices for a status field, rounded up.
+fn devices(m: Milli) -> i64 {
+    i64::try_from(m.devices_ceil()).unwrap_or(i64::MAX)
+}
+
+impl QueueReport {
+    /// `status.resources`, in whole devices (a shared fraction counts as a device).
+    pub fn resource_statuses(&self) -> Vec<ResourceStatus> {
+        self.resources
+            .iter()
+            .map(|r| ResourceStatus {
+                name: r.resource.to_string(),
+                guaranteed: devices(r.guaranteed),
+                ceiling: devices(r.ceiling),
+                allocated: devices(r.allocated),
+                borrowed: devices(r.borrowed),
+                lent: devices(r.lent),
+                pending: devices(r.pending),
+            })
+            .collect()
+    }
+
+    /// `status.summary`: plain numbers for one resource, `gpu=8,mig-1g.10gb=2` for several.
+    pub fn summary(&self) -> StatusSummary {
+        let column = |value: fn(&ResourceReport) -> Milli| {
+            if let [only] = self.resources.as_slice() {
+                value(only).to_string()
+            } else {
+                self.resources
+                    .iter()
+                    .map(|r| format!("{}={}", r.resource.short(), value(r)))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+        };
+        StatusSummary {
+            guaranteed: column(|r| r.guaranteed),
+            ceiling: column(|r| r.ceiling),
+            allocated: column(|r| r.allocated),
+            borrowed: column(|r| r.borrowed),
+            lent: column(|r| r.lent),
+            pending: column(|r| r.pending),
+        }
+    }
+
+    /// The conditions as Kubernetes conditions at `now`; a condition whose status did not
+    /// change keeps its `lastTransitionTime` from `previous`.
+    pub fn conditions_at(&self, now: Timestamp, previous: &[Condition]) -> Vec<Condition> {
+        self.conditions
+            .iter()
+            .map(|c| to_condition(c, self.generation, now, previous))
+            .collect()
+    }
+
+    /// The whole status at `now`; handover records (the reclaim executor's) are kept from
+    /// `previous`.
+    pub fn to_status(&self, now: Timestamp, previous: Option<&GpuQueueStatus>) -> GpuQueueStatus {
+        GpuQueueStatus {
+            observed_generation: self.generation,
+            resources: self.resource_statuses(),
+            summary: Some(self.summary()),
+            admitted_pods: i32::try_from(self.admitted_pods).unwrap_or(i32::MAX),
+            pending_pods: i32::try_from(self.pending_pods).unwrap_or(i32::MAX),
+            conditions: self.conditions_at(now, previous.map_or(&[], |p| p.conditions.as_slice())),
+            last_handovers: previous
+                .map(|p| p.last_handovers.clone())
+                .unwrap_or_default(),
+        }
+    }
+}
+
+fn to_condition(
+    c: &ConditionReport,
+    generation: Option<i64>,
+    now: Timestamp,
+    previous: &[Condition],
+) -> Condition {
+    let status = if c.status { "True" } else { "False" };
+    let since = previous
+        .iter()
+        .find(|p| p.type_ == c.type_ && p.status == status)
+        .map_or(Time(now), |p| p.last_transition_time.clone());
+    Condition {
+        type_: c.type_.to_string(),
+        status: status.to_string(),
+        reason: c.reason.to_string(),
+        message: c.message.clone(),
+        observed_generation: generation,
+        last_transition_time: since,
+    }
+}
+
+/// The status of a queue whose spec cannot be used: `Ready=False` with every broken rule,
+/// keeping what else was there.
+pub fn invalid_spec_status(
+    error: &QueueError,
+    generation: Option<i64>,
+    now: Timestamp,
+    previous: Option<&GpuQueueStatus>,
+) -> GpuQueueStatus {
+    let report = ConditionReport {
+        type_: types::READY,
+        status: false,
+        reason: reasons::INVALID_SPEC,
+        message: error.to_string(),
+    };
+    let old = previous.map_or(&[][..], |p| p.conditions.as_slice());
+    let mut conditions: Vec<Condition> = old
+        .iter()
+        .filter(|c| c.type_ != types::READY)
+        .cloned()
+        .collect();
+    conditions.insert(0, to_condition(&report, generation, now, old));
+    GpuQueueStatus {
+        observed_generation: generation,
+        conditions,
+        ..previous.cloned().unwrap_or_default()
+    }
+}

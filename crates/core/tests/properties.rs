@@ -1,0 +1,442 @@
+//! Properties of the policy on generated clusters (proptest): device accounting, quota
+//! ceilings, reclaim safety and minimality, determinism, and guarantees honoured after
+//! handovers. Each case is a small cluster, so hundreds of cases run in about a second.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+mod common;
+
+use common::world::{at, node, pending, queue, running};
+use gpuqueue_core::Snapshot;
+use gpuqueue_core::admission::{Decision, admission_cycle};
+use gpuqueue_core::model::Pod;
+use gpuqueue_core::placement::{BestFit, FragmentationAware, TieBreak, mix64};
+use gpuqueue_core::quantity::{MILLI_PER_DEVICE, Milli};
+use gpuqueue_core::reclaim::plan_reclaim;
+use gpuqueue_core::snapshot::{NodeId, PodId, QueueId};
+use proptest::prelude::*;
+
+/// A generated cluster: node sizes, queue quotas, and pods (running or pending).
+#[derive(Clone, Debug)]
+struct World {
+    nodes: Vec<u32>,
+    /// (guaranteed, burstable, lending limit)
+    queues: Vec<(u64, u64, Option<u64>)>,
+    pods: Vec<PodSpec>,
+}
+
+#[derive(Clone, Debug)]
+struct PodSpec {
+    /// Index into `queues`; one past the end: an unmanaged namespace.
+    queue: usize,
+    gpus: u32,
+    priority: i32,
+    /// The node it runs on; `None`: pending.
+    node: Option<usize>,
+    time: i64,
+}
+
+fn world(max_gpus: u32, unmanaged: bool) -> impl Strategy<Value = World> {
+    let nodes = prop::collection::vec(1u32..=8, 1..=5);
+    let queues = prop::collection::vec((0u64..=8, 0u64..=8, prop::option::of(0u64..=8)), 1..=4);
+    (nodes, queues).prop_flat_map(move |(nodes, queues)| {
+        let queue_choices = queues.len() + usize::from(unmanaged);
+        let pod = (
+            0..queue_choices,
+            1..=max_gpus,
+            0i32..3,
+            prop::option::of(0..nodes.len()),
+            0i64..100,
+        )
+            .prop_map(|(queue, gpus, priority, node, time)| PodSpec {
+                queue,
+                gpus,
+                priority,
+                node,
+                time,
+            });
+        prop::collection::vec(pod, 0..=24).prop_map(move |pods| World {
+            nodes: nodes.clone(),
+            queues: queues.clone(),
+            pods,
+        })
+    })
+}
+
+fn queue_name(i: usize) -> String {
+    format!("q{i}")
+}
+
+/// Builds the world: running pods only where they fit (devices and their queue's ceiling), so
+/// the starting state is one the policy could have produced.
+fn build(w: &World) -> Snapshot {
+    let queues: Vec<gpuqueue_core::model::Queue> = w
+        .queues
+        .iter()
+        .enumerate()
+        .map(|(i, (g, b, lend))| {
+            let mut q = queue(&queue_name(i), *g, *b);
+            q.quotas[0].lending_limit = lend.map(|l| Milli::devices(l.min(*g)));
+            q
+        })
+        .collect();
+    let nodes: Vec<gpuqueue_core::model::Node> = w
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, gpus)| node(&format!("n{i}"), *gpus))
+        .collect();
+    let (mut snapshot, issues) = Snapshot::builder().queues(queues).nodes(nodes).build();
+    assert!(issues.is_empty());
+    for (i, p) in w.pods.iter().enumerate() {
+        let key = format!("{}/p{i}", queue_name(p.queue));
+        let mut pod = match p.node {
+            Some(n) => running(&key, p.gpus, &format!("n{n}"), p.time),
+            None => pending(&key, p.gpus, p.time),
+        };
+        pod.priority = p.priority;
+        if let Some(n) = p.node {
+            let node = snapshot.node_id(&format!("n{n}")).unwrap();
+            let room = snapshot.node_view(node).fully_free_devices();
+            let within_ceiling = snapshot.queue_id(&queue_name(p.queue)).is_none_or(|q| {
+                let u = &snapshot.usage(q)[0];
+                u.allocated + Milli::devices(u64::from(p.gpus)) <= u.ceiling()
+            });
+            if room < p.gpus as usize || !within_ceiling {
+                continue;
+            }
+        }
+        snapshot.add_pod(pod).unwrap();
+    }
+    snapshot
+}
+
+/// Every device's free milli plus what the pods seated on it hold is exactly one device.
+fn devices_add_up(snapshot: &Snapshot) -> Result<(), String> {
+    for n in snapshot.node_ids() {
+        let free = snapshot.node_view(n).gpu_free().to_vec();
+        let mut held = vec![0u32; free.len()];
+        for pod in snapshot.pods_on(n) {
+            let p = snapshot.pod(pod).unwrap();
+            for set in snapshot.pod_devices(pod) {
+                let per = p
+                    .requests
+                    .gpus
+                    .iter()
+                    .find(|g| g.resource == set.resource)
+                    .unwrap()
+                    .milli_per_device;
+                for d in set.devices {
+                    held[usize::from(d)] += per;
+                }
+            }
+        }
+        for (d, (f, h)) in free.iter().zip(&held).enumerate() {
+            if u32::from(*f) + h != MILLI_PER_DEVICE {
+                return Err(format!(
+                    "node {n:?} device {d}: free {f} + held {h} != 1000"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The ledger equals the sum over pods.
+fn ledger_adds_up(snapshot: &Snapshot) -> Result<(), String> {
+    for q in snapshot.queue_ids() {
+        let (mut allocated, mut pending_sum) = (Milli::ZERO, Milli::ZERO);
+        for pod in snapshot
+            .pod_ids()
+            .filter(|p| snapshot.pod_queue(*p) == Some(q))
+        {
+            let p = snapshot.pod(pod).unwrap();
+            let amount: Milli = p
+                .requests
+                .gpus
+                .iter()
+                .map(gpuqueue_core::model::GpuRequest::total)
+                .sum();
+            if p.is_admitted() {
+                allocated += amount;
+            } else {
+                pending_sum += amount;
+            }
+        }
+        let u = snapshot
+            .usage(q)
+            .first()
+            .map_or((Milli::ZERO, Milli::ZERO), |u| (u.allocated, u.pending));
+        if u != (allocated, pending_sum) {
+            return Err(format!(
+                "queue {q:?}: ledger {u:?} != pods ({allocated}, {pending_sum})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn pending_ids(snapshot: &Snapshot) -> Vec<PodId> {
+    snapshot.pending_pods().collect()
+}
+
+/// A victim's removal leaves its queue at or above its guarantee.
+fn victim_queues_keep_guarantees(snapshot: &Snapshot, queues: &[QueueId]) -> Result<(), String> {
+    for q in queues {
+        for u in snapshot.usage(*q) {
+            if u.allocated < u.guaranteed {
+                // A queue may start below its guarantee; it must not be a victim then.
+                return Err(format!(
+                    "queue {q:?} is below its guarantee after the victims left: {u:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the owner fits on the node (only that node considered).
+fn owner_fits(snapshot: &Snapshot, owner: &Pod, node: NodeId) -> bool {
+    snapshot
+        .find_placement_where(owner, &BestFit, TieBreak::First, &|n| n == node)
+        .is_some()
+}
+
+/// A summary of decisions that does not depend on pod ids.
+fn describe(decisions: &[Decision]) -> Vec<String> {
+    decisions
+        .iter()
+        .map(|d| match d {
+            Decision::Admit(a) => format!(
+                "admit {} on {} as {}",
+                a.key, a.placement.node_name, a.admitted_as
+            ),
+            Decision::Reclaim(p) => format!(
+                "reclaim for {} on {}: {:?}",
+                p.owner_key,
+                p.node_name,
+                p.victims
+                    .iter()
+                    .map(|v| v.key.to_string())
+                    .collect::<Vec<_>>()
+            ),
+            Decision::Wait(w) => format!("wait {}: {}", w.key, w.reason),
+        })
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn no_device_is_counted_twice_and_ledgers_add_up(w in world(4, true)) {
+        let mut snapshot = build(&w);
+        prop_assert_eq!(devices_add_up(&snapshot), Ok(()));
+        prop_assert_eq!(ledger_adds_up(&snapshot), Ok(()));
+        let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(1000));
+        prop_assert_eq!(devices_add_up(&snapshot), Ok(()));
+        prop_assert_eq!(ledger_adds_up(&snapshot), Ok(()));
+        // Victims leave: what they held is free again, and owners are seated.
+        for d in &decisions {
+            if let Decision::Reclaim(plan) = d {
+                for v in &plan.victims {
+                    snapshot.remove_pod(v.pod).unwrap();
+                }
+            }
+        }
+        prop_assert_eq!(devices_add_up(&snapshot), Ok(()));
+        prop_assert_eq!(ledger_adds_up(&snapshot), Ok(()));
+        for n in snapshot.node_ids() {
+            prop_assert!(!snapshot.is_oversubscribed(n), "victims gone, every owner is seated");
+        }
+    }
+
+    #[test]
+    fn nobody_exceeds_guaranteed_plus_burstable_nor_capacity(w in world(4, true)) {
+        let mut snapshot = build(&w);
+        let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(1000));
+        for q in snapshot.queue_ids() {
+            for u in snapshot.usage(q) {
+                prop_assert!(u.allocated <= u.ceiling(), "queue {:?}: {:?}", q, u);
+            }
+        }
+        // Counting a reclaim's victims as gone, charges never exceed the devices.
+        let gpu = snapshot.resource_id(&"nvidia.com/gpu".into()).unwrap();
+        let leaving: Milli = decisions
+            .iter()
+            .filter_map(|d| if let Decision::Reclaim(p) = d { Some(p) } else { None })
+            .flat_map(|p| p.victims.iter().flat_map(|v| v.frees.iter().map(|(_, m)| *m)))
+            .sum();
+        prop_assert!(snapshot.allocated(gpu).saturating_sub(leaving) <= snapshot.capacity(gpu));
+    }
+
+    #[test]
+    fn reclaim_plans_are_safe_and_minimal(w in world(4, true)) {
+        let mut snapshot = build(&w);
+        for owner in pending_ids(&snapshot) {
+            let Ok(plan) = plan_reclaim(&snapshot, owner, at(1000)) else { continue };
+            let owner_pod = snapshot.pod(owner).unwrap().clone();
+            prop_assert!(!plan.victims.is_empty());
+            prop_assert!(!owner_fits(&snapshot, &owner_pod, plan.node), "a plan only when there is no room");
+            // Only borrowers, of other queues.
+            let victim_queues: Vec<QueueId> = plan.victims.iter().map(|v| snapshot.queue_id(&v.queue).unwrap()).collect();
+            for (v, q) in plan.victims.iter().zip(&victim_queues) {
+                prop_assert!(snapshot.borrowers(*q).contains(&v.pod), "{} is not a borrower", v.key);
+                prop_assert_ne!(Some(*q), snapshot.pod_queue(owner));
+            }
+            let ids: Vec<PodId> = plan.victims.iter().map(|v| v.pod).collect();
+            let removal = snapshot.simulate_removal(&ids);
+            prop_assert!(owner_fits(&snapshot, &owner_pod, plan.node), "the owner fits once the victims are gone");
+            prop_assert_eq!(victim_queues_keep_guarantees(&snapshot, &victim_queues), Ok(()));
+            snapshot.restore(removal).unwrap();
+            // Minimal: keeping any one victim breaks the fit.
+            for keep in &ids {
+                let others: Vec<PodId> = ids.iter().copied().filter(|p| p != keep).collect();
+                let removal = snapshot.simulate_removal(&others);
+                let fits = owner_fits(&snapshot, &owner_pod, plan.node);
+                snapshot.restore(removal).unwrap();
+                prop_assert!(!fits, "victim {:?} is not needed", keep);
+            }
+        }
+    }
+
+    #[test]
+    fn decisions_are_deterministic_whatever_the_input_order(w in world(4, true), seed in any::<u64>()) {
+        let base = build(&w);
+        let pods: Vec<Pod> = base.pod_ids().map(|p| base.pod(p).unwrap().clone()).collect();
+        let mut shuffled = pods.clone();
+        for i in (1..shuffled.len()).rev() {
+            let j = usize::try_from(mix64(seed ^ i as u64) % (i as u64 + 1)).unwrap();
+            shuffled.swap(i, j);
+        }
+        let decide_all = |pods: Vec<Pod>| {
+            let (mut s, issues) =
+                Snapshot::builder().queues(queues_of(&base)).nodes(nodes_of(&base)).pods(pods).build();
+            assert!(issues.is_empty(), "{issues:?}");
+            describe(&admission_cycle(&mut s, &FragmentationAware, TieBreak::First, at(1000)))
+        };
+        let first = decide_all(pods);
+        prop_assert_eq!(&first, &decide_all(shuffled));
+    }
+
+    #[test]
+    fn queues_with_demand_get_their_guarantee_after_handovers(w in world(1, false)) {
+        // Single-GPU pods, no unmanaged pods, guarantees that fit the cluster: every queue
+        // with demand must reach min(guarantee, demand) once the reclaims are carried out.
+        let mut w = w;
+        let mut left: u64 = w.nodes.iter().map(|n| u64::from(*n)).sum();
+        for (g, _, _) in &mut w.queues {
+            *g = (*g).min(left);
+            left -= *g;
+        }
+        let mut snapshot = build(&w);
+        // A node takes one reclaim at a time (its owner waits there for the victims), so
+        // several owners on one node need several rounds.
+        for round in 0..100 {
+            let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(1000 + round));
+            let mut progressed = false;
+            for d in &decisions {
+                if let Decision::Reclaim(plan) = d {
+                    progressed = true;
+                    for v in &plan.victims {
+                        snapshot.remove_pod(v.pod).unwrap();
+                    }
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        for q in snapshot.queue_ids() {
+            let u = &snapshot.usage(q)[0];
+            let demand = u.allocated + u.pending;
+            prop_assert!(
+                u.allocated >= u.guaranteed.min(demand),
+                "queue {:?} holds {} of guarantee {} with demand {}", q, u.allocated, u.guaranteed, demand
+            );
+        }
+    }
+}
+
+/// One step of a simulator-style run: place a task, or remove the `n`-th placed one.
+#[derive(Clone, Debug)]
+enum Step {
+    Place {
+        milli: u32,
+        count: u32,
+        model: Option<usize>,
+    },
+    Remove(usize),
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let place = (
+        prop_oneof![100u32..1000, Just(1000u32)],
+        1u32..=4,
+        prop::option::of(0usize..2),
+    )
+        .prop_map(|(milli, count, model)| Step::Place {
+            milli,
+            count: if milli < 1000 { 1 } else { count },
+            model,
+        });
+    prop::collection::vec(
+        prop_oneof![3 => place, 1 => (0usize..64).prop_map(Step::Remove)],
+        1..60,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    #[test]
+    fn shared_gpu_placements_keep_devices_and_fragmentation_consistent(steps in steps(), seed in any::<u64>()) {
+        use gpuqueue_core::fragmentation::{TaskShape, WorkloadMix};
+        use gpuqueue_core::model::{GpuRequest, PodKey, Requests};
+        use gpuqueue_core::placement::Fgd;
+        let models = ["A", "B"];
+        let mix = WorkloadMix::new(vec![
+            (TaskShape { cpu_milli: 2000, gpu: Some(GpuRequest::shared("nvidia.com/gpu", 500)), gpu_models: vec![] }, 0.5),
+            (TaskShape { cpu_milli: 8000, gpu: Some(GpuRequest::devices("nvidia.com/gpu", 1)), gpu_models: vec!["A".into()] }, 0.3),
+            (TaskShape { cpu_milli: 1000, gpu: None, gpu_models: vec![] }, 0.2),
+        ]);
+        let nodes = (0..6).map(|i| node(&format!("n{i}"), [1, 2, 4, 8][i % 4]).gpu_model(models[i % 2]).cpu_milli(32_000));
+        let (mut snapshot, _) = Snapshot::builder().nodes(nodes).workload_mix(mix.clone()).build();
+        let mut placed: Vec<PodId> = Vec::new();
+        for (i, step) in steps.into_iter().enumerate() {
+            match step {
+                Step::Place { milli, count, model } => {
+                    let mut pod = Pod::new(
+                        PodKey::new("sim", format!("t{i}")),
+                        Requests { cpu_milli: 1000, memory_bytes: 0, gpus: vec![GpuRequest { resource: "nvidia.com/gpu".into(), count, milli_per_device: milli }] },
+                        at(0),
+                    );
+                    pod.gpu_models = model.map(|m| vec![models[m].to_string()]).unwrap_or_default();
+                    if let Some(p) = snapshot.find_placement(&pod, &Fgd, TieBreak::Seeded(seed ^ i as u64)) {
+                        placed.push(snapshot.add_placed(pod, &p).unwrap());
+                    }
+                }
+                Step::Remove(n) if !placed.is_empty() => {
+                    let id = placed.remove(n % placed.len());
+                    snapshot.remove_pod(id).unwrap();
+                }
+                Step::Remove(_) => {}
+            }
+            prop_assert_eq!(devices_add_up(&snapshot), Ok(()));
+        }
+        let mut fresh = snapshot.clone();
+        fresh.set_workload_mix(mix);
+        for n in snapshot.node_ids() {
+            let (cached, recomputed) = (snapshot.node_fragmentation(n), fresh.node_fragmentation(n));
+            prop_assert!((cached - recomputed).abs() < 1e-6, "node {:?}: cached {} != {}", n, cached, recomputed);
+        }
+    }
+}
+
+fn queues_of(s: &Snapshot) -> Vec<gpuqueue_core::model::Queue> {
+    s.queue_ids().map(|q| s.queue(q).clone()).collect()
+}
+
+fn nodes_of(s: &Snapshot) -> Vec<gpuqueue_core::model::Node> {
+    s.node_ids().map(|n| s.node(n).clone()).collect()
+}
