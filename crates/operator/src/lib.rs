@@ -13,8 +13,9 @@
 //! have not shown yet), [`patch`] (pod writes), [`status`] (queue status writes), [`events`],
 //! [`webhook`] (the mutating webhook and its certificates), [`leader`] (leader election),
 //! [`checkpoint`] (checkpoint drivers for reclaim), [`clock`] (the one place that reads the
-//! time).
+//! time), [`admission`] (the leader's loop) and [`run`] (the wiring).
 
+pub mod admission;
 pub mod args;
 pub mod assumed;
 pub mod checkpoint;
@@ -26,9 +27,11 @@ pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod patch;
+pub mod run;
 pub mod status;
 pub mod stores;
 pub mod telemetry;
 pub mod webhook;
 
 pub use args::Args;
+pub use run::{RunError, run};

@@ -48,6 +48,8 @@ pub struct Observed {
     pub namespaces: Vec<model::Namespace>,
     pub nodes: Vec<model::Node>,
     pub pods: Vec<model::Pod>,
+    /// GPU pods the core cannot model, with why: they stay at the gate, and say so.
+    pub unreadable_pods: Vec<(Arc<Pod>, String)>,
     /// Problems with single objects: each object was left out (or read with a default), the
     /// rest is usable.
     pub problems: Vec<String>,
@@ -94,7 +96,9 @@ impl Observed {
                     observed.pods.push(converted.value);
                 }
                 Ok(None) => {}
-                Err(error) => observed.problems.push(error.to_string()),
+                Err(error) => observed
+                    .unreadable_pods
+                    .push((stored.clone(), error.to_string())),
             }
         }
         observed
@@ -258,6 +262,10 @@ mod tests {
             "spec": {"namespaces": ["x"], "resources": "all of them"},
         }));
         stores.add_pod(serde_json::to_value(pod("batch", Some(1))).unwrap());
+        let mut malformed = serde_json::to_value(pod("batch", Some(1))).unwrap();
+        malformed["metadata"]["name"] = json!("malformed");
+        malformed["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!("1.5");
+        stores.add_pod(malformed);
         stores.add_node(json!({
             "metadata": {"name": "gpu-node-1", "labels": {"kubernetes.io/hostname": "gpu-node-1"}},
             "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}},
@@ -266,6 +274,10 @@ mod tests {
         assert_eq!(observed.nodes.len(), 1);
         assert_eq!(observed.queues.len(), 3);
         assert_eq!(observed.pods.len(), 1);
+        assert_eq!(observed.unreadable_pods.len(), 1);
+        let (pod, error) = &observed.unreadable_pods[0];
+        assert_eq!(pod.metadata.name.as_deref(), Some("malformed"));
+        assert!(error.contains("nvidia.com/gpu"), "{error}");
         assert_eq!(observed.invalid_queues.len(), 1);
         let broken = &observed.invalid_queues[0];
         assert_eq!(broken.name, "broken");
