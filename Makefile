@@ -27,6 +27,7 @@ lint: ## Clippy on every crate and target, warnings are errors
 .PHONY: crds
 crds: ## Regenerate crds/ from the Rust types in crates/api
 	$(CARGO) run --quiet --locked -p gpuqueue-api --bin crdgen -- crds
+	cp crds/*.yaml config/crd/  # kustomize reads nothing outside config/
 
 .PHONY: verify
 verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates

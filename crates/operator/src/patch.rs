@@ -1,0 +1,433 @@
+//! Writes to pods: releasing the admission gate on a chosen node, and recording why a pod
+//! waits. Every write is a patch of exactly the fields it changes, never a read-modify-write
+//! of the whole pod (a typed PUT drops fields newer than the client: Kueue #2029).
+//!
+//! Releasing the gate is one JSON patch, applied atomically by the API server:
+//!
+//! ```text
+//! test   /metadata/uid                      = <uid seen>          same pod, not a namesake
+//! test   /spec/schedulingGates/<i>/name     = gpuqueue.io/admission   still gated, by us, at i
+//! remove /spec/schedulingGates/<i>                                    release (other gates stay)
+//! add    /spec/nodeSelector/kubernetes.io~1hostname = <node>      pin (allowed while gated)
+//! add    /metadata/annotations/...          queue, admitted-as, admitted-at
+//! remove /metadata/annotations/gpuqueue.io~1waiting-reason        no longer waiting
+//! ```
+//!
+//! If anything moved since the pod was read (someone released the gate, the pod was replaced)
+//! a `test` fails, the API server answers 422 and nothing is written; the next pass reads the
+//! pod again. So a gate is released at most once, and never on a pod that was not seen gated.
+
+use std::collections::BTreeMap;
+
+use gpuqueue_api::{ADMISSION_GATE, annotations};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::{Value, json};
+
+/// The node label a pod is pinned by. Every node carries it (kubelet sets it; KWOK nodes too).
+pub const PIN_LABEL: &str = "kubernetes.io/hostname";
+
+/// Why a write to a pod did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum PatchError {
+    #[error("pod {pod} no longer carries the admission gate where it was seen")]
+    NotGated { pod: String },
+    #[error("pod {pod} changed before the write (a test of the patch failed); retried next pass")]
+    Changed { pod: String },
+    #[error("pod {pod} is gone")]
+    Gone { pod: String },
+    #[error("writing pod {pod}: {source}")]
+    Api { pod: String, source: kube::Error },
+    #[error("building the patch for pod {pod}: {source}")]
+    Encode {
+        pod: String,
+        source: serde_json::Error,
+    },
+}
+
+impl PatchError {
+    /// Whether the pod moved on under us (not a failure of the operator or the API).
+    pub fn is_stale(&self) -> bool {
+        matches!(
+            self,
+            Self::NotGated { .. } | Self::Changed { .. } | Self::Gone { .. }
+        )
+    }
+}
+
+/// What an admission writes on the pod besides releasing the gate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission<'a> {
+    /// Value of the pin label of the chosen node.
+    pub node_pin: &'a str,
+    pub queue: &'a str,
+    /// `guaranteed` or `borrowed`.
+    pub admitted_as: &'a str,
+    pub at: Timestamp,
+}
+
+/// The JSON patch that admits `pod` as [`Admission`] says, or [`PatchError::NotGated`].
+pub fn admission_patch(
+    pod: &Pod,
+    admission: &Admission<'_>,
+) -> Result<json_patch::Patch, PatchError> {
+    let name = describe(pod);
+    let spec = pod.spec.as_ref();
+    let gate_index = spec
+        .and_then(|spec| spec.scheduling_gates.as_ref())
+        .and_then(|gates| gates.iter().position(|gate| gate.name == ADMISSION_GATE))
+        .ok_or_else(|| PatchError::NotGated { pod: name.clone() })?;
+    let mut operations = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
+        json!({"op": "test", "path": format!("/spec/schedulingGates/{gate_index}/name"), "value": ADMISSION_GATE}),
+        json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate_index}")}),
+    ];
+    if spec.and_then(|spec| spec.node_selector.as_ref()).is_some() {
+        operations.push(json!({
+            "op": "add", "path": format!("/spec/nodeSelector/{}", escape(PIN_LABEL)), "value": admission.node_pin,
+        }));
+    } else {
+        operations.push(json!({
+            "op": "add", "path": "/spec/nodeSelector", "value": {PIN_LABEL: admission.node_pin},
+        }));
+    }
+    let notes = BTreeMap::from([
+        (annotations::QUEUE, admission.queue.to_owned()),
+        (annotations::ADMITTED_AS, admission.admitted_as.to_owned()),
+        (annotations::ADMITTED_AT, admission.at.to_string()),
+    ]);
+    let existing = pod.metadata.annotations.as_ref();
+    match existing {
+        None => {
+            operations.push(json!({"op": "add", "path": "/metadata/annotations", "value": notes}));
+        }
+        Some(existing) => {
+            for (key, value) in notes {
+                operations.push(json!({
+                    "op": "add", "path": format!("/metadata/annotations/{}", escape(key)), "value": value,
+                }));
+            }
+            if existing.contains_key(annotations::WAITING_REASON) {
+                operations.push(json!({
+                    "op": "remove",
+                    "path": format!("/metadata/annotations/{}", escape(annotations::WAITING_REASON)),
+                }));
+            }
+        }
+    }
+    serde_json::from_value(Value::Array(operations))
+        .map_err(|source| PatchError::Encode { pod: name, source })
+}
+
+/// Releases the gate of `pod` on the chosen node. Returns the pod as the API server wrote it.
+pub async fn admit(
+    api: &Api<Pod>,
+    pod: &Pod,
+    admission: &Admission<'_>,
+) -> Result<Pod, PatchError> {
+    let patch = admission_patch(pod, admission)?;
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
+        .map_err(|source| classify(pod, source))
+}
+
+/// The JSON patch that records (or clears, with `None`) why `pod` waits, in the annotation
+/// the CLI reads. It tests the pod's uid first, so a namesake is never annotated.
+pub fn waiting_reason_patch(
+    pod: &Pod,
+    reason: Option<&str>,
+) -> Result<json_patch::Patch, PatchError> {
+    let key = format!(
+        "/metadata/annotations/{}",
+        escape(annotations::WAITING_REASON)
+    );
+    let has_annotations = pod.metadata.annotations.is_some();
+    let change = match reason {
+        Some(reason) if has_annotations => json!({"op": "add", "path": key, "value": reason}),
+        Some(reason) => json!({
+            "op": "add", "path": "/metadata/annotations", "value": {annotations::WAITING_REASON: reason},
+        }),
+        None => json!({"op": "remove", "path": key}),
+    };
+    let operations = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
+        change,
+    ];
+    serde_json::from_value(Value::Array(operations)).map_err(|source| PatchError::Encode {
+        pod: describe(pod),
+        source,
+    })
+}
+
+/// Records (or clears) why `pod` waits; see [`waiting_reason_patch`].
+pub async fn set_waiting_reason(
+    api: &Api<Pod>,
+    pod: &Pod,
+    reason: Option<&str>,
+) -> Result<Pod, PatchError> {
+    let patch = waiting_reason_patch(pod, reason)?;
+    api.patch(
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        &PatchParams::default(),
+        &Patch::Json::<()>(patch),
+    )
+    .await
+    .map_err(|source| classify(pod, source))
+}
+
+fn classify(pod: &Pod, source: kube::Error) -> PatchError {
+    let pod = describe(pod);
+    match &source {
+        kube::Error::Api(status) if status.code == 422 || status.code == 409 => {
+            PatchError::Changed { pod }
+        }
+        kube::Error::Api(status) if status.code == 404 => PatchError::Gone { pod },
+        _ => PatchError::Api { pod, source },
+    }
+}
+
+/// `namespace/name`, for messages.
+pub fn describe(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Escapes a map key for a JSON pointer (RFC 6901): `~` as `~0`, `/` as `~1`.
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Request, Response};
+    use kube::{Client, client::Body};
+    use tower_test::mock;
+
+    use super::*;
+
+    fn gated_pod(
+        gates: &[&str],
+        annotations: Option<serde_json::Value>,
+        selector: Option<serde_json::Value>,
+    ) -> Pod {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "vllm-0", "namespace": "batch", "uid": "uid-1"},
+            "spec": {
+                "containers": [{"name": "vllm", "image": "vllm"}],
+                "schedulingGates": gates.iter().map(|g| json!({"name": g})).collect::<Vec<_>>(),
+            },
+        });
+        if let Some(annotations) = annotations {
+            pod["metadata"]["annotations"] = annotations;
+        }
+        if let Some(selector) = selector {
+            pod["spec"]["nodeSelector"] = selector;
+        }
+        serde_json::from_value(pod).unwrap()
+    }
+
+    fn admission() -> Admission<'static> {
+        Admission {
+            node_pin: "gpu-node-3",
+            queue: "batch",
+            admitted_as: "borrowed",
+            at: "2026-01-01T00:00:00Z".parse().unwrap(),
+        }
+    }
+
+    /// Applies the patch the way the API server does and returns the result.
+    fn apply(pod: &Pod, patch: &json_patch::Patch) -> Result<Pod, json_patch::PatchError> {
+        let mut document = serde_json::to_value(pod).unwrap();
+        json_patch::patch(&mut document, patch)?;
+        Ok(serde_json::from_value(document).unwrap())
+    }
+
+    #[test]
+    fn admission_releases_only_our_gate_pins_the_node_and_annotates() {
+        let pod = gated_pod(
+            &["example.com/other", ADMISSION_GATE],
+            Some(json!({"gpuqueue.io/waiting-reason": "queue batch is full", "team": "a"})),
+            Some(json!({"nvidia.com/gpu.product": "H100"})),
+        );
+        let admitted = apply(&pod, &admission_patch(&pod, &admission()).unwrap()).unwrap();
+        let spec = admitted.spec.unwrap();
+        let gates: Vec<_> = spec
+            .scheduling_gates
+            .unwrap()
+            .into_iter()
+            .map(|g| g.name)
+            .collect();
+        assert_eq!(gates, ["example.com/other"]);
+        let selector = spec.node_selector.unwrap();
+        assert_eq!(selector[PIN_LABEL], "gpu-node-3");
+        assert_eq!(selector["nvidia.com/gpu.product"], "H100");
+        let notes = admitted.metadata.annotations.unwrap();
+        assert_eq!(notes[annotations::QUEUE], "batch");
+        assert_eq!(notes[annotations::ADMITTED_AS], "borrowed");
+        assert_eq!(notes[annotations::ADMITTED_AT], "2026-01-01T00:00:00Z");
+        assert_eq!(notes["team"], "a");
+        assert!(!notes.contains_key(annotations::WAITING_REASON));
+    }
+
+    #[test]
+    fn admission_works_on_a_pod_without_selector_or_annotations() {
+        let pod = gated_pod(&[ADMISSION_GATE], None, None);
+        let admitted = apply(&pod, &admission_patch(&pod, &admission()).unwrap()).unwrap();
+        let spec = admitted.spec.unwrap();
+        assert!(spec.scheduling_gates.unwrap_or_default().is_empty());
+        assert_eq!(spec.node_selector.unwrap()[PIN_LABEL], "gpu-node-3");
+        assert_eq!(
+            admitted.metadata.annotations.unwrap()[annotations::QUEUE],
+            "batch"
+        );
+    }
+
+    #[test]
+    fn admission_fails_if_the_gate_moved_or_the_pod_was_replaced() {
+        let seen = gated_pod(&["example.com/other", ADMISSION_GATE], None, None);
+        let patch = admission_patch(&seen, &admission()).unwrap();
+        // Someone released our gate meanwhile.
+        let released = gated_pod(&["example.com/other"], None, None);
+        assert!(apply(&released, &patch).is_err());
+        // The gates were reordered.
+        let reordered = gated_pod(&[ADMISSION_GATE, "example.com/other"], None, None);
+        assert!(apply(&reordered, &patch).is_err());
+        // A new pod with the same name.
+        let mut namesake = seen.clone();
+        namesake.metadata.uid = Some("uid-2".into());
+        assert!(apply(&namesake, &patch).is_err());
+    }
+
+    #[test]
+    fn a_pod_without_our_gate_is_not_admitted() {
+        let pod = gated_pod(&["example.com/other"], None, None);
+        assert!(matches!(
+            admission_patch(&pod, &admission()),
+            Err(PatchError::NotGated { .. })
+        ));
+    }
+
+    /// Method, URI and content type of each request the mock API server saw.
+    type Seen = Vec<(String, String, String)>;
+
+    /// A client whose API server is this test: every request is handed to `respond`.
+    fn mock_client(
+        respond: impl Fn(Request<Body>) -> Response<Body> + Send + 'static,
+    ) -> (Client, tokio::task::JoinHandle<Seen>) {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some((request, send)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let uri = request.uri().to_string();
+                let content_type = request
+                    .headers()
+                    .get("content-type")
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .unwrap_or_default();
+                seen.push((method, uri, content_type));
+                send.send_response(respond(request));
+            }
+            seen
+        });
+        (Client::new(service, "default"), server)
+    }
+
+    fn status_response(code: u16, reason: &str) -> Response<Body> {
+        let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "message": reason, "reason": reason, "code": code});
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(&body).unwrap()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn admit_sends_one_json_patch_to_the_pod() {
+        let pod = gated_pod(&[ADMISSION_GATE], None, None);
+        let answer = apply(&pod, &admission_patch(&pod, &admission()).unwrap()).unwrap();
+        let (client, server) = mock_client(move |_| {
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                .unwrap()
+        });
+        let api: Api<Pod> = Api::namespaced(client, "batch");
+        let admitted = admit(&api, &pod, &admission()).await.unwrap();
+        assert!(
+            admitted
+                .spec
+                .unwrap()
+                .scheduling_gates
+                .unwrap_or_default()
+                .is_empty()
+        );
+        drop(api);
+        let seen = server.await.unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].0, "PATCH");
+        assert!(
+            seen[0]
+                .1
+                .starts_with("/api/v1/namespaces/batch/pods/vllm-0"),
+            "{}",
+            seen[0].1
+        );
+        assert_eq!(seen[0].2, "application/json-patch+json");
+    }
+
+    #[tokio::test]
+    async fn a_failed_test_is_reported_as_a_changed_pod() {
+        let pod = gated_pod(&[ADMISSION_GATE], None, None);
+        let (client, _server) = mock_client(|_| status_response(422, "Invalid"));
+        let api: Api<Pod> = Api::namespaced(client, "batch");
+        let error = admit(&api, &pod, &admission()).await.unwrap_err();
+        assert!(matches!(error, PatchError::Changed { .. }), "{error}");
+        assert!(error.is_stale());
+
+        let (client, _server) = mock_client(|_| status_response(404, "NotFound"));
+        let api: Api<Pod> = Api::namespaced(client, "batch");
+        let error = admit(&api, &pod, &admission()).await.unwrap_err();
+        assert!(matches!(error, PatchError::Gone { .. }), "{error}");
+
+        let (client, _server) = mock_client(|_| status_response(500, "InternalError"));
+        let api: Api<Pod> = Api::namespaced(client, "batch");
+        let error = admit(&api, &pod, &admission()).await.unwrap_err();
+        assert!(!error.is_stale(), "{error}");
+    }
+
+    #[test]
+    fn json_pointer_keys_are_escaped() {
+        assert_eq!(
+            escape("gpuqueue.io/waiting-reason"),
+            "gpuqueue.io~1waiting-reason"
+        );
+        assert_eq!(escape("a~b/c"), "a~0b~1c");
+    }
+
+    #[test]
+    fn waiting_reasons_are_added_and_cleared() {
+        let pod = gated_pod(&[ADMISSION_GATE], None, None);
+        let note = |pod: &Pod| {
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(annotations::WAITING_REASON).cloned())
+        };
+        let patch = |pod: &Pod, reason| waiting_reason_patch(pod, reason).unwrap();
+        let waiting = apply(&pod, &patch(&pod, Some("full"))).unwrap();
+        assert_eq!(note(&waiting).as_deref(), Some("full"));
+        let again = apply(&waiting, &patch(&waiting, Some("fuller"))).unwrap();
+        assert_eq!(note(&again).as_deref(), Some("fuller"));
+        let cleared = apply(&again, &patch(&again, None)).unwrap();
+        assert_eq!(note(&cleared), None);
+    }
+}

@@ -1,0 +1,215 @@
+//! The wiring: what runs in every replica, and what runs only in the leader.
+//!
+//! ```text
+//! every replica                          the leader only (per term)
+//! ─────────────                          ──────────────────────────
+//! watches → stores ──────────────────▶  admission loop: decide, release gates, record
+//! /metrics /healthz /readyz              waits, write queue status, publish events
+//! webhook (after the stores synced)
+//! leader election
+//! ```
+//!
+//! SIGTERM or SIGINT stops everything: the leader's work is aborted, the Lease is released
+//! so a standby takes over at once, and the servers stop accepting connections.
+
+use std::sync::Arc;
+
+use gpuqueue_api::v1alpha1::GpuQueue;
+use kube::{
+    Api, Client, Config,
+    api::ListParams,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    Args,
+    admission::{self, Context},
+    debounce::Debounce,
+    events::Events,
+    http::{self, Readiness},
+    leader::{self, LeaderConfig},
+    metrics::{self, Metrics},
+    observe::{self, StoreGatePolicy},
+    stores::Stores,
+    telemetry,
+    webhook::{self, WebhookConfig, certs::RotationPolicy},
+};
+
+/// Why the operator stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Telemetry(#[from] telemetry::TelemetryError),
+    #[error("reading the kubeconfig: {0}")]
+    Kubeconfig(#[from] kube::config::KubeconfigError),
+    #[error("finding the API server: {0}")]
+    InferConfig(#[from] kube::config::InferConfigError),
+    #[error("creating the API client: {0}")]
+    Client(#[source] kube::Error),
+    #[error(
+        "the GpuQueue API is not served ({0}); install the CRD first: kubectl apply --server-side -k config/"
+    )]
+    CrdMissing(#[source] kube::Error),
+    #[error("serving /metrics, /healthz and /readyz: {0}")]
+    Http(#[source] std::io::Error),
+    #[error(transparent)]
+    Webhook(#[from] webhook::WebhookError),
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+}
+
+/// Runs the operator until SIGTERM or SIGINT.
+pub async fn run(args: Args) -> Result<(), RunError> {
+    telemetry::init(&args.log)?;
+    let client = client(&args).await?;
+    // controller-rs's start-up check: a missing CRD is a clear error, not a watch retrying.
+    Api::<GpuQueue>::all(client.clone())
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(RunError::CrdMissing)?;
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    let identity = identity(&args);
+    tracing::info!(%identity, namespace = %args.namespace, "starting");
+
+    let mut registry = metrics::registry();
+    let metrics = Metrics::register(&mut registry);
+    let readiness = Readiness::default();
+    let (stores, watches) = Stores::new(&client, observe::pod_filter(), &metrics.watches);
+    tokio::spawn(watches.run());
+    let http = tokio::spawn(http::serve(
+        args.http.metrics_addr,
+        Arc::new(registry),
+        readiness.clone(),
+        shutdown.clone(),
+    ));
+
+    // The webhook answers from the stores, so it starts once they hold their initial lists.
+    tokio::select! {
+        synced = stores.synced() => if synced.is_ok() {
+            readiness.set_stores_synced();
+            tracing::info!(?stores, "stores synced");
+        },
+        () = shutdown.cancelled() => return Ok(()),
+    }
+    let webhook = tokio::spawn(webhook::run(
+        WebhookConfig {
+            addr: args.webhook.webhook_addr,
+            names: args.webhook.certificate_names(&args.namespace),
+            config_name: args.webhook.webhook_config_name.clone(),
+            rotation: RotationPolicy {
+                cert_validity: args.webhook.webhook_cert_validity,
+                renew_before: args.webhook.webhook_cert_renew_before,
+                ca_validity: args.webhook.webhook_ca_validity,
+            },
+            identity: identity.clone(),
+        },
+        client.clone(),
+        Arc::new(StoreGatePolicy::new(stores.clone())),
+        metrics.webhook.clone(),
+        readiness.clone(),
+        shutdown.clone(),
+    ));
+
+    let (leadership, election) = leader::elect(
+        client.clone(),
+        LeaderConfig {
+            lease_name: args.leader.lease_name.clone(),
+            namespace: args.namespace.clone(),
+            identity: identity.clone(),
+            duration: args.leader.lease_duration,
+            grace: args.leader.lease_grace,
+        },
+        metrics.leader.clone(),
+        shutdown.clone(),
+    )
+    .await?;
+    let (events, publisher) = Events::new(client.clone(), &identity);
+    tokio::spawn(publisher.run());
+    let context = Context {
+        client,
+        stores,
+        metrics,
+        events,
+        debounce: Debounce {
+            quiet: args.admission.debounce,
+            max: args.admission.debounce_max,
+        },
+    };
+    let leading = leader::run_while_leader(leadership, shutdown.clone(), move |term| {
+        admission::run(context.clone(), term)
+    });
+
+    // Runs until shutdown, or until a server fails (then everything stops).
+    let result = tokio::select! {
+        () = leading => Ok(()),
+        served = http => flatten(served, RunError::Http),
+        served = webhook => flatten(served, RunError::Webhook),
+    };
+    shutdown.cancel();
+    // Waits for the Lease to be released.
+    let _ = election.await;
+    tracing::info!("stopped");
+    result
+}
+
+fn flatten<E>(
+    joined: Result<Result<(), E>, tokio::task::JoinError>,
+    wrap: impl FnOnce(E) -> RunError,
+) -> Result<(), RunError> {
+    match joined {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(wrap(error)),
+        Err(error) => Err(RunError::Http(std::io::Error::other(error))),
+    }
+}
+
+/// The API client: from `--kubeconfig` (and `--context`) when given, otherwise as kubectl
+/// finds it (`$KUBECONFIG`, `~/.kube/config`, then the in-cluster ServiceAccount).
+async fn client(args: &Args) -> Result<Client, RunError> {
+    let config = match &args.kube.kubeconfig {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path)?;
+            let options = KubeConfigOptions {
+                context: args.kube.context.clone(),
+                ..KubeConfigOptions::default()
+            };
+            Config::from_custom_kubeconfig(kubeconfig, &options).await?
+        }
+        None => Config::infer().await?,
+    };
+    Client::try_from(config).map_err(RunError::Client)
+}
+
+/// This replica's name in the Lease: `--lease-identity` (`$POD_NAME` in the Deployment: a
+/// container restarted in the same pod resumes its own lease at once), or else the host name
+/// with a random suffix.
+fn identity(args: &Args) -> String {
+    args.leader.lease_identity.clone().unwrap_or_else(|| {
+        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "gpuqueue-operator".to_owned());
+        format!("{host}_{:08x}", rand::random::<u32>())
+    })
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down");
+    shutdown.cancel();
+}

@@ -1,0 +1,142 @@
+//! Writing GpuQueue status: server-side apply through the status subresource, under the one
+//! field manager [`FIELD_MANAGER`], forcing ownership of the status fields (Kubernetes asks
+//! controllers to force on the objects they own). The body carries only `status`, so the
+//! operator never becomes a manager of any spec or metadata field: a GitOps tool applying the
+//! spec sees no conflict and no drift, and nothing it applies is reverted.
+//!
+//! A status is written only when it differs from the one the store shows, so a quiet cluster
+//! causes no writes.
+
+use gpuqueue_api::{
+    FIELD_MANAGER,
+    v1alpha1::{GpuQueue, GpuQueueStatus},
+};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+
+/// Why a status was not written.
+#[derive(Debug, thiserror::Error)]
+#[error("writing the status of GpuQueue {queue}: {source}")]
+pub struct StatusError {
+    pub queue: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// The server-side apply body for a queue's status: identity and status, nothing else.
+pub fn status_body(queue: &str, status: &GpuQueueStatus) -> serde_json::Value {
+    json!({
+        "apiVersion": "gpuqueue.io/v1alpha1",
+        "kind": "GpuQueue",
+        "metadata": {"name": queue},
+        "status": status,
+    })
+}
+
+/// Whether `desired` differs from what `current` shows. A queue that has no status yet always
+/// gets one.
+pub fn needs_write(current: Option<&GpuQueueStatus>, desired: &GpuQueueStatus) -> bool {
+    current != Some(desired)
+}
+
+/// Applies `status` to queue `queue`.
+pub async fn write(
+    api: &Api<GpuQueue>,
+    queue: &str,
+    status: &GpuQueueStatus,
+) -> Result<(), StatusError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch_status(queue, &params, &Patch::Apply(status_body(queue, status)))
+        .await
+        .map(drop)
+        .map_err(|source| StatusError {
+            queue: queue.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuqueue_api::v1alpha1::ResourceStatus;
+    use http::{Request, Response};
+    use http_body_util::BodyExt;
+    use kube::{Client, client::Body};
+    use tower_test::mock;
+
+    use super::*;
+
+    fn status() -> GpuQueueStatus {
+        GpuQueueStatus {
+            observed_generation: Some(3),
+            resources: vec![ResourceStatus {
+                name: "nvidia.com/gpu".into(),
+                guaranteed: 8,
+                ceiling: 24,
+                allocated: 12,
+                borrowed: 4,
+                lent: 0,
+                pending: 2,
+            }],
+            admitted_pods: 12,
+            pending_pods: 2,
+            ..GpuQueueStatus::default()
+        }
+    }
+
+    #[test]
+    fn the_body_carries_status_and_nothing_of_spec() {
+        let body = status_body("batch", &status());
+        assert_eq!(body["metadata"], json!({"name": "batch"}));
+        assert!(body.get("spec").is_none());
+        assert_eq!(body["status"]["observedGeneration"], 3);
+        assert_eq!(body["status"]["resources"][0]["borrowed"], 4);
+    }
+
+    #[test]
+    fn an_unchanged_status_is_not_written() {
+        assert!(!needs_write(Some(&status()), &status()));
+        let mut changed = status();
+        changed.pending_pods = 3;
+        assert!(needs_write(Some(&status()), &changed));
+        assert!(needs_write(None, &status()));
+    }
+
+    #[tokio::test]
+    async fn the_status_is_applied_through_the_status_subresource_with_our_field_manager() {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.unwrap();
+            let method = request.method().clone();
+            let uri = request.uri().clone();
+            let content_type = request.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            let queue = json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+                "metadata": {"name": "batch"},
+                "spec": {"namespaces": ["batch"], "resources": [{"name": "nvidia.com/gpu", "guaranteed": 8}]}});
+            send.send_response(Response::new(Body::from(
+                serde_json::to_vec(&queue).unwrap(),
+            )));
+            (method, uri, content_type, body)
+        });
+        let api: Api<GpuQueue> = Api::all(Client::new(service, "default"));
+        write(&api, "batch", &status()).await.unwrap();
+        let (method, uri, content_type, body) = server.await.unwrap();
+        assert_eq!(method, "PATCH");
+        assert_eq!(
+            uri.path(),
+            "/apis/gpuqueue.io/v1alpha1/gpuqueues/batch/status"
+        );
+        let query = uri.query().unwrap();
+        assert!(query.contains("fieldManager=gpuqueue-operator"), "{query}");
+        assert!(query.contains("force=true"), "{query}");
+        assert_eq!(content_type, "application/apply-patch+yaml");
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(body.get("spec").is_none());
+    }
+}

@@ -1,0 +1,473 @@
+//! The operator's view of the cluster: reflector stores of GpuQueues, pods, nodes and
+//! namespaces, kept current by watches, plus a change signal that drives the admission loop.
+//!
+//! - **Fail closed.** Nothing is decided before every store holds its initial list:
+//!   [`Stores::synced`] resolves only then (Volcano #5174 and ROCm/spur#745 decided from half a
+//!   cache and over-admitted).
+//! - **A bad queue does not wedge the watch.** Queues are read through kube's
+//!   `DeserializeGuard`: an object the operator cannot read is kept in the store as an error
+//!   (so its status can say why) instead of failing the whole list.
+//! - **Memory.** `managedFields`, the `last-applied-configuration` annotation and node image
+//!   lists are dropped before objects are stored; terminal pods are filtered out by the API
+//!   server (they hold no GPU); pods the pod filter rejects (no GPU request) are not kept.
+//! - **Watch errors** are retried with kube's default backoff (800 ms to 30 s), counted in
+//!   `gpuqueue_watch_errors_total` and logged; the stores keep their last state meanwhile.
+
+use std::{fmt, future::Future, sync::Arc};
+
+use futures::{StreamExt, TryStreamExt, future};
+use gpuqueue_api::v1alpha1::GpuQueue;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::{
+    Api, Client, Resource,
+    core::DeserializeGuard,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store, store::Writer},
+        watcher,
+    },
+};
+use tokio::sync::watch;
+
+use crate::metrics::WatchMetrics;
+
+/// The annotation `kubectl apply` writes: a full copy of the object, never read here.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Pods in these phases hold no GPU; the API server leaves them out of the watch.
+const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
+
+/// A GpuQueue as stored: the queue, or why it could not be read.
+pub type StoredQueue = DeserializeGuard<GpuQueue>;
+
+/// Which pods the pod store keeps.
+pub type PodFilter = Arc<dyn Fn(&Pod) -> bool + Send + Sync>;
+
+/// Readers of the four stores, and the change signal.
+#[derive(Clone)]
+pub struct Stores {
+    pub queues: Store<StoredQueue>,
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    pub namespaces: Store<Namespace>,
+    changes: watch::Receiver<u64>,
+}
+
+impl fmt::Debug for Stores {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stores")
+            .field("queues", &self.queues.len())
+            .field("pods", &self.pods.len())
+            .field("nodes", &self.nodes.len())
+            .field("namespaces", &self.namespaces.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The watches that fill the stores; run them (each forever) with [`Watches::run`].
+pub struct Watches {
+    tasks: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl fmt::Debug for Watches {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watches")
+            .field("count", &self.tasks.len())
+            .finish()
+    }
+}
+
+impl Watches {
+    /// Runs every watch until the process stops.
+    pub async fn run(self) {
+        future::join_all(self.tasks).await;
+    }
+}
+
+impl Stores {
+    /// Creates the stores and the watches that fill them. `keep_pod` decides which pods are
+    /// worth keeping (those that request a GPU); the others are dropped on arrival.
+    pub fn new(client: &Client, keep_pod: PodFilter, metrics: &WatchMetrics) -> (Self, Watches) {
+        let (change_signal, changes) = watch::channel(0_u64);
+        let (queues, queue_writer) = reflector::store();
+        let (pods, pod_writer) = reflector::store();
+        let (nodes, node_writer) = reflector::store();
+        let (namespaces, namespace_writer) = reflector::store();
+
+        let invalid_queues = {
+            let queues: Store<StoredQueue> = queues.clone();
+            let metrics = metrics.clone();
+            move || {
+                let invalid = queues
+                    .state()
+                    .iter()
+                    .filter(|queue| queue.0.is_err())
+                    .count();
+                metrics.set_invalid_queues(i64::try_from(invalid).unwrap_or(i64::MAX));
+            }
+        };
+
+        let queue_events = watcher(
+            Api::<StoredQueue>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|queue| queue.meta_mut().managed_fields = None)
+        .inspect_ok(report_invalid_queue);
+        let pod_events = watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().fields(LIVE_PODS),
+        )
+        .default_backoff()
+        .modify(strip_metadata)
+        .try_filter_map(move |event| future::ready(Ok(keep_pods(event, keep_pod.as_ref()))));
+        let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(|node| {
+                strip_metadata(node);
+                if let Some(status) = node.status.as_mut() {
+                    status.images = None;
+                }
+            });
+        let namespace_events = watcher(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(strip_metadata);
+
+        let tasks = vec![
+            reflect(
+                "gpuqueues",
+                queue_writer,
+                queue_events,
+                change_signal.clone(),
+                metrics,
+                invalid_queues,
+            ),
+            reflect(
+                "pods",
+                pod_writer,
+                pod_events,
+                change_signal.clone(),
+                metrics,
+                || {},
+            ),
+            reflect(
+                "nodes",
+                node_writer,
+                node_events,
+                change_signal.clone(),
+                metrics,
+                || {},
+            ),
+            reflect(
+                "namespaces",
+                namespace_writer,
+                namespace_events,
+                change_signal,
+                metrics,
+                || {},
+            ),
+        ];
+        let stores = Self {
+            queues,
+            pods,
+            nodes,
+            namespaces,
+            changes,
+        };
+        (stores, Watches { tasks })
+    }
+
+    /// Resolves once every store holds its initial list.
+    pub async fn synced(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.queues.wait_until_ready().await?;
+        self.pods.wait_until_ready().await?;
+        self.nodes.wait_until_ready().await?;
+        self.namespaces.wait_until_ready().await?;
+        Ok(())
+    }
+
+    /// A signal bumped after every change any store applied (after its initial list).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.clone()
+    }
+}
+
+/// Feeds one watch into its store; bumps `changed` after each applied change.
+fn reflect<K, S>(
+    resource: &'static str,
+    writer: Writer<K>,
+    events: S,
+    changed: watch::Sender<u64>,
+    metrics: &WatchMetrics,
+    after_change: impl Fn() + Send + 'static,
+) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
+    S: futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+{
+    let metrics = metrics.clone();
+    Box::pin(async move {
+        let mut events = std::pin::pin!(reflector::reflector(writer, events));
+        while let Some(event) = events.next().await {
+            match event {
+                // The initial list is applied as a whole at `InitDone`.
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                Ok(
+                    watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_),
+                ) => {
+                    after_change();
+                    changed.send_modify(|generation| *generation = generation.wrapping_add(1));
+                }
+                Err(error) => {
+                    metrics.watch_failed(resource);
+                    tracing::warn!(resource, %error, "watch failed; retrying with backoff");
+                }
+            }
+        }
+    })
+}
+
+/// Stores filled by hand, for tests of the modules that read them.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// Stores with their writers; `add_*` puts an object in as a watch event would.
+    pub(crate) struct TestStores {
+        pub stores: Stores,
+        queues: Writer<StoredQueue>,
+        pods: Writer<Pod>,
+        nodes: Writer<Node>,
+        namespaces: Writer<Namespace>,
+        _signal: watch::Sender<u64>,
+    }
+
+    impl TestStores {
+        pub(crate) fn new() -> Self {
+            let (signal, changes) = watch::channel(0_u64);
+            let (queues, queue_writer) = reflector::store();
+            let (pods, pod_writer) = reflector::store();
+            let (nodes, node_writer) = reflector::store();
+            let (namespaces, namespace_writer) = reflector::store();
+            Self {
+                stores: Stores {
+                    queues,
+                    pods,
+                    nodes,
+                    namespaces,
+                    changes,
+                },
+                queues: queue_writer,
+                pods: pod_writer,
+                nodes: node_writer,
+                namespaces: namespace_writer,
+                _signal: signal,
+            }
+        }
+
+        pub(crate) fn add_queue(&mut self, queue: serde_json::Value) {
+            let queue: StoredQueue = serde_json::from_value(queue).unwrap();
+            self.queues
+                .apply_watcher_event(&watcher::Event::Apply(queue));
+        }
+
+        pub(crate) fn add_pod(&mut self, pod: serde_json::Value) {
+            let pod: Pod = serde_json::from_value(pod).unwrap();
+            self.pods.apply_watcher_event(&watcher::Event::Apply(pod));
+        }
+
+        pub(crate) fn add_node(&mut self, node: serde_json::Value) {
+            let node: Node = serde_json::from_value(node).unwrap();
+            self.nodes.apply_watcher_event(&watcher::Event::Apply(node));
+        }
+
+        pub(crate) fn add_namespace(&mut self, namespace: serde_json::Value) {
+            let namespace: Namespace = serde_json::from_value(namespace).unwrap();
+            self.namespaces
+                .apply_watcher_event(&watcher::Event::Apply(namespace));
+        }
+    }
+}
+
+/// Drops the parts of an object's metadata the operator never reads.
+fn strip_metadata<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
+}
+
+/// Keeps the pods `keep` wants. A pod that stops qualifying is deleted from the store rather
+/// than left behind with its old content.
+fn keep_pods(
+    event: watcher::Event<Pod>,
+    keep: &(dyn Fn(&Pod) -> bool + Send + Sync),
+) -> Option<watcher::Event<Pod>> {
+    match event {
+        watcher::Event::InitApply(pod) if !keep(&pod) => None,
+        watcher::Event::Apply(pod) if !keep(&pod) => Some(watcher::Event::Delete(pod)),
+        event => Some(event),
+    }
+}
+
+fn report_invalid_queue(event: &watcher::Event<StoredQueue>) {
+    if let watcher::Event::Apply(queue) | watcher::Event::InitApply(queue) = event
+        && let Err(invalid) = &queue.0
+    {
+        tracing::warn!(
+            queue = invalid.metadata.name.as_deref().unwrap_or_default(),
+            error = %invalid.error,
+            "GpuQueue cannot be read; it is reported on its status and admits nothing"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use futures::stream;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+    use kube::runtime::reflector::ObjectRef;
+    use serde_json::json;
+
+    use super::*;
+    use crate::metrics::{self, Metrics};
+
+    fn pod(name: &str, gpu: bool) -> Pod {
+        let mut annotations = BTreeMap::new();
+        annotations.insert(LAST_APPLIED.to_owned(), "{...}".to_owned());
+        annotations.insert("gpuqueue.io/queue".to_owned(), "batch".to_owned());
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some("batch".to_owned()),
+                managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+                annotations: Some(annotations),
+                labels: Some(BTreeMap::from([("gpu".to_owned(), gpu.to_string())])),
+                ..ObjectMeta::default()
+            },
+            ..Pod::default()
+        }
+    }
+
+    fn wants_gpu(pod: &Pod) -> bool {
+        pod.metadata
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels["gpu"] == "true")
+    }
+
+    #[test]
+    fn metadata_nobody_reads_is_dropped_and_the_rest_kept() {
+        let mut pod = pod("p", true);
+        strip_metadata(&mut pod);
+        assert!(pod.metadata.managed_fields.is_none());
+        let annotations = pod.metadata.annotations.unwrap();
+        assert!(!annotations.contains_key(LAST_APPLIED));
+        assert_eq!(annotations["gpuqueue.io/queue"], "batch");
+    }
+
+    #[test]
+    fn pods_without_a_gpu_are_not_kept() {
+        assert!(keep_pods(watcher::Event::InitApply(pod("cpu", false)), &wants_gpu).is_none());
+        assert!(matches!(
+            keep_pods(watcher::Event::Apply(pod("cpu", false)), &wants_gpu),
+            Some(watcher::Event::Delete(_))
+        ));
+        assert!(matches!(
+            keep_pods(watcher::Event::Apply(pod("gpu", true)), &wants_gpu),
+            Some(watcher::Event::Apply(_))
+        ));
+        assert!(matches!(
+            keep_pods(watcher::Event::Delete(pod("cpu", false)), &wants_gpu),
+            Some(watcher::Event::Delete(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn changes_are_signalled_after_the_initial_list_and_on_every_change() {
+        let (store, writer) = reflector::store::<Pod>();
+        let (signal, changes) = watch::channel(0_u64);
+        let mut registry = metrics::registry();
+        let metrics = Metrics::register(&mut registry);
+        let events = stream::iter(vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(pod("a", true))),
+            Ok(watcher::Event::InitApply(pod("b", true))),
+            Ok(watcher::Event::InitDone),
+            Err(watcher::Error::NoResourceVersion),
+            Ok(watcher::Event::Delete(pod("a", true))),
+        ]);
+        reflect("pods", writer, events, signal, &metrics.watches, || {}).await;
+        assert_eq!(
+            *changes.borrow(),
+            2,
+            "InitDone and the delete; the error is not a change"
+        );
+        assert!(store.get(&ObjectRef::new("b").within("batch")).is_some());
+        assert!(store.get(&ObjectRef::new("a").within("batch")).is_none());
+        let text = metrics::encode(&registry).unwrap();
+        assert!(
+            text.contains(r#"gpuqueue_watch_errors_total{resource="pods"} 1"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_queue_is_stored_as_an_error_and_counted() {
+        let good: StoredQueue = serde_json::from_value(json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "good"},
+            "spec": {"namespaces": ["a"], "resources": [{"name": "nvidia.com/gpu", "guaranteed": 1}]},
+        }))
+        .unwrap();
+        let bad: StoredQueue = serde_json::from_value(json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "bad"},
+            "spec": {"namespaces": ["b"], "resources": "eight GPUs please"},
+        }))
+        .unwrap();
+        assert!(bad.0.is_err());
+
+        let (store, writer) = reflector::store::<StoredQueue>();
+        let (changed, _changes) = watch::channel(0_u64);
+        let mut registry = metrics::registry();
+        let metrics = Metrics::register(&mut registry);
+        let events = stream::iter(vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(good)),
+            Ok(watcher::Event::InitApply(bad)),
+            Ok(watcher::Event::InitDone),
+        ])
+        .inspect_ok(report_invalid_queue);
+        let count = {
+            let store = store.clone();
+            let metrics = metrics.watches.clone();
+            move || {
+                let invalid = store.state().iter().filter(|q| q.0.is_err()).count();
+                metrics.set_invalid_queues(i64::try_from(invalid).unwrap());
+            }
+        };
+        reflect(
+            "gpuqueues",
+            writer,
+            events,
+            changed,
+            &metrics.watches,
+            count,
+        )
+        .await;
+        assert_eq!(store.len(), 2, "the bad queue did not stop the list");
+        let bad = store.get(&ObjectRef::new("bad")).unwrap();
+        let error = &bad.0.as_ref().unwrap_err().error;
+        assert!(error.contains("Expected a sequence"), "{error}");
+        let text = metrics::encode(&registry).unwrap();
+        assert!(text.contains("gpuqueue_invalid_queue_objects 1"), "{text}");
+    }
+}

@@ -1,0 +1,256 @@
+//! The mutating admission webhook that puts GPU pods behind the admission gate.
+//!
+//! ```text
+//!  pod CREATE ──▶ kube-apiserver ──TLS──▶ /mutate-pods ──▶ GatePolicy (stores + core rules)
+//!                      ▲                        │
+//!     caBundle ◀── Publisher (this CA)     JSON patch: add gpuqueue.io/admission
+//! ```
+//!
+//! Every replica serves the webhook (a standby too), with its own CA and serving certificate
+//! made at start-up ([`certs`]), renewed before expiry and swapped in without a restart. The
+//! CA is written into the operator's MutatingWebhookConfiguration ([`ca_bundle`]), which is
+//! watched so that the bundle is repaired if anyone resets it. The replica is ready (and so
+//! receives traffic through the Service) only once its CA is in the bundle.
+//!
+//! # Failure policy: `Ignore`, with bypassed pods counted as used
+//!
+//! The configuration in `config/` uses `failurePolicy: Ignore`, deliberately. With `Fail`, an
+//! operator outage stops every GPU pod creation the webhook matches, in every tenant; worse, a
+//! node drain or a rollout during the outage cannot replace the pods that serve traffic (the
+//! failure seen in Kueue #5244 and Volcano #3734). With `Ignore`, while no replica answers:
+//! - GPU pods are created without the gate, and kube-scheduler places them as usual;
+//! - the operator, when back, counts every such pod as used capacity (of its queue when it
+//!   is in a claimed namespace, as unmanaged capacity otherwise), never as free, so the
+//!   quotas hold for everything admitted afterwards and nothing is over-committed twice;
+//! - `gpuqueue_webhook_requests_total` stops moving, and `/readyz` of a replica without its CA
+//!   in the bundle answers 503, which is what alerts should watch.
+//!
+//! The blast radius is kept small in the configuration itself: `matchConditions` send only pods
+//! that request an `nvidia.com/` resource, the namespace selector leaves out the system
+//! namespaces and the operator's own, and `timeoutSeconds` is short.
+
+pub mod ca_bundle;
+pub mod certs;
+pub mod mutate;
+pub mod server;
+
+use std::{net::SocketAddr, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, watcher},
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use self::{
+    ca_bundle::{BundleError, Publisher, TrustSet},
+    certs::{CaStep, CertError, CertResolver, CertificateAuthority, RotationPolicy},
+    mutate::GatePolicy,
+};
+use crate::{clock, http::Readiness, metrics::WebhookMetrics};
+
+/// After a failed publication, try again this much later (watch events also retry it).
+const PUBLISH_RETRY: Duration = Duration::from_secs(5);
+
+/// What the webhook needs to run.
+#[derive(Debug, Clone)]
+pub struct WebhookConfig {
+    pub addr: SocketAddr,
+    /// The names the serving certificate carries.
+    pub names: Vec<String>,
+    /// The MutatingWebhookConfiguration whose `caBundle` this process maintains.
+    pub config_name: String,
+    pub rotation: RotationPolicy,
+    /// This replica, for the CA's name.
+    pub identity: String,
+}
+
+/// Why the webhook stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("invalid certificate rotation: {0}")]
+    Rotation(String),
+    #[error(transparent)]
+    Certificate(#[from] CertError),
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    #[error("binding the webhook to {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Serves the webhook until `shutdown`: binds, publishes the CA, renews certificates.
+pub async fn run(
+    config: WebhookConfig,
+    client: Client,
+    policy: Arc<dyn GatePolicy>,
+    metrics: WebhookMetrics,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> Result<(), WebhookError> {
+    config.rotation.validate().map_err(WebhookError::Rotation)?;
+    let ca_name = format!("gpuqueue webhook CA ({})", config.identity);
+    let now = clock::now();
+    let mut authority = CertificateAuthority::generate(&ca_name, now, config.rotation.ca_validity)?;
+    let serving = authority.issue(&config.names, now, config.rotation.cert_validity)?;
+    metrics.certificate_issued(serving.not_after.as_second());
+    let resolver = Arc::new(CertResolver::new(&serving));
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| WebhookError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    tracing::info!(addr = %config.addr, names = ?config.names, "serving the webhook over TLS");
+    tokio::spawn(server::serve(
+        listener,
+        server::tls_config(resolver.clone())?,
+        server::router(policy, metrics.clone()),
+        shutdown.clone(),
+    ));
+
+    let publisher = Arc::new(Publisher::new(
+        Api::all(client),
+        config.config_name.clone(),
+        TrustSet {
+            trust: vec![authority.certificate().clone()],
+            retire: vec![],
+        },
+    ));
+    let republisher = tokio::spawn(keep_published(
+        publisher.clone(),
+        metrics.clone(),
+        readiness.clone(),
+        shutdown.clone(),
+    ));
+
+    // Renew the serving certificate before it expires, and the CA before it ages out.
+    let mut successor: Option<CertificateAuthority> = None;
+    let mut not_after = serving.not_after;
+    loop {
+        let renew_at = config.rotation.renewal_time(not_after);
+        let wait = Duration::try_from(renew_at.duration_since(clock::now())).unwrap_or_default();
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let now = clock::now();
+        let mut retire = Vec::new();
+        match config
+            .rotation
+            .ca_step(now, authority.not_after(), successor.is_some())
+        {
+            CaStep::Keep => {}
+            CaStep::PrepareSuccessor => {
+                successor = Some(CertificateAuthority::generate(
+                    &ca_name,
+                    now,
+                    config.rotation.ca_validity,
+                )?);
+            }
+            CaStep::SwitchToSuccessor => {
+                if let Some(next) = successor.take() {
+                    retire.push(authority.certificate().clone());
+                    authority = next;
+                }
+            }
+            CaStep::ReplaceNow => {
+                let next =
+                    CertificateAuthority::generate(&ca_name, now, config.rotation.ca_validity)?;
+                // Trusted first, presented second; the old CA stays trusted until then.
+                publisher.set_trust(TrustSet {
+                    trust: vec![authority.certificate().clone(), next.certificate().clone()],
+                    retire: vec![],
+                });
+                publish_once(&publisher, &metrics, &readiness).await;
+                retire.push(authority.certificate().clone());
+                authority = next;
+            }
+        }
+        let serving = authority.issue(&config.names, now, config.rotation.cert_validity)?;
+        resolver.replace(&serving);
+        metrics.certificate_issued(serving.not_after.as_second());
+        not_after = serving.not_after;
+        tracing::info!(expires = %not_after, "renewed the webhook's serving certificate");
+        let mut trust = vec![authority.certificate().clone()];
+        trust.extend(successor.iter().map(|next| next.certificate().clone()));
+        publisher.set_trust(TrustSet { trust, retire });
+        publish_once(&publisher, &metrics, &readiness).await;
+    }
+    readiness.set_webhook_serving(false);
+    republisher.abort();
+    Ok(())
+}
+
+/// Publishes once and updates readiness from the result. Returns whether it succeeded.
+async fn publish_once(
+    publisher: &Publisher,
+    metrics: &WebhookMetrics,
+    readiness: &Readiness,
+) -> bool {
+    match publisher.publish(clock::now()).await {
+        Ok(outcome) => {
+            if outcome == ca_bundle::Published::Updated {
+                metrics.ca_bundle_updated();
+                tracing::info!(config = publisher.name(), "published the webhook CA");
+            }
+            readiness.set_webhook_serving(true);
+            true
+        }
+        Err(error) => {
+            // Without the configuration nothing calls us; an API error says nothing new about
+            // a bundle that was already published, so readiness stays as it was.
+            if matches!(
+                error,
+                BundleError::Missing { .. } | BundleError::NoWebhooks { .. }
+            ) {
+                readiness.set_webhook_serving(false);
+            }
+            tracing::warn!(%error, "publishing the webhook CA failed; retrying");
+            false
+        }
+    }
+}
+
+/// Watches the webhook configuration and republishes whenever it changes, so a bundle reset
+/// by someone else is repaired, and a configuration created after the operator is filled in.
+async fn keep_published(
+    publisher: Arc<Publisher>,
+    metrics: WebhookMetrics,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) {
+    let api: Api<MutatingWebhookConfiguration> = publisher.api().clone();
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", publisher.name()));
+    let mut changes = watcher(api, config).default_backoff().boxed();
+    let mut retry_pending = false;
+    loop {
+        let retry = async {
+            if retry_pending {
+                tokio::time::sleep(PUBLISH_RETRY).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = retry => {}
+            event = changes.next() => match event {
+                None => return,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "watching the webhook configuration failed");
+                    continue;
+                }
+                // Deletion, and the markers of a relist, are followed by the event that
+                // matters; publishing on each is idempotent anyway.
+                Some(Ok(_)) => {}
+            },
+        }
+        retry_pending = !publish_once(&publisher, &metrics, &readiness).await;
+    }
+}

@@ -1,0 +1,288 @@
+//! Serving the webhook over TLS: a TCP accept loop, a rustls handshake with the certificate the
+//! [`CertResolver`] holds at that moment, and HTTP/1.1 or HTTP/2 (as the API server negotiates)
+//! into an axum router with one route, `POST /mutate-pods`.
+
+use std::{sync::Arc, time::Duration};
+
+use axum::{
+    Json, Router,
+    body::Bytes,
+    extract::State,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+    routing::post,
+};
+use hyper_util::{
+    rt::{TokioExecutor, TokioIo},
+    server::conn::auto,
+    service::TowerToHyperService,
+};
+use rustls::ServerConfig;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    certs::CertResolver,
+    mutate::{self, GatePolicy},
+};
+use crate::metrics::{WebhookMetrics, WebhookResult};
+
+/// The path the webhook configuration calls.
+pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
+
+/// A client that does not finish its handshake in this time is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// TLS settings: TLS 1.2 and 1.3 with ring, no client certificates (the API server does not
+/// present one by default), HTTP/2 preferred.
+pub fn tls_config(resolver: Arc<CertResolver>) -> Result<Arc<ServerConfig>, rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[derive(Clone)]
+struct AppState {
+    policy: Arc<dyn GatePolicy>,
+    metrics: WebhookMetrics,
+}
+
+/// The webhook's routes.
+pub fn router(policy: Arc<dyn GatePolicy>, metrics: WebhookMetrics) -> Router {
+    Router::new()
+        .route(MUTATE_PODS_PATH, post(mutate_pods))
+        .with_state(AppState { policy, metrics })
+}
+
+async fn mutate_pods(State(state): State<AppState>, body: Bytes) -> Response {
+    match mutate::review(&body, state.policy.as_ref()) {
+        Ok(answer) => {
+            state.metrics.answered(answer.result);
+            if let Some(queue) = &answer.queue {
+                tracing::debug!(%queue, "gated a new pod");
+            }
+            Json(answer.review).into_response()
+        }
+        Err(error) => {
+            state.metrics.answered(WebhookResult::Invalid);
+            tracing::warn!(%error, "unreadable admission request");
+            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+        }
+    }
+}
+
+/// Accepts connections until `shutdown` is cancelled. Each connection is served on its own
+/// task; a failed handshake or connection affects only itself.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    router: Router,
+    shutdown: CancellationToken,
+) {
+    let acceptor = TlsAcceptor::from(tls);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a webhook connection failed");
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                result = connection => if let Err(error) = result {
+                    tracing::debug!(%peer, %error, "webhook connection ended with an error");
+                },
+                () = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body_util::{BodyExt, Full};
+    use hyper::Request;
+    use k8s_openapi::api::core::v1::Pod;
+    use rustls::{ClientConfig, RootCertStore, pki_types::ServerName};
+    use serde_json::json;
+    use tokio::net::TcpStream;
+    use tokio_rustls::TlsConnector;
+
+    use super::*;
+    use crate::{
+        metrics::{self, Metrics},
+        webhook::certs::{CertificateAuthority, ServingCertificate},
+    };
+
+    struct EverythingInQueue;
+
+    impl GatePolicy for EverythingInQueue {
+        fn managing_queue(&self, _pod: &Pod) -> Option<String> {
+            Some("q".to_owned())
+        }
+    }
+
+    const DAY: Duration = Duration::from_hours(24);
+
+    struct Running {
+        addr: std::net::SocketAddr,
+        resolver: Arc<CertResolver>,
+        ca: CertificateAuthority,
+        registry: prometheus_client::registry::Registry,
+        shutdown: CancellationToken,
+    }
+
+    async fn start() -> Running {
+        let now = crate::clock::now();
+        let ca = CertificateAuthority::generate("test CA", now, 30 * DAY).unwrap();
+        let serving = ca.issue(&["127.0.0.1".to_owned()], now, DAY).unwrap();
+        let resolver = Arc::new(CertResolver::new(&serving));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut registry = metrics::registry();
+        let metrics = Metrics::register(&mut registry);
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(
+            listener,
+            tls_config(resolver.clone()).unwrap(),
+            router(Arc::new(EverythingInQueue), metrics.webhook),
+            shutdown.clone(),
+        ));
+        Running {
+            addr,
+            resolver,
+            ca,
+            registry,
+            shutdown,
+        }
+    }
+
+    /// Connects trusting `ca`, POSTs `body` over HTTP/1.1 and returns the status, the body and
+    /// the certificate the server presented.
+    async fn call(
+        running: &Running,
+        ca: &CertificateAuthority,
+        body: Vec<u8>,
+    ) -> Result<(u16, serde_json::Value, Vec<u8>), String> {
+        let mut roots = RootCertStore::empty();
+        roots.add(ca.certificate().clone()).unwrap();
+        let config =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+        let tcp = TcpStream::connect(running.addr).await.unwrap();
+        let tls = TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+            .await
+            .map_err(|error| error.to_string())?;
+        let presented = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = Request::post(MUTATE_PODS_PATH)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        let status = response.status().as_u16();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        let json = serde_json::from_slice(&bytes).unwrap_or(json!(String::from_utf8_lossy(&bytes)));
+        Ok((status, json, presented))
+    }
+
+    fn pod_review() -> Vec<u8> {
+        serde_json::to_vec(&json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "abc", "operation": "CREATE", "namespace": "tenant",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "userInfo": {},
+                "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                           "spec": {"containers": [{"name": "c", "image": "i"}]}},
+            }
+        }))
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_webhook_answers_over_tls_with_the_gate_patch() {
+        let running = start().await;
+        let (status, body, _) = call(&running, &running.ca, pod_review()).await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(body["kind"], "AdmissionReview");
+        assert_eq!(body["response"]["uid"], "abc");
+        assert_eq!(body["response"]["patchType"], "JSONPatch");
+        let text = metrics::encode(&running.registry).unwrap();
+        assert!(
+            text.contains(r#"gpuqueue_webhook_requests_total{result="gated"} 1"#),
+            "{text}"
+        );
+        running.shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_request_is_a_bad_request() {
+        let running = start().await;
+        let (status, _, _) = call(&running, &running.ca, b"{}".to_vec()).await.unwrap();
+        assert_eq!(status, 400);
+        running.shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_trust_our_ca_is_refused() {
+        let running = start().await;
+        let stranger =
+            CertificateAuthority::generate("stranger", crate::clock::now(), DAY * 30).unwrap();
+        let error = call(&running, &stranger, pod_review()).await.unwrap_err();
+        assert!(error.contains("certificate"), "{error}");
+        running.shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_renewed_certificate_is_served_without_a_restart() {
+        let running = start().await;
+        let (_, _, before) = call(&running, &running.ca, pod_review()).await.unwrap();
+        let renewed: ServingCertificate = running
+            .ca
+            .issue(&["127.0.0.1".to_owned()], crate::clock::now(), DAY)
+            .unwrap();
+        running.resolver.replace(&renewed);
+        let (status, _, after) = call(&running, &running.ca, pod_review()).await.unwrap();
+        assert_eq!(status, 200);
+        assert_ne!(before, after, "the renewed certificate is presented");
+        assert_eq!(after, renewed.certified.cert[0].to_vec());
+        running.shutdown.cancel();
+    }
+}
