@@ -70,11 +70,16 @@ impl ReclaimPlan {
     /// The checkpoint deadline of a victim after `elapsed` of the handover: its queue's
     /// checkpoint timeout, cut so that the eviction reserve still fits in the owner's budget.
     pub fn checkpoint_deadline(&self, victim: &Victim, elapsed: Duration) -> Duration {
-        victim
-            .checkpoint
-            .timeout
-            .min(self.budget.saturating_sub(elapsed + EVICTION_RESERVE))
+        checkpoint_allowance(self.budget, victim.checkpoint.timeout, elapsed)
     }
+}
+
+/// How long a victim's checkpoint may take after `elapsed` of a handover with `budget`: its
+/// queue's checkpoint `timeout`, cut so that the eviction reserve still fits in the budget.
+/// Zero once the budget is spent: the owner's guarantee wins over the borrower's checkpoint.
+/// (A handover resumed after a restart has no plan, only the budget and the time spent.)
+pub fn checkpoint_allowance(budget: Duration, timeout: Duration, elapsed: Duration) -> Duration {
+    timeout.min(budget.saturating_sub(elapsed + EVICTION_RESERVE))
 }
 
 /// Why no reclaim plan exists.

@@ -805,3 +805,17 @@ fn namespaces_are_claimed_by_label_selector() {
         Decision::Admit(a) if a.queue == "a"
     ));
 }
+
+#[test]
+fn a_checkpoint_gets_its_timeout_unless_the_budget_leaves_less() {
+    use gpuqueue_core::reclaim::checkpoint_allowance;
+    let s = Duration::from_secs;
+    let ms = Duration::from_millis;
+    // 3 s budget, 50 ms spent, 1 s kept for the eviction: 1.95 s left, the 2 s timeout is cut.
+    assert_eq!(checkpoint_allowance(s(3), s(2), ms(50)), ms(1950));
+    // A short timeout is the limit.
+    assert_eq!(checkpoint_allowance(s(3), ms(500), ms(50)), ms(500));
+    // A spent budget leaves nothing (a handover resumed after a restart).
+    assert_eq!(checkpoint_allowance(s(3), s(2), s(2)), Duration::ZERO);
+    assert_eq!(checkpoint_allowance(s(3), s(2), s(10)), Duration::ZERO);
+}

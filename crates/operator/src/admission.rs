@@ -12,9 +12,10 @@
 //! Nothing is written unless this replica's leadership [`Term`] is current at that moment, and
 //! nothing runs before every store has synced (fail closed).
 //!
-//! A `Reclaim` decision is reported as a wait naming the plan (its victims and node): taking
-//! GPUs back (checkpoint, evict, hand over) belongs to the reclaim executor, which runs on the
-//! decisions this loop computes.
+//! Reclaims (see [`crate::reclaim`]): each pass first resumes or abandons handovers an earlier
+//! leader left in the intent annotations; a `Reclaim` decision writes its intent and releases
+//! the owner within the pass (so the next pass sees the node taken), and the rest of the
+//! handover runs in a task the loop owns, aborted with it when the term ends.
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
@@ -30,7 +31,6 @@ use gpuqueue_core::{
     fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
     model::{AdmittedAs, PodKey},
     placement::{FragmentationAware, TieBreak},
-    reclaim::ReclaimPlan,
     status::{QueueReport, invalid_spec_status, queue_reports},
 };
 use jiff::{SignedDuration, Timestamp};
@@ -46,6 +46,7 @@ use crate::{
     metrics::{FragmentationReport, Metrics, Outcome, QueueRow},
     observe::{InvalidQueue, Observed},
     patch::{self, PatchError},
+    reclaim::{Found, Handovers, Reclaimer, Started},
     status,
     stores::Stores,
 };
@@ -66,6 +67,8 @@ pub struct Context {
     pub metrics: Metrics,
     pub events: Events,
     pub debounce: Debounce,
+    /// The reclaim executor.
+    pub reclaimer: Reclaimer,
 }
 
 impl std::fmt::Debug for Context {
@@ -86,8 +89,10 @@ pub async fn run(context: Context, term: Term) {
     let mut changes = context.stores.changes();
     changes.borrow_and_update();
     let mut assumed = Assumed::default();
+    // Dropped (aborting every handover task) when the term ends and this future is aborted.
+    let mut handovers = Handovers::new(context.reclaimer.clone());
     loop {
-        let wake = run_pass(&context, &term, &mut assumed).await;
+        let wake = run_pass(&context, &term, &mut assumed, &mut handovers).await;
         let timer = async {
             match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
                 Some(wait) => tokio::time::sleep(wait).await,
@@ -126,10 +131,10 @@ impl Write {
         }
     }
 
-    async fn apply(self, context: &Context, term: &Term, now: Timestamp) -> Applied {
+    async fn apply(self, context: &Context, term: &Term, pass: Pass) -> Applied {
         let known = self.known_reason.as_deref();
         match &self.task {
-            Task::Decide(decision) => apply(context, term, &self.pod, known, decision, now).await,
+            Task::Decide(decision) => apply(context, term, &self.pod, known, decision, pass).await,
             Task::Unreadable(error) => {
                 let line = format!("InvalidRequest: {error}");
                 record_wait(
@@ -147,51 +152,69 @@ impl Write {
     }
 }
 
+/// What the writes of a pass need to know about it.
+#[derive(Clone, Copy)]
+struct Pass {
+    now: Timestamp,
+    /// When the pass started and when its plans were ready: the start of any handover.
+    found: Found,
+    /// Stale reclaim intents are being taken back this pass: no new reclaim starts.
+    defer_reclaims: bool,
+}
+
 /// What one write achieved.
 enum Applied {
-    Admitted { pod: Box<Pod> },
-    ReasonRecorded { uid: String, reason: Option<String> },
+    Admitted {
+        pod: Box<Pod>,
+    },
+    /// A handover started: its owner is released (remembered as admitted), the rest runs in a
+    /// task.
+    Reclaiming(Box<Started>),
+    ReasonRecorded {
+        uid: String,
+        reason: Option<String>,
+    },
     Nothing,
     Failed,
 }
 
 /// One pass; returns when the next pass must run even without a change.
-async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Option<Timestamp> {
+async fn run_pass(
+    context: &Context,
+    term: &Term,
+    assumed: &mut Assumed,
+    handovers: &mut Handovers,
+) -> Option<Timestamp> {
     let started = tokio::time::Instant::now();
     let now = clock::now();
     let stored_pods = context.stores.pods.state();
     assumed.settle(stored_pods.iter().map(AsRef::as_ref));
 
+    // 0. recover: handovers an earlier leader left half done.
+    let recovered = handovers.recover(term, now).await;
+
     // 1. observe
-    let observed = Observed::read(&context.stores, assumed);
+    let mut observed = Observed::read(&context.stores, assumed);
     for problem in &observed.problems {
         tracing::debug!(%problem, "object left out of the snapshot");
     }
-    let mix = WorkloadMix::from_shapes(
-        observed.pods.iter().map(TaskShape::of_pod),
-        DEFAULT_POPULARITY,
-    );
-    let reclaimed = last_reclaims(&context.stores);
-    let mut builder = Snapshot::builder()
-        .queues(observed.queues)
-        .namespaces(observed.namespaces)
-        .nodes(observed.nodes)
-        .pods(observed.pods)
-        .workload_mix(mix);
-    for (queue, at) in reclaimed {
-        builder = builder.reclaimed_from(queue, at);
-    }
-    let (mut snapshot, issues) = builder.build();
-    for issue in &issues {
-        tracing::debug!(%issue, "snapshot left an object out");
-    }
+    let mut snapshot = build_snapshot(context, &mut observed, handovers);
 
     // 2. decide
     let decisions =
         admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
+    let pass = Pass {
+        now,
+        found: Found {
+            started,
+            started_at: now,
+            planned: tokio::time::Instant::now(),
+        },
+        defer_reclaims: recovered.defer_reclaims,
+    };
 
     // 3. apply
-    let mut wake = earliest_cooldown(&decisions);
+    let mut wake = earliest(earliest_cooldown(&decisions), recovered.wake);
     let mut writes = Vec::new();
     for decision in decisions {
         let Some(pod) = stored_pod(&context.stores, decision.key()) else {
@@ -206,7 +229,7 @@ async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Opti
     }
     let pending: Vec<_> = writes
         .into_iter()
-        .map(|write| write.apply(context, term, now))
+        .map(|write| write.apply(context, term, pass))
         .collect();
     let applied: Vec<Applied> = stream::iter(pending)
         .buffer_unordered(WRITE_CONCURRENCY)
@@ -215,6 +238,11 @@ async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Opti
     for outcome in applied {
         match outcome {
             Applied::Admitted { pod } => assumed.admitted(*pod),
+            Applied::Reclaiming(started) => {
+                let Started { owner, handover } = *started;
+                assumed.admitted(owner);
+                handovers.start(term, handover);
+            }
             Applied::ReasonRecorded { uid, reason } => assumed.reason_recorded(&uid, reason),
             Applied::Failed => {
                 wake = earliest(
@@ -251,6 +279,29 @@ async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Opti
     wake
 }
 
+/// The core's snapshot of what was observed, with when each queue was last reclaimed from
+/// (for its borrowing cool-down): from the queues' handover records, and from this process's
+/// handovers whose records are not written yet.
+fn build_snapshot(context: &Context, observed: &mut Observed, handovers: &Handovers) -> Snapshot {
+    let pods = std::mem::take(&mut observed.pods);
+    let mix = WorkloadMix::from_shapes(pods.iter().map(TaskShape::of_pod), DEFAULT_POPULARITY);
+    let reclaimed = last_reclaims(&context.stores);
+    let mut builder = Snapshot::builder()
+        .queues(std::mem::take(&mut observed.queues))
+        .namespaces(std::mem::take(&mut observed.namespaces))
+        .nodes(std::mem::take(&mut observed.nodes))
+        .pods(pods)
+        .workload_mix(mix);
+    for (queue, at) in reclaimed.into_iter().chain(handovers.reclaimed_from()) {
+        builder = builder.reclaimed_from(queue, at);
+    }
+    let (snapshot, issues) = builder.build();
+    for issue in &issues {
+        tracing::debug!(%issue, "snapshot left an object out");
+    }
+    snapshot
+}
+
 /// Applies one decision to its pod.
 async fn apply(
     context: &Context,
@@ -258,8 +309,9 @@ async fn apply(
     pod: &Pod,
     known_reason: Option<&str>,
     decision: &Decision,
-    now: Timestamp,
+    pass: Pass,
 ) -> Applied {
+    let now = pass.now;
     match decision {
         Decision::Admit(admission) => {
             if !is_gated(pod) {
@@ -326,17 +378,28 @@ async fn apply(
             .await
         }
         Decision::Reclaim(plan) => {
-            let line = format!("ReclaimNeeded: {}", describe_plan(plan));
-            record_wait(
-                context,
-                term,
-                pod,
-                known_reason,
-                Some(&plan.owner_queue),
-                "ReclaimNeeded",
-                line,
-            )
-            .await
+            if pass.defer_reclaims || !is_gated(pod) {
+                return Applied::Nothing;
+            }
+            match context.reclaimer.begin(term, plan, pod, pass.found).await {
+                Ok(started) => {
+                    context
+                        .metrics
+                        .admission
+                        .decided(&plan.owner_queue, Outcome::Reclaim);
+                    tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
+                    Applied::Reclaiming(Box::new(started))
+                }
+                Err(error) if error.is_stale() => {
+                    tracing::debug!(%error, "reclaim not started; decided again on the next change");
+                    Applied::Nothing
+                }
+                Err(error) => {
+                    context.metrics.admission.apply_failed();
+                    tracing::warn!(%error, "starting a reclaim failed; retrying");
+                    Applied::Failed
+                }
+            }
         }
     }
 }
@@ -624,16 +687,6 @@ fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
     }
-}
-
-fn describe_plan(plan: &ReclaimPlan) -> String {
-    let victims: Vec<String> = plan.victims.iter().map(|v| v.key.to_string()).collect();
-    format!(
-        "queue {} is within its guarantee, but borrowers hold the room: evicting {} on node {} frees it",
-        plan.owner_queue,
-        victims.join(", "),
-        plan.node_name
-    )
 }
 
 fn stored_pod(stores: &Stores, key: &PodKey) -> Option<Arc<Pod>> {

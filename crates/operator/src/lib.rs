@@ -12,8 +12,9 @@
 //! into the core's model), [`debounce`] (bursts of changes), [`assumed`] (writes the stores
 //! have not shown yet), [`patch`] (pod writes), [`status`] (queue status writes), [`events`],
 //! [`webhook`] (the mutating webhook and its certificates), [`leader`] (leader election),
-//! [`checkpoint`] (checkpoint drivers for reclaim), [`clock`] (the one place that reads the
-//! time), [`admission`] (the leader's loop) and [`run`] (the wiring).
+//! [`checkpoint`] (checkpoint drivers for reclaim), [`reclaim`] (the reclaim executor: intent,
+//! checkpoint, eviction, handover, recovery after a restart), [`clock`] (the one place that
+//! reads the time), [`admission`] (the leader's loop) and [`run`] (the wiring).
 
 pub mod admission;
 pub mod args;
@@ -27,6 +28,7 @@ pub mod leader;
 pub mod metrics;
 pub mod observe;
 pub mod patch;
+pub mod reclaim;
 pub mod run;
 pub mod status;
 pub mod stores;

@@ -51,6 +51,8 @@ pub struct Metrics {
     pub webhook: WebhookMetrics,
     pub watches: WatchMetrics,
     pub leader: LeaderMetrics,
+    /// The reclaim executor's (see `reclaim::ReclaimMetrics`).
+    pub reclaim: crate::reclaim::ReclaimMetrics,
 }
 
 impl Metrics {
@@ -63,6 +65,7 @@ impl Metrics {
             webhook: WebhookMetrics::register(registry),
             watches: WatchMetrics::register(registry),
             leader: LeaderMetrics::register(registry),
+            reclaim: crate::reclaim::ReclaimMetrics::register(registry),
         }
     }
 }

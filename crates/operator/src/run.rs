@@ -4,7 +4,8 @@
 //! every replica                          the leader only (per term)
 //! ─────────────                          ──────────────────────────
 //! watches → stores ──────────────────▶  admission loop: decide, release gates, record
-//! /metrics /healthz /readyz              waits, write queue status, publish events
+//! /metrics /healthz /readyz              waits, write queue status, publish events;
+//!                                        reclaims: checkpoint, evict, hand over
 //! webhook (after the stores synced)
 //! leader election
 //! ```
@@ -25,12 +26,14 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     Args,
     admission::{self, Context},
+    checkpoint::CheckpointClient,
     debounce::Debounce,
     events::Events,
     http::{self, Readiness},
     leader::{self, LeaderConfig},
     metrics::{self, Metrics},
     observe::{self, StoreGatePolicy},
+    reclaim::{self, CrashPoint, Reclaimer},
     stores::Stores,
     telemetry,
     webhook::{self, WebhookConfig, certs::RotationPolicy},
@@ -57,12 +60,24 @@ pub enum RunError {
     Webhook(#[from] webhook::WebhookError),
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
+    #[error("creating the checkpoint HTTP client: {0}")]
+    CheckpointClient(#[source] reqwest::Error),
+    #[error(transparent)]
+    CrashPoint(#[from] reclaim::BadCrashPoint),
 }
 
 /// Runs the operator until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> Result<(), RunError> {
     telemetry::init(&args.log)?;
-    let client = client(&args).await?;
+    let crash = CrashPoint::from_env()?;
+    let config = config(&args).await?;
+    let client = Client::try_from(config.clone()).map_err(RunError::Client)?;
+    // The reclaim executor handles every answer itself under the handover's deadline; kube's
+    // default retries (429 for minutes) would hide a PodDisruptionBudget's refusal.
+    let mut reclaim_config = config;
+    reclaim_config.default_retry = false;
+    let reclaim_client = Client::try_from(reclaim_config).map_err(RunError::Client)?;
+    let checkpoints = CheckpointClient::new().map_err(RunError::CheckpointClient)?;
     // controller-rs's start-up check: a missing CRD is a clear error, not a watch retrying.
     Api::<GpuQueue>::all(client.clone())
         .list(&ListParams::default().limit(1))
@@ -128,11 +143,20 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     .await?;
     let (events, publisher) = Events::new(client.clone(), &identity);
     tokio::spawn(publisher.run());
+    let reclaimer = Reclaimer::new(
+        reclaim_client,
+        checkpoints,
+        stores.clone(),
+        metrics.reclaim.clone(),
+        events.clone(),
+        crash,
+    );
     let context = Context {
         client,
         stores,
         metrics,
         events,
+        reclaimer,
         debounce: Debounce {
             quiet: args.admission.debounce,
             max: args.admission.debounce_max,
@@ -166,9 +190,10 @@ fn flatten<E>(
     }
 }
 
-/// The API client: from `--kubeconfig` (and `--context`) when given, otherwise as kubectl
-/// finds it (`$KUBECONFIG`, `~/.kube/config`, then the in-cluster ServiceAccount).
-async fn client(args: &Args) -> Result<Client, RunError> {
+/// The API client's configuration: from `--kubeconfig` (and `--context`) when given,
+/// otherwise as kubectl finds it (`$KUBECONFIG`, `~/.kube/config`, then the in-cluster
+/// ServiceAccount).
+async fn config(args: &Args) -> Result<Config, RunError> {
     let config = match &args.kube.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)?;
@@ -180,7 +205,7 @@ async fn client(args: &Args) -> Result<Client, RunError> {
         }
         None => Config::infer().await?,
     };
-    Client::try_from(config).map_err(RunError::Client)
+    Ok(config)
 }
 
 /// This replica's name in the Lease: `--lease-identity` (`$POD_NAME` in the Deployment: a

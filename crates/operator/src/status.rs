@@ -6,6 +6,10 @@
 //!
 //! A status is written only when it differs from the one the store shows, so a quiet cluster
 //! causes no writes.
+//!
+//! `lastHandovers` is left out of this body: the reclaim executor writes it on its own (a merge
+//! patch with a `resourceVersion` precondition, see `reclaim::record`), and an apply built from
+//! the store could otherwise write back a list read before a handover finished.
 
 use gpuqueue_api::{
     FIELD_MANAGER,
@@ -26,8 +30,13 @@ pub struct StatusError {
     pub source: kube::Error,
 }
 
-/// The server-side apply body for a queue's status: identity and status, nothing else.
+/// The server-side apply body for a queue's status: identity and status (less
+/// `lastHandovers`, which the reclaim executor owns), nothing else.
 pub fn status_body(queue: &str, status: &GpuQueueStatus) -> serde_json::Value {
+    let mut status = json!(status);
+    if let Some(fields) = status.as_object_mut() {
+        fields.remove("lastHandovers");
+    }
     json!({
         "apiVersion": "gpuqueue.io/v1alpha1",
         "kind": "GpuQueue",
@@ -93,6 +102,10 @@ mod tests {
         assert!(body.get("spec").is_none());
         assert_eq!(body["status"]["observedGeneration"], 3);
         assert_eq!(body["status"]["resources"][0]["borrowed"], 4);
+        assert!(
+            body["status"].get("lastHandovers").is_none(),
+            "the reclaim executor's field"
+        );
     }
 
     #[test]

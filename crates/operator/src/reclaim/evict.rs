@@ -1,0 +1,446 @@
+//! Evicting one victim: the Eviction API with its queue's grace period, PodDisruptionBudgets
+//! honoured until the handover's deadline, then a delete with the reason recorded.
+//!
+//! | answer | meaning | what happens |
+//! | --- | --- | --- |
+//! | 200/201 | eviction accepted | done |
+//! | 404, 409 on the uid precondition | the pod (this uid) is gone | done |
+//! | 429 | a PodDisruptionBudget forbids it now (or API rate limiting) | retried with backoff until the deadline |
+//! | 500 | several budgets select the pod (misconfiguration) | reported at once, retried with backoff until the deadline |
+//! | anything else | the API server or the network | retried with backoff until the deadline |
+//!
+//! At the deadline the pod is deleted, with the same grace period and uid precondition:
+//! borrowed capacity is reclaimable by contract, and the owner's guarantee wins. The backoff
+//! (100 ms doubling to 1 s) keeps a blocked eviction at no more than about one request a second.
+//!
+//! The client this runs on must not retry by itself: kube's default client retries 429 for
+//! minutes, which would hide the refusal and blow the budget (see [`super`]).
+//!
+//! The eviction is posted as a `policy/v1` `Eviction` written here, not with kube's
+//! `Api::evict`: kube 5.0 sends its delete options under the key `delete_options`, which the API
+//! server ignores, so the grace period and the uid precondition would silently be dropped.
+
+use std::time::Duration;
+
+use k8s_openapi::{
+    api::{core::v1::Pod, policy::v1::Eviction as EvictionRequest},
+    apimachinery::pkg::apis::meta::v1::{
+        DeleteOptions, ObjectMeta, Preconditions as MetaPreconditions,
+    },
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, Preconditions},
+};
+use tokio::time::Instant;
+
+use crate::leader::Term;
+
+/// The first wait after a refusal; doubled after each, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a delete that fails (not a refusal: the API server or the network) is retried
+/// after the deadline before the eviction is reported failed.
+const DELETE_RETRY_LIMIT: Duration = Duration::from_secs(30);
+
+/// How a victim left.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Eviction {
+    /// The Eviction API accepted it (after `refusals` refused attempts).
+    Evicted { refusals: u32 },
+    /// It was gone already (or replaced by a namesake).
+    AlreadyGone,
+    /// The Eviction API refused until the deadline; the pod was deleted.
+    DeletedAfterRefusal { refusal: Refusal, refusals: u32 },
+    /// Neither eviction nor delete went through.
+    Failed { error: String },
+    /// This replica stopped leading before the victim was removed; the next leader resumes.
+    NotLeader,
+}
+
+/// Why the Eviction API refused, as it answered the last time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: Option<u16>,
+    pub message: String,
+}
+
+impl Refusal {
+    /// A PodDisruptionBudget forbids the eviction now.
+    pub fn is_budget(&self) -> bool {
+        self.status == Some(429)
+    }
+
+    /// The API server cannot decide: several budgets select the pod.
+    pub fn is_misconfigured(&self) -> bool {
+        self.status == Some(500)
+    }
+}
+
+impl Eviction {
+    /// The `outcome` label of `gpuqueue_evictions_total`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Evicted { .. } => "evicted",
+            Self::AlreadyGone => "already_gone",
+            Self::DeletedAfterRefusal { .. } => "deleted_after_refusal",
+            Self::Failed { .. } => "failed",
+            Self::NotLeader => "not_leader",
+        }
+    }
+
+    /// Whether the victim is on its way out.
+    pub fn removed(&self) -> bool {
+        matches!(
+            self,
+            Self::Evicted { .. } | Self::AlreadyGone | Self::DeletedAfterRefusal { .. }
+        )
+    }
+}
+
+/// One victim to evict.
+#[derive(Clone, Debug)]
+pub struct Target<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+    pub grace: Duration,
+}
+
+/// Evicts `target` as the module documentation says; `refused` is told about the first
+/// refusal of each kind (for an event), once.
+pub async fn evict(
+    client: &Client,
+    term: &Term,
+    target: &Target<'_>,
+    deadline: Instant,
+    mut refused: impl FnMut(&Refusal),
+) -> Eviction {
+    let mut backoff = FIRST_BACKOFF;
+    let mut refusals = 0;
+    let mut last: Option<Refusal> = None;
+    loop {
+        if !term.is_current() {
+            return Eviction::NotLeader;
+        }
+        let refusal = match try_evict(client, target).await {
+            Ok(Eviction::Evicted { .. }) => return Eviction::Evicted { refusals },
+            Ok(done) => return done,
+            Err(refusal) => refusal,
+        };
+        refusals += 1;
+        if last.as_ref().map(|r| r.status) != Some(refusal.status) {
+            refused(&refusal);
+        }
+        last = Some(refusal);
+        let now = Instant::now();
+        if now >= deadline {
+            break;
+        }
+        tokio::time::sleep_until((now + backoff).min(deadline)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+    let refusal = last.unwrap_or(Refusal {
+        status: None,
+        message: "the deadline passed before the first attempt".into(),
+    });
+    let api: Api<Pod> = Api::namespaced(client.clone(), target.namespace);
+    delete_after_refusal(
+        &api,
+        term,
+        target,
+        &delete_params(target),
+        refusal,
+        refusals,
+    )
+    .await
+}
+
+/// One request to the Eviction API, honouring PodDisruptionBudgets: `Evicted` or `AlreadyGone`,
+/// or the refusal. For a victim no owner waits for any more (its reclaim was abandoned), this
+/// is all: a budget that refuses is respected.
+pub async fn try_evict(client: &Client, target: &Target<'_>) -> Result<Eviction, Refusal> {
+    let refused = |error: kube::Error| match error {
+        kube::Error::Api(status) => Refusal {
+            status: Some(status.code),
+            message: status.message.clone(),
+        },
+        error => Refusal {
+            status: None,
+            message: error.to_string(),
+        },
+    };
+    let request = eviction_request(target).map_err(|error| Refusal {
+        status: None,
+        message: format!("building the eviction: {error}"),
+    })?;
+    match client.request::<serde_json::Value>(request).await {
+        Ok(_) => Ok(Eviction::Evicted { refusals: 0 }),
+        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+            Ok(Eviction::AlreadyGone)
+        }
+        Err(error) => Err(refused(error)),
+    }
+}
+
+/// `POST …/pods/<name>/eviction` with a complete `policy/v1` Eviction.
+fn eviction_request(
+    target: &Target<'_>,
+) -> Result<http::Request<Vec<u8>>, Box<dyn std::error::Error + Send + Sync>> {
+    let eviction = EvictionRequest {
+        metadata: ObjectMeta {
+            name: Some(target.name.to_owned()),
+            namespace: Some(target.namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        delete_options: Some(DeleteOptions {
+            grace_period_seconds: Some(i64::try_from(target.grace.as_secs()).unwrap_or(i64::MAX)),
+            preconditions: Some(MetaPreconditions {
+                uid: Some(target.uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteOptions::default()
+        }),
+    };
+    let url = format!(
+        "/api/v1/namespaces/{}/pods/{}/eviction",
+        target.namespace, target.name
+    );
+    Ok(http::Request::post(url)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&eviction)?)?)
+}
+
+async fn delete_after_refusal(
+    api: &Api<Pod>,
+    term: &Term,
+    target: &Target<'_>,
+    params: &DeleteParams,
+    refusal: Refusal,
+    refusals: u32,
+) -> Eviction {
+    let give_up = Instant::now() + DELETE_RETRY_LIMIT;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        if !term.is_current() {
+            return Eviction::NotLeader;
+        }
+        match api.delete(target.name, params).await {
+            Ok(_) => return Eviction::DeletedAfterRefusal { refusal, refusals },
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                return Eviction::AlreadyGone;
+            }
+            Err(error) if Instant::now() >= give_up => {
+                return Eviction::Failed {
+                    error: format!(
+                        "eviction refused ({}), then delete failed: {error}",
+                        refusal.message
+                    ),
+                };
+            }
+            Err(error) => {
+                tracing::warn!(pod = target.name, %error, "deleting a reclaim victim failed; retrying");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// The victim's queue's grace period, and a uid precondition so that a namesake created
+/// meanwhile (a StatefulSet's replacement) is never evicted in its place.
+fn delete_params(target: &Target<'_>) -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(u32::try_from(target.grace.as_secs()).unwrap_or(u32::MAX)),
+        preconditions: Some(Preconditions {
+            uid: Some(target.uid.to_owned()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use http_body_util::BodyExt;
+    use jiff::SignedDuration;
+    use kube::{Client, client::Body};
+    use serde_json::json;
+    use tokio::sync::watch;
+    use tower_test::mock;
+
+    use super::*;
+    use crate::clock;
+    use crate::leader::{LeaderState, Leadership};
+
+    /// Method, path and body of each request the mock API server saw.
+    type Seen = Arc<Mutex<Vec<(String, String, serde_json::Value)>>>;
+
+    /// A client whose API server answers each request by its method: the next of `answers`
+    /// for evictions (the last one repeats), 200 for deletes.
+    fn api(answers: Vec<(u16, &'static str)>) -> (Client, Seen) {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            let mut answers = answers.into_iter().peekable();
+            while let Some((request, send)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let path = request.uri().path().to_owned();
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+                log.lock().unwrap().push((method.clone(), path, body));
+                let (code, reason) = if method == "DELETE" {
+                    (200, "Success")
+                } else if answers.len() > 1 {
+                    answers.next().unwrap()
+                } else {
+                    *answers.peek().unwrap()
+                };
+                let status = json!({"kind": "Status", "apiVersion": "v1",
+                    "status": if code < 300 { "Success" } else { "Failure" },
+                    "message": format!("{reason} (test)"), "reason": reason, "code": code});
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&status).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        (Client::new(service, "batch"), seen)
+    }
+
+    async fn term() -> (Term, watch::Sender<LeaderState>) {
+        let (state, receiver) = watch::channel(LeaderState {
+            term: 1,
+            acting_until: Some(clock::now() + SignedDuration::from_hours(1)),
+        });
+        let term = Leadership::new(receiver).acquired().await.unwrap();
+        (term, state)
+    }
+
+    fn target() -> Target<'static> {
+        Target {
+            namespace: "batch",
+            name: "victim",
+            uid: "uid-1",
+            grace: Duration::from_secs(1),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_accepted_eviction_carries_the_grace_period_and_the_uid() {
+        let (api, seen) = api(vec![(201, "Created")]);
+        let (term, _state) = term().await;
+        let outcome = evict(&api, &term, &target(), Instant::now(), |_| {}).await;
+        assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        let (method, path, body) = &seen[0];
+        assert_eq!(method, "POST");
+        assert_eq!(path, "/api/v1/namespaces/batch/pods/victim/eviction");
+        assert_eq!(body["apiVersion"], "policy/v1");
+        assert_eq!(body["kind"], "Eviction");
+        assert_eq!(body["metadata"]["name"], "victim");
+        assert_eq!(body["deleteOptions"]["gracePeriodSeconds"], 1);
+        assert_eq!(body["deleteOptions"]["preconditions"]["uid"], "uid-1");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_refusal_is_retried_until_it_passes() {
+        let (api, seen) = api(vec![
+            (429, "TooManyRequests"),
+            (429, "TooManyRequests"),
+            (201, "Created"),
+        ]);
+        let (term, _state) = term().await;
+        let mut reported = Vec::new();
+        let outcome = evict(
+            &api,
+            &term,
+            &target(),
+            Instant::now() + Duration::from_secs(3),
+            |r| reported.push(r.clone()),
+        )
+        .await;
+        assert_eq!(outcome, Eviction::Evicted { refusals: 2 });
+        assert_eq!(reported.len(), 1, "one report per kind of refusal");
+        assert!(reported[0].is_budget());
+        assert_eq!(seen.lock().unwrap().len(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_that_outlasts_the_deadline_ends_in_a_delete() {
+        let (api, seen) = api(vec![(429, "TooManyRequests")]);
+        let (term, _state) = term().await;
+        let start = Instant::now();
+        let outcome = evict(
+            &api,
+            &term,
+            &target(),
+            start + Duration::from_secs(2),
+            |_| {},
+        )
+        .await;
+        let Eviction::DeletedAfterRefusal { refusal, refusals } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(refusal.is_budget());
+        // 0, 0.1, 0.3, 0.7, 1.5, 2.0 s: backoff doubles to at most a second, ends at the deadline.
+        assert_eq!(refusals, 6);
+        let seen = seen.lock().unwrap();
+        let (method, path, body) = seen.last().unwrap();
+        assert_eq!(method, "DELETE");
+        assert_eq!(path, "/api/v1/namespaces/batch/pods/victim");
+        assert_eq!(body["preconditions"]["uid"], "uid-1");
+        assert_eq!(body["gracePeriodSeconds"], 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_misconfigured_budget_is_reported_and_the_pod_deleted_at_the_deadline() {
+        let (api, _seen) = api(vec![(500, "InternalError")]);
+        let (term, _state) = term().await;
+        let mut reported = Vec::new();
+        let outcome = evict(
+            &api,
+            &term,
+            &target(),
+            Instant::now() + Duration::from_millis(150),
+            |r| reported.push(r.clone()),
+        )
+        .await;
+        assert!(
+            matches!(&outcome, Eviction::DeletedAfterRefusal { refusal, .. } if refusal.is_misconfigured()),
+            "{outcome:?}"
+        );
+        assert_eq!(reported.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_victim_already_gone_or_replaced_is_not_evicted_again() {
+        for code in [404, 409] {
+            let (api, seen) = api(vec![(code, "Gone")]);
+            let (term, _state) = term().await;
+            let outcome = evict(&api, &term, &target(), Instant::now(), |_| {}).await;
+            assert_eq!(outcome, Eviction::AlreadyGone);
+            assert_eq!(seen.lock().unwrap().len(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn nothing_is_evicted_once_the_term_is_over() {
+        let (api, seen) = api(vec![(201, "Created")]);
+        let (term, state) = term().await;
+        state.send_replace(LeaderState {
+            term: 1,
+            acting_until: None,
+        });
+        let outcome = evict(&api, &term, &target(), Instant::now(), |_| {}).await;
+        assert_eq!(outcome, Eviction::NotLeader);
+        assert!(seen.lock().unwrap().is_empty());
+    }
+}

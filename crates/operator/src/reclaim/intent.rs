@@ -1,0 +1,345 @@
+//! Intent records: the annotations a reclaim writes on its pods before it acts, how they are
+//! read back, and the JSON patches that write and clear them.
+//!
+//! ```text
+//! gpuqueue.io/reclaim-id        rc-3f9c0a7d12e4b6c8        every pod of the reclaim
+//! gpuqueue.io/reclaim-role      owner | victim
+//! gpuqueue.io/reclaim-deadline  2026-01-01T00:00:03.120Z   found blocked + budget
+//! gpuqueue.io/reclaim-node      gpu-node-2                 the node freed for the owner
+//! gpuqueue.io/reclaim-progress  checkpointing              victims: the checkpoint call was made
+//! ```
+//!
+//! Every write tests the pod's uid, so a namesake is never touched. The intent itself also
+//! tests the `resourceVersion` the plan was made from: a pod that changed since (deleted,
+//! replaced, claimed by another reclaim) refuses the intent with 422 and nothing is written.
+//! Later writes (progress, clearing) test that the pod still carries this reclaim's id.
+
+use std::collections::BTreeMap;
+
+use gpuqueue_api::annotations;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+
+use crate::patch::{self, PatchError};
+
+/// `gpuqueue.io/reclaim-role` of the pod the GPUs are freed for.
+pub const OWNER: &str = "owner";
+/// `gpuqueue.io/reclaim-role` of a pod being checkpointed and evicted.
+pub const VICTIM: &str = "victim";
+/// `gpuqueue.io/reclaim-progress` once the checkpoint call is about to be made: written first,
+/// so that no process ever calls it a second time.
+pub const CHECKPOINTING: &str = "checkpointing";
+
+/// Every annotation a reclaim writes, removed together when it is cleared.
+const KEYS: [&str; 5] = [
+    annotations::RECLAIM_ID,
+    annotations::RECLAIM_ROLE,
+    annotations::RECLAIM_DEADLINE,
+    annotations::RECLAIM_NODE,
+    annotations::RECLAIM_PROGRESS,
+];
+
+/// A pod's part in a reclaim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Owner,
+    Victim,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Owner => OWNER,
+            Self::Victim => VICTIM,
+        }
+    }
+}
+
+/// What one reclaim writes on each of its pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Intent {
+    pub id: String,
+    pub deadline: Timestamp,
+    pub node: String,
+}
+
+impl Intent {
+    fn annotations(&self, role: Role) -> BTreeMap<&'static str, String> {
+        BTreeMap::from([
+            (annotations::RECLAIM_ID, self.id.clone()),
+            (annotations::RECLAIM_ROLE, role.as_str().to_owned()),
+            (
+                annotations::RECLAIM_DEADLINE,
+                format!("{:.3}", self.deadline),
+            ),
+            (annotations::RECLAIM_NODE, self.node.clone()),
+        ])
+    }
+}
+
+/// A reclaim's annotations as read from a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub id: String,
+    /// `None` for a role this version does not know.
+    pub role: Option<Role>,
+    /// `None` when missing or not an RFC 3339 time (then the intent counts as stale).
+    pub deadline: Option<Timestamp>,
+    pub node: Option<String>,
+    /// The checkpoint call was made (or was about to be).
+    pub checkpoint_started: bool,
+}
+
+impl Mark {
+    /// The reclaim annotations of `pod`, if it carries a reclaim id.
+    pub fn read(pod: &Pod) -> Option<Self> {
+        let notes = pod.metadata.annotations.as_ref()?;
+        let id = notes.get(annotations::RECLAIM_ID)?.clone();
+        let role = match notes.get(annotations::RECLAIM_ROLE).map(String::as_str) {
+            Some(OWNER) => Some(Role::Owner),
+            Some(VICTIM) => Some(Role::Victim),
+            _ => None,
+        };
+        Some(Self {
+            id,
+            role,
+            deadline: notes
+                .get(annotations::RECLAIM_DEADLINE)
+                .and_then(|d| d.parse().ok()),
+            node: notes.get(annotations::RECLAIM_NODE).cloned(),
+            checkpoint_started: notes
+                .get(annotations::RECLAIM_PROGRESS)
+                .is_some_and(|p| p == CHECKPOINTING),
+        })
+    }
+}
+
+/// A fresh reclaim id: `rc-` and 16 random hex digits.
+pub fn new_id() -> String {
+    format!("rc-{:016x}", rand::random::<u64>())
+}
+
+/// The patch that records the intent on a victim: tests its uid and `resourceVersion`, then
+/// adds the annotations.
+pub fn victim_intent_patch(pod: &Pod, intent: &Intent) -> Result<json_patch::Patch, PatchError> {
+    let mut operations = preconditions(pod)?;
+    operations.extend(add_annotations(pod, &intent.annotations(Role::Victim)));
+    encode(pod, operations)
+}
+
+/// The owner's patch: its intent and its release in one atomic write. It tests the owner's
+/// uid, `resourceVersion` and gate, adds the intent annotations, pins the node and releases the
+/// gate (see [`patch::admission_patch`]). An owner therefore never carries an intent while
+/// gated, and a released owner always had every victim's intent recorded first.
+pub fn owner_patch(
+    pod: &Pod,
+    intent: &Intent,
+    release: &patch::Admission<'_>,
+) -> Result<json_patch::Patch, PatchError> {
+    let mut operations = preconditions(pod)?;
+    let admission = patch::admission_patch(pod, release)?;
+    let mut released = serde_json::to_value(&admission)
+        .map_err(|source| PatchError::Encode {
+            pod: patch::describe(pod),
+            source,
+        })?
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    operations.append(&mut released);
+    // The admission patch created the annotations map if the pod had none.
+    for (key, value) in intent.annotations(Role::Owner) {
+        operations.push(json!({"op": "add", "path": annotation_path(key), "value": value}));
+    }
+    encode(pod, operations)
+}
+
+/// The patch that records, before the call, that a victim's checkpoint is being made.
+pub fn progress_patch(pod: &Pod, id: &str) -> Result<json_patch::Patch, PatchError> {
+    let operations = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
+        json!({"op": "test", "path": annotation_path(annotations::RECLAIM_ID), "value": id}),
+        json!({"op": "add", "path": annotation_path(annotations::RECLAIM_PROGRESS), "value": CHECKPOINTING}),
+    ];
+    encode(pod, operations)
+}
+
+/// The patch that removes reclaim `id`'s annotations from `pod` (those it shows), provided it
+/// still carries that id.
+pub fn clear_patch(pod: &Pod, id: &str) -> Result<json_patch::Patch, PatchError> {
+    let present = pod.metadata.annotations.as_ref();
+    let mut operations = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
+        json!({"op": "test", "path": annotation_path(annotations::RECLAIM_ID), "value": id}),
+    ];
+    for key in KEYS {
+        if present.is_some_and(|notes| notes.contains_key(key)) {
+            operations.push(json!({"op": "remove", "path": annotation_path(key)}));
+        }
+    }
+    encode(pod, operations)
+}
+
+/// Tests of the pod's identity and version, which the intent must be based on.
+fn preconditions(pod: &Pod) -> Result<Vec<Value>, PatchError> {
+    let version = pod
+        .metadata
+        .resource_version
+        .as_ref()
+        .ok_or_else(|| PatchError::Changed {
+            pod: patch::describe(pod),
+        })?;
+    Ok(vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
+        json!({"op": "test", "path": "/metadata/resourceVersion", "value": version}),
+    ])
+}
+
+/// Adds `notes`, creating the annotations map if the pod has none.
+fn add_annotations(pod: &Pod, notes: &BTreeMap<&'static str, String>) -> Vec<Value> {
+    if pod.metadata.annotations.is_none() {
+        return vec![json!({"op": "add", "path": "/metadata/annotations", "value": notes})];
+    }
+    notes
+        .iter()
+        .map(|(key, value)| json!({"op": "add", "path": annotation_path(key), "value": value}))
+        .collect()
+}
+
+fn annotation_path(key: &str) -> String {
+    format!(
+        "/metadata/annotations/{}",
+        key.replace('~', "~0").replace('/', "~1")
+    )
+}
+
+fn encode(pod: &Pod, operations: Vec<Value>) -> Result<json_patch::Patch, PatchError> {
+    serde_json::from_value(Value::Array(operations)).map_err(|source| PatchError::Encode {
+        pod: patch::describe(pod),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuqueue_api::ADMISSION_GATE;
+
+    use super::*;
+
+    fn pod(annotations: Option<Value>, gated: bool) -> Pod {
+        let mut pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1", "resourceVersion": "42"},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        });
+        if gated {
+            pod["spec"]["schedulingGates"] = json!([{"name": ADMISSION_GATE}]);
+        }
+        if let Some(annotations) = annotations {
+            pod["metadata"]["annotations"] = annotations;
+        }
+        serde_json::from_value(pod).unwrap()
+    }
+
+    fn intent() -> Intent {
+        Intent {
+            id: "rc-1".into(),
+            deadline: "2026-01-01T00:00:03.120Z".parse().unwrap(),
+            node: "gpu-node-2".into(),
+        }
+    }
+
+    fn apply(pod: &Pod, patch: &json_patch::Patch) -> Result<Pod, json_patch::PatchError> {
+        let mut document = serde_json::to_value(pod).unwrap();
+        json_patch::patch(&mut document, patch)?;
+        Ok(serde_json::from_value(document).unwrap())
+    }
+
+    #[test]
+    fn a_victim_intent_is_read_back_as_written() {
+        for existing in [None, Some(json!({"team": "b"}))] {
+            let victim = pod(existing, false);
+            let marked = apply(&victim, &victim_intent_patch(&victim, &intent()).unwrap()).unwrap();
+            assert_eq!(
+                Mark::read(&marked),
+                Some(Mark {
+                    id: "rc-1".into(),
+                    role: Some(Role::Victim),
+                    deadline: Some(intent().deadline),
+                    node: Some("gpu-node-2".into()),
+                    checkpoint_started: false,
+                })
+            );
+            assert_eq!(
+                marked.metadata.annotations.unwrap()[annotations::RECLAIM_DEADLINE],
+                "2026-01-01T00:00:03.120Z"
+            );
+        }
+    }
+
+    #[test]
+    fn an_intent_is_refused_by_a_pod_that_changed_since_the_plan() {
+        let seen = pod(None, false);
+        let patch = victim_intent_patch(&seen, &intent()).unwrap();
+        let mut newer = seen.clone();
+        newer.metadata.resource_version = Some("43".into());
+        assert!(apply(&newer, &patch).is_err());
+        let mut namesake = seen;
+        namesake.metadata.uid = Some("uid-2".into());
+        assert!(apply(&namesake, &patch).is_err());
+    }
+
+    #[test]
+    fn the_owner_is_marked_pinned_and_released_at_once() {
+        let owner = pod(Some(json!({"gpuqueue.io/waiting-reason": "x"})), true);
+        let release = patch::Admission {
+            node_pin: "gpu-node-2",
+            queue: "online",
+            admitted_as: "guaranteed",
+            at: "2026-01-01T00:00:00Z".parse().unwrap(),
+        };
+        let done = apply(&owner, &owner_patch(&owner, &intent(), &release).unwrap()).unwrap();
+        let mark = Mark::read(&done).unwrap();
+        assert_eq!(mark.role, Some(Role::Owner));
+        let spec = done.spec.unwrap();
+        assert!(spec.scheduling_gates.unwrap_or_default().is_empty());
+        assert_eq!(
+            spec.node_selector.unwrap()["kubernetes.io/hostname"],
+            "gpu-node-2"
+        );
+        let notes = done.metadata.annotations.unwrap();
+        assert_eq!(notes[annotations::QUEUE], "online");
+        assert!(!notes.contains_key(annotations::WAITING_REASON));
+
+        // Not gated any more (someone else released it): no intent, no release.
+        let released = pod(None, false);
+        assert!(owner_patch(&released, &intent(), &release).is_err());
+    }
+
+    #[test]
+    fn progress_and_clearing_apply_only_to_this_reclaim() {
+        let victim = pod(Some(json!({"team": "b"})), false);
+        let marked = apply(&victim, &victim_intent_patch(&victim, &intent()).unwrap()).unwrap();
+        let progressed = apply(&marked, &progress_patch(&marked, "rc-1").unwrap()).unwrap();
+        assert!(Mark::read(&progressed).unwrap().checkpoint_started);
+        assert!(
+            apply(&marked, &progress_patch(&marked, "rc-2").unwrap()).is_err(),
+            "another reclaim's victim"
+        );
+        let cleared = apply(&progressed, &clear_patch(&progressed, "rc-1").unwrap()).unwrap();
+        assert_eq!(Mark::read(&cleared), None);
+        assert_eq!(
+            cleared.metadata.annotations.unwrap(),
+            BTreeMap::from([("team".to_owned(), "b".to_owned())])
+        );
+        assert!(apply(&progressed, &clear_patch(&progressed, "rc-2").unwrap()).is_err());
+    }
+
+    #[test]
+    fn ids_are_distinct() {
+        let (a, b) = (new_id(), new_id());
+        assert_ne!(a, b);
+        assert!(a.starts_with("rc-") && a.len() == 19, "{a}");
+    }
+}

@@ -1,0 +1,270 @@
+//! The reclaim executor: carries out the core's `Decision::Reclaim` (DESIGN §5) and finishes
+//! handovers that an earlier leader left half done.
+//!
+//! ```text
+//! admission pass (leader)                         handover task (one per reclaim)
+//! ───────────────────────                         ───────────────────────────────
+//! recover: resume / abandon intents from the store
+//! plan (core) ─▶ intent on every victim (rv-tested)
+//!              ─▶ owner: intent + pin + release, one patch ─▶ per victim, all at once:
+//!                                                               mark `checkpointing`, checkpoint
+//!                                                               (deadline from the budget left),
+//!                                                               evict (PDB: retry to the deadline,
+//!                                                               then delete)
+//!                                                             ─▶ watch: victims gone, owner bound
+//!                                                             ─▶ record on both queues, events,
+//!                                                               metrics; clear the owner's intent
+//! ```
+//!
+//! Every phase is timed from the start of the admission pass that found the owner blocked
+//! ([`timeline`]). The intent and the owner's release are written inside that pass, so the next
+//! pass already sees the owner admitted on its node and the node closed to other pods; the rest
+//! runs in a task of its own, so a 1.2-second checkpoint never holds other admissions back.
+//!
+//! **Crash safety.** Writes happen in the order [`resume`] relies on, each one testing the pod
+//! it changes (uid, the plan's `resourceVersion` or the reclaim id; see [`intent`]), and every
+//! write first checks that this replica's leadership [`Term`] is current. Tasks live in a
+//! `JoinSet` owned by the admission loop, so they are aborted with it when the term ends; the
+//! next leader finds the intents and finishes (or abandons) them without repeating a
+//! checkpoint or an eviction.
+//!
+//! **The API client.** The executor's client does not retry on its own: kube's default client
+//! retries 429, 503 and 504 for up to about five minutes, which would turn a
+//! PodDisruptionBudget's refusal into a silent five-minute stall. Every call here is made once
+//! and its answer handled under the handover's deadline ([`evict`]).
+//!
+//! **Anti-thrash.** A victim's queue is reported reclaimed-from at once (in memory, then
+//! through its `lastHandovers`), so it does not borrow again within its `minBorrowDuration`;
+//! its replacement pods wait behind the owner, who already holds the freed GPUs in the
+//! snapshot. `gpuqueue_reclaims_per_minute` shows the rate.
+
+mod crash;
+mod evict;
+mod handover;
+mod intent;
+mod metrics;
+mod record;
+mod resume;
+mod timeline;
+
+use std::collections::HashMap;
+
+use jiff::{SignedDuration, Timestamp};
+use kube::Client;
+use tokio::task::{Id, JoinSet};
+use tokio::time::Instant;
+
+pub use crash::{BadCrashPoint, CrashPoint, ENV as CRASH_ENV};
+pub use evict::{Eviction, Refusal};
+pub use handover::{BeginError, COMPLETED, Found, Handover, Started};
+pub use intent::{Intent, Mark};
+pub use metrics::ReclaimMetrics;
+pub use record::upsert as upsert_record;
+pub use resume::{Recovery, scan};
+pub use timeline::{Phase, Timeline};
+
+use crate::{checkpoint::CheckpointClient, events::Events, leader::Term, stores::Stores};
+
+/// How long a reclaim whose recovery did not settle (a refused eviction, a failed write) waits
+/// before it is tried again.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What handovers need from the operator; cheap to clone, shared by the loop and the tasks.
+#[derive(Clone)]
+pub struct Reclaimer {
+    /// A client that never retries by itself (see the module documentation).
+    client: Client,
+    checkpoints: CheckpointClient,
+    stores: Stores,
+    metrics: ReclaimMetrics,
+    events: Events,
+    crash: Option<CrashPoint>,
+}
+
+impl std::fmt::Debug for Reclaimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reclaimer")
+            .field("crash", &self.crash)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reclaimer {
+    /// `client` must be built with `Config::default_retry` off.
+    pub fn new(
+        client: Client,
+        checkpoints: CheckpointClient,
+        stores: Stores,
+        metrics: ReclaimMetrics,
+        events: Events,
+        crash: Option<CrashPoint>,
+    ) -> Self {
+        if let Some(point) = crash {
+            tracing::warn!(
+                ?point,
+                "{CRASH_ENV} is set: this process exits in the middle of a handover (a test hook)"
+            );
+        }
+        Self {
+            client,
+            checkpoints,
+            stores,
+            metrics,
+            events,
+            crash,
+        }
+    }
+}
+
+/// The admission loop's side of the executor: the running handover tasks and what the next
+/// passes must know about them. Dropping it aborts every task.
+#[derive(Debug)]
+pub struct Handovers {
+    reclaimer: Reclaimer,
+    tasks: JoinSet<handover::Finished>,
+    running: HashMap<String, Id>,
+    by_task: HashMap<Id, String>,
+    /// Reclaims whose recovery did not settle, and when to try again.
+    retry: HashMap<String, Instant>,
+    /// Queues reclaimed from by this process, with the start of the newest reclaim: their
+    /// borrowing cool-down holds before their `lastHandovers` show it.
+    reclaimed_from: HashMap<String, Timestamp>,
+}
+
+/// What recovery means for the rest of the pass.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Recovered {
+    /// Stale intents are being taken back: plan no new reclaim in this pass, since the plan
+    /// would count their victims as taken and could evict others instead.
+    pub defer_reclaims: bool,
+    /// When a pass must look again.
+    pub wake: Option<Timestamp>,
+}
+
+impl Handovers {
+    pub fn new(reclaimer: Reclaimer) -> Self {
+        Self {
+            reclaimer,
+            tasks: JoinSet::new(),
+            running: HashMap::new(),
+            by_task: HashMap::new(),
+            retry: HashMap::new(),
+            reclaimed_from: HashMap::new(),
+        }
+    }
+
+    /// Reclaims this process is running.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Queues a reclaim took GPUs from, and when, for the snapshot's cool-down.
+    pub fn reclaimed_from(&self) -> impl Iterator<Item = (String, Timestamp)> + '_ {
+        self.reclaimed_from.iter().map(|(q, at)| (q.clone(), *at))
+    }
+
+    /// Runs a handover whose owner was just released.
+    pub fn start(&mut self, term: &Term, handover: Handover) {
+        for victim in &handover.victims {
+            let at = handover.timeline.started_at;
+            let entry = self
+                .reclaimed_from
+                .entry(victim.queue.clone())
+                .or_insert(at);
+            *entry = (*entry).max(at);
+        }
+        self.spawn(term, handover);
+    }
+
+    fn spawn(&mut self, term: &Term, handover: Handover) {
+        let id = handover.id.clone();
+        let task = self
+            .tasks
+            .spawn(self.reclaimer.clone().run(term.clone(), handover));
+        self.by_task.insert(task.id(), id.clone());
+        self.running.insert(id, task.id());
+    }
+
+    /// Forgets finished tasks; one that stopped early is looked at again after a while.
+    fn reap(&mut self, now: Instant) {
+        while let Some(joined) = self.tasks.try_join_next_with_id() {
+            let (task, done) = match joined {
+                Ok((task, finished)) => (task, finished.done),
+                Err(error) => {
+                    tracing::error!(%error, "a handover task failed");
+                    (error.id(), false)
+                }
+            };
+            if let Some(id) = self.by_task.remove(&task) {
+                self.running.remove(&id);
+                if done {
+                    self.retry.remove(&id);
+                } else {
+                    self.retry.insert(id, now + RETRY_AFTER);
+                }
+            }
+        }
+        self.retry.retain(|_, at| *at > now);
+    }
+
+    /// Finds the handovers no task of this process runs and resumes or abandons them (see
+    /// [`resume`]). Runs at the start of every pass.
+    pub async fn recover(&mut self, term: &Term, now: Timestamp) -> Recovered {
+        let instant = Instant::now();
+        self.reap(instant);
+        let pods = self.reclaimer.stores.pods.state();
+        let found = resume::scan(
+            &pods,
+            |id| self.running.contains_key(id) || self.retry.contains_key(id),
+            now,
+        );
+        let mut recovered = Recovered::default();
+        for recovery in found {
+            match recovery {
+                Recovery::Resume { id, owner, victims } => {
+                    let handover = self.reclaimer.rebuild(&id, &owner, &victims, instant, now);
+                    tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
+                    self.reclaimer.events.send(
+                        handover.owner.reference.clone(),
+                        crate::events::Notice {
+                            warning: false,
+                            reason: "ReclaimResumed",
+                            action: "Reclaim",
+                            note: format!(
+                                "reclaim {id}: the operator that started it stopped; this leader finishes it without repeating a checkpoint or an eviction"
+                            ),
+                        },
+                    );
+                    self.spawn(term, handover);
+                }
+                Recovery::Abandon { id, owner, victims } => {
+                    recovered.defer_reclaims = true;
+                    let settled = self
+                        .reclaimer
+                        .abandon(term, &id, owner.as_deref(), &victims)
+                        .await;
+                    if !settled {
+                        self.retry.insert(id, instant + RETRY_AFTER);
+                    }
+                }
+                Recovery::NotYet { until, .. } => {
+                    recovered.defer_reclaims = true;
+                    recovered.wake = earliest(recovered.wake, Some(until));
+                }
+            }
+        }
+        if let Some(retry) = self.retry.values().min() {
+            let wait = SignedDuration::try_from(retry.saturating_duration_since(instant))
+                .unwrap_or_default();
+            recovered.wake = earliest(recovered.wake, now.checked_add(wait).ok());
+        }
+        recovered
+    }
+}
+
+fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}

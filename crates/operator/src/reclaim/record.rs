@@ -1,0 +1,137 @@
+//! The handover records in `status.lastHandovers` of the owner's queue and of each victim's
+//! queue: newest first, at most [`MAX_HANDOVER_RECORDS`], one per reclaim id and role (a
+//! resumed handover replaces its record instead of adding a second).
+//!
+//! These writes do not go through the admission loop's server-side apply of the status (which
+//! leaves `lastHandovers` out): each is a JSON merge patch of `status.lastHandovers` alone, with
+//! the queue's `resourceVersion` as a precondition, retried on conflict. Two handovers that
+//! finish at once for the same queue therefore never drop each other's record, and the
+//! admission loop never writes back a list it read before a handover finished.
+//!
+//! A victim queue's records are also what the core's anti-thrash rule reads: the queue does
+//! not borrow again within its `minBorrowDuration` after the `startedAt` of its newest
+//! `victim` record.
+
+use gpuqueue_api::{
+    FIELD_MANAGER,
+    v1alpha1::{GpuQueue, HandoverRecord, MAX_HANDOVER_RECORDS},
+};
+use kube::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+
+/// Conflicting writers of the same queue's records get this many tries.
+const ATTEMPTS: usize = 5;
+
+/// Why a record was not written.
+#[derive(Debug, thiserror::Error)]
+#[error("recording handover {id} on GpuQueue {queue}: {source}")]
+pub struct RecordError {
+    pub queue: String,
+    pub id: String,
+    #[source]
+    pub source: kube::Error,
+}
+
+/// `records` with `record` in place of any with the same id and role, newest first, cut to
+/// the API's limit.
+pub fn upsert(records: &[HandoverRecord], record: HandoverRecord) -> Vec<HandoverRecord> {
+    let mut next: Vec<HandoverRecord> = records
+        .iter()
+        .filter(|r| !(r.id == record.id && r.role == record.role))
+        .cloned()
+        .collect();
+    next.push(record);
+    // Newest first; records without a start (never written by this operator) last.
+    next.sort_by(|a, b| {
+        b.started_at
+            .as_ref()
+            .map(|t| t.0)
+            .cmp(&a.started_at.as_ref().map(|t| t.0))
+    });
+    next.truncate(MAX_HANDOVER_RECORDS);
+    next
+}
+
+/// Writes `record` into queue `name`'s `status.lastHandovers`.
+pub async fn write(
+    api: &Api<GpuQueue>,
+    name: &str,
+    record: &HandoverRecord,
+) -> Result<(), RecordError> {
+    let error = |source| RecordError {
+        queue: name.to_owned(),
+        id: record.id.clone(),
+        source,
+    };
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let queue = api.get_status(name).await.map_err(error)?;
+        let current = queue
+            .status
+            .as_ref()
+            .map(|s| s.last_handovers.as_slice())
+            .unwrap_or_default();
+        let body = json!({
+            "metadata": {"resourceVersion": queue.metadata.resource_version},
+            "status": {"lastHandovers": upsert(current, record.clone())},
+        });
+        match api.patch_status(name, &params, &Patch::Merge(&body)).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
+            Err(source) => return Err(error(source)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    use super::*;
+
+    fn record(id: &str, role: &str, second: i64, outcome: &str) -> HandoverRecord {
+        HandoverRecord {
+            id: id.into(),
+            role: role.into(),
+            started_at: Some(Time(jiff::Timestamp::from_second(second).unwrap())),
+            outcome: outcome.into(),
+            ..HandoverRecord::default()
+        }
+    }
+
+    #[test]
+    fn the_newest_records_are_kept_first() {
+        let mut records = Vec::new();
+        for i in 0..12 {
+            records = upsert(
+                &records,
+                record(&format!("rc-{i}"), "victim", i, "Completed"),
+            );
+        }
+        assert_eq!(records.len(), MAX_HANDOVER_RECORDS);
+        assert_eq!(records[0].id, "rc-11");
+        assert_eq!(records[9].id, "rc-2");
+    }
+
+    #[test]
+    fn a_resumed_handover_replaces_its_record() {
+        let records = vec![
+            record("rc-1", "owner", 10, "InProgress"),
+            record("rc-0", "owner", 5, "Completed"),
+        ];
+        let records = upsert(&records, record("rc-1", "owner", 10, "Completed"));
+        assert_eq!(records.len(), 2);
+        assert_eq!(records[0].outcome, "Completed");
+        // The same id in another role is another record.
+        let records = upsert(&records, record("rc-1", "victim", 10, "Completed"));
+        assert_eq!(records.len(), 3);
+    }
+}

@@ -1,0 +1,354 @@
+//! Finding handovers that no task of this process is running (an earlier leader died or lost
+//! its lease mid-way) from the intent annotations, and deciding what each needs.
+//!
+//! Writes happen in a fixed order: every victim's intent, then the owner's intent together
+//! with its release, then (per victim) the checkpoint mark, the checkpoint call and the
+//! eviction, and at the very end the owner's intent is cleared. So the annotations alone say
+//! how far a handover got:
+//!
+//! | what the store shows for reclaim id X | what it means | what is done |
+//! | --- | --- | --- |
+//! | an owner, released | the owner was promised the node | **resume**: checkpoint the victims not marked `checkpointing`, evict those not terminating, wait, record, clear |
+//! | victims only (or a gated owner), deadline passed | the intent was never committed | **abandon**: clear the victims' marks; a victim already marked `checkpointing` (its server is paused) is evicted, honouring its PodDisruptionBudget |
+//! | victims only, deadline not passed | another writer may still be committing it | wait for the deadline |
+//!
+//! No step is ever repeated: a victim marked `checkpointing` is never called again, a
+//! terminating victim is never evicted again, and a released owner is never released again
+//! (its gate is gone and its node selector can no longer change), only finished.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use gpuqueue_api::ADMISSION_GATE;
+use gpuqueue_core::model::ReclaimSettings;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
+use tokio::time::Instant;
+
+use super::{
+    Reclaimer,
+    evict::{self, Eviction},
+    handover::{Handover, Target, Victim, admitted_queue},
+    intent::{self, Mark, Role},
+    timeline::Timeline,
+};
+use crate::{events::Notice, leader::Term};
+
+/// What a reclaim found in the store needs.
+#[derive(Debug, Clone)]
+pub enum Recovery {
+    /// Its owner is released: finish it.
+    Resume {
+        id: String,
+        owner: Arc<Pod>,
+        victims: Vec<Arc<Pod>>,
+    },
+    /// Its owner was never released and its deadline passed: take the intent back.
+    Abandon {
+        id: String,
+        /// A gated owner carrying the intent (not written by this version, but possible).
+        owner: Option<Arc<Pod>>,
+        victims: Vec<Arc<Pod>>,
+    },
+    /// Not committed yet and not stale yet: look again at `until`.
+    NotYet { id: String, until: Timestamp },
+}
+
+/// The reclaims among `pods` (the pod store) that need recovery at `now`, in id order; `skip`
+/// says which ids a task of this process is running.
+pub fn scan(pods: &[Arc<Pod>], skip: impl Fn(&str) -> bool, now: Timestamp) -> Vec<Recovery> {
+    let mut by_id: BTreeMap<String, Vec<(Mark, Arc<Pod>)>> = BTreeMap::new();
+    for pod in pods {
+        if let Some(mark) = Mark::read(pod)
+            && !skip(&mark.id)
+        {
+            by_id
+                .entry(mark.id.clone())
+                .or_default()
+                .push((mark, pod.clone()));
+        }
+    }
+    by_id
+        .into_iter()
+        .map(|(id, members)| {
+            let owner = members
+                .iter()
+                .find(|(m, pod)| {
+                    m.role == Some(Role::Owner) && pod.metadata.deletion_timestamp.is_none()
+                })
+                .map(|(_, pod)| pod.clone());
+            let victims: Vec<Arc<Pod>> = members
+                .iter()
+                .filter(|(m, _)| m.role == Some(Role::Victim))
+                .map(|(_, pod)| pod.clone())
+                .collect();
+            if let Some(owner) = owner.as_ref().filter(|o| !is_gated(o)) {
+                return Recovery::Resume {
+                    id,
+                    owner: owner.clone(),
+                    victims,
+                };
+            }
+            // Unreadable deadlines count as passed: an intent nobody can date is stale.
+            let deadline = members
+                .iter()
+                .map(|(m, _)| m.deadline)
+                .try_fold(None, |earliest: Option<Timestamp>, d| {
+                    d.map(|d| Some(earliest.map_or(d, |e| e.min(d))))
+                })
+                .flatten();
+            match deadline {
+                Some(until) if now < until => Recovery::NotYet { id, until },
+                _ => Recovery::Abandon { id, owner, victims },
+            }
+        })
+        .collect()
+}
+
+fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.scheduling_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
+}
+
+impl Reclaimer {
+    /// The handover of a released owner, rebuilt from the annotations and the queues' specs.
+    pub fn rebuild(
+        &self,
+        id: &str,
+        owner: &Pod,
+        victims: &[Arc<Pod>],
+        now: Instant,
+        now_at: Timestamp,
+    ) -> Handover {
+        let mark = Mark::read(owner);
+        let owner_queue = admitted_queue(owner).unwrap_or_default().to_owned();
+        let budget = self.settings(&owner_queue).budget;
+        let deadline = mark.as_ref().and_then(|m| m.deadline).unwrap_or(now_at);
+        let started_at = SignedDuration::try_from(budget)
+            .ok()
+            .and_then(|b| deadline.checked_sub(b).ok())
+            .unwrap_or(deadline);
+        let victims = victims
+            .iter()
+            .map(|pod| {
+                let queue = admitted_queue(pod).unwrap_or_default();
+                let (policy, grace) = self.victim_settings(queue);
+                Victim::of(pod, queue, policy, grace)
+            })
+            .collect();
+        Handover {
+            id: id.to_owned(),
+            owner: Target::of(owner),
+            owner_queue,
+            node: mark.and_then(|m| m.node).unwrap_or_default(),
+            victims,
+            timeline: Timeline::resumed(started_at, budget, now, now_at),
+            resumed: true,
+            overrides_min_borrow: false,
+        }
+    }
+
+    /// Takes back the intent of an abandoned reclaim. Returns whether every pod is settled
+    /// (`false`: something is left for a later pass).
+    pub async fn abandon(
+        &self,
+        term: &Term,
+        id: &str,
+        owner: Option<&Pod>,
+        victims: &[Arc<Pod>],
+    ) -> bool {
+        let reason = match owner {
+            Some(owner) => format!(
+                "its owner {} was never released before the deadline (the operator that started it stopped)",
+                super::handover::Target::of(owner).key
+            ),
+            None => "its owner was never released before the deadline (the operator that started it stopped), or is gone".to_owned(),
+        };
+        let mut settled = true;
+        for pod in owner.into_iter().chain(victims.iter().map(AsRef::as_ref)) {
+            if !term.is_current() {
+                return false;
+            }
+            let mark = Mark::read(pod);
+            let paused = mark.as_ref().is_some_and(|m| m.checkpoint_started)
+                && pod.metadata.deletion_timestamp.is_none();
+            let target = Target::of(pod);
+            let note = if paused {
+                let queue = admitted_queue(pod).unwrap_or_default();
+                let (_, grace) = self.victim_settings(queue);
+                let evicting = evict::Target {
+                    namespace: &target.key.namespace,
+                    name: &target.key.name,
+                    uid: &target.uid,
+                    grace,
+                };
+                match evict::try_evict(&self.client, &evicting).await {
+                    Ok(eviction) => {
+                        self.metrics.evicted(eviction.outcome());
+                        if matches!(eviction, Eviction::AlreadyGone) {
+                            continue;
+                        }
+                        format!(
+                            "reclaim {id} was abandoned: {reason}; its checkpoint had been made (the server is paused), so it is evicted"
+                        )
+                    }
+                    Err(refusal) => {
+                        settled = false;
+                        tracing::warn!(reclaim = id, pod = %target.key, message = %refusal.message,
+                            "evicting the checkpointed victim of an abandoned reclaim was refused; tried again later");
+                        continue;
+                    }
+                }
+            } else {
+                let cleared = match intent::clear_patch(pod, id) {
+                    Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
+                    Err(error) => Err(error),
+                };
+                match cleared {
+                    Ok(()) => {}
+                    Err(error) if error.is_stale() => continue,
+                    Err(error) => {
+                        settled = false;
+                        tracing::warn!(reclaim = id, pod = %target.key, %error, "clearing a stale reclaim intent failed; tried again later");
+                        continue;
+                    }
+                }
+                format!(
+                    "reclaim {id} was abandoned: {reason}; its intent was removed and the pod is decided again"
+                )
+            };
+            tracing::warn!(reclaim = id, pod = %target.key, "{note}");
+            self.events.send(
+                target.reference,
+                Notice {
+                    warning: true,
+                    reason: "ReclaimAbandoned",
+                    action: "Reclaim",
+                    note,
+                },
+            );
+        }
+        if settled {
+            self.metrics.finished("abandoned");
+        }
+        settled
+    }
+
+    /// A queue's reclaim settings as the store shows them (defaults for a queue that is gone
+    /// or invalid).
+    fn settings(&self, queue: &str) -> ReclaimSettings {
+        self.stores
+            .queues
+            .get(&ObjectRef::new(queue))
+            .and_then(|stored| {
+                let queue = stored.0.as_ref().ok()?;
+                gpuqueue_core::model::Queue::from_api(queue).ok()
+            })
+            .map(|q| q.reclaim)
+            .unwrap_or_default()
+    }
+
+    fn victim_settings(
+        &self,
+        queue: &str,
+    ) -> (
+        gpuqueue_api::v1alpha1::CheckpointPolicy,
+        std::time::Duration,
+    ) {
+        let settings = self.settings(queue);
+        (
+            super::handover::policy(&settings.checkpoint),
+            settings.victim_grace,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(name: &str, role: &str, id: &str, deadline: &str, gated: bool) -> Arc<Pod> {
+        let mut pod = json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": name,
+                "annotations": {
+                    "gpuqueue.io/reclaim-id": id,
+                    "gpuqueue.io/reclaim-role": role,
+                    "gpuqueue.io/reclaim-deadline": deadline,
+                    "gpuqueue.io/reclaim-node": "n1",
+                }},
+            "spec": {"containers": []},
+        });
+        if gated {
+            pod["spec"]["schedulingGates"] = json!([{"name": ADMISSION_GATE}]);
+        }
+        Arc::new(serde_json::from_value(pod).unwrap())
+    }
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    const DEADLINE: &str = "2026-01-01T00:00:03Z";
+
+    #[test]
+    fn a_released_owner_is_resumed_with_its_victims() {
+        let pods = vec![
+            pod("owner", "owner", "rc-1", DEADLINE, false),
+            pod("v1", "victim", "rc-1", DEADLINE, false),
+            pod("v2", "victim", "rc-1", DEADLINE, false),
+            pod("other", "victim", "rc-2", DEADLINE, false),
+        ];
+        let found = scan(&pods, |id| id == "rc-2", at("2026-01-01T00:01:00Z"));
+        assert_eq!(found.len(), 1, "{found:?}");
+        let Recovery::Resume { id, owner, victims } = &found[0] else {
+            panic!("{found:?}")
+        };
+        assert_eq!(id, "rc-1");
+        assert_eq!(owner.metadata.name.as_deref(), Some("owner"));
+        assert_eq!(victims.len(), 2);
+    }
+
+    #[test]
+    fn victims_without_a_released_owner_wait_for_the_deadline_then_are_abandoned() {
+        let pods = vec![
+            pod("v1", "victim", "rc-1", DEADLINE, false),
+            pod("gated-owner", "owner", "rc-2", DEADLINE, true),
+        ];
+        let before = scan(&pods, |_| false, at("2026-01-01T00:00:02Z"));
+        assert!(
+            before
+                .iter()
+                .all(|r| matches!(r, Recovery::NotYet { until, .. } if *until == at(DEADLINE))),
+            "{before:?}"
+        );
+        let after = scan(&pods, |_| false, at(DEADLINE));
+        assert!(
+            matches!(&after[0], Recovery::Abandon { id, owner: None, victims } if id == "rc-1" && victims.len() == 1),
+            "{after:?}"
+        );
+        assert!(
+            matches!(&after[1], Recovery::Abandon { id, owner: Some(_), victims } if id == "rc-2" && victims.is_empty()),
+            "{after:?}"
+        );
+    }
+
+    #[test]
+    fn an_intent_without_a_readable_deadline_is_stale() {
+        let pods = vec![pod("v1", "victim", "rc-1", "tomorrow", false)];
+        let found = scan(&pods, |_| false, at("2026-01-01T00:00:00Z"));
+        assert!(matches!(&found[0], Recovery::Abandon { .. }), "{found:?}");
+    }
+
+    #[test]
+    fn pods_without_an_intent_need_nothing() {
+        let plain: Arc<Pod> = Arc::new(
+            serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}})).unwrap(),
+        );
+        assert!(scan(&[plain], |_| false, at(DEADLINE)).is_empty());
+    }
+}
