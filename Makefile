@@ -34,6 +34,9 @@ verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	  $(CARGO) run --quiet --locked -p gpuqueue-api --bin crdgen -- "$$tmp" && \
 	  if ! diff -ru crds "$$tmp"; then echo "verify: crds/ is stale; run 'make crds'" >&2; exit 1; fi
+	@for f in crds/*.yaml; do \
+	  cmp -s "$$f" "config/crd/$$(basename "$$f")" || { echo "verify: config/crd/$$(basename "$$f") differs from $$f; run 'make crds'" >&2; exit 1; }; \
+	done
 	@for crate in $(PURE_CRATES); do \
 	  found=$$($(CARGO) tree --locked -p $$crate -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | grep -xE '$(subst $() ,|,$(IO_CRATES))' || true); \
 	  if [ -n "$$found" ]; then echo "verify: $$crate depends on I/O crates: $$found" >&2; exit 1; fi; \
