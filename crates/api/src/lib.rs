@@ -38,8 +38,13 @@ pub mod annotations {
     pub const RECLAIM_DEADLINE: &str = "gpuqueue.io/reclaim-deadline";
     /// The node the reclaim frees for the owner.
     pub const RECLAIM_NODE: &str = "gpuqueue.io/reclaim-node";
-    /// Progress of a victim through the reclaim: `checkpointed`, `evicted`.
+    /// Progress of a victim through the reclaim: `checkpointing` once its checkpoint call is
+    /// made (written just before it, so that no process ever makes it twice).
     pub const RECLAIM_PROGRESS: &str = "gpuqueue.io/reclaim-progress";
+    /// On the owner: its reclaim's victims as JSON, `[{"pod": "namespace/name", "uid": "…",
+    /// "queue": "…"}]`, so that a leader resuming the handover knows every victim even once
+    /// some are gone.
+    pub const RECLAIM_VICTIMS: &str = "gpuqueue.io/reclaim-victims";
 }
 
 /// Node labels written by NVIDIA GPU feature discovery, which placement reads.

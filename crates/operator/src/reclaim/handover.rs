@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use super::{
     Reclaimer, crash,
     evict::{self, Eviction, Refusal},
-    intent::{self, Intent},
+    intent::{self, Intent, VictimRef},
     timeline::{Phase, Timeline, millis},
 };
 use crate::{
@@ -83,6 +83,33 @@ pub struct Victim {
 }
 
 impl Victim {
+    /// A victim listed in the owner's intent that the store no longer holds: an earlier leader
+    /// evicted it, or it went by itself.
+    pub fn departed(victim: &VictimRef, checkpoint: CheckpointPolicy, grace: Duration) -> Self {
+        let (namespace, name) = victim.pod.split_once('/').unwrap_or(("", &victim.pod));
+        let mut reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            ..ObjectReference::default()
+        };
+        reference.uid = Some(victim.uid.clone());
+        Self {
+            target: Target {
+                key: PodKey::new(namespace, name),
+                uid: victim.uid.clone(),
+                reference,
+            },
+            queue: victim.queue.clone(),
+            checkpoint,
+            grace,
+            ip: None,
+            checkpoint_started: false,
+            terminating: true,
+        }
+    }
+
     pub fn of(pod: &Pod, queue: &str, checkpoint: CheckpointPolicy, grace: Duration) -> Self {
         Self {
             target: Target::of(pod),
@@ -200,6 +227,16 @@ impl Reclaimer {
             id: intent::new_id(),
             deadline: timeline.deadline_at(),
             node: plan.node_name.clone(),
+            victims: plan
+                .victims
+                .iter()
+                .zip(&stored)
+                .map(|(victim, pod)| VictimRef {
+                    pod: victim.key.to_string(),
+                    uid: pod.metadata.uid.clone().unwrap_or_default(),
+                    queue: victim.queue.clone(),
+                })
+                .collect(),
         };
 
         // 1. Intent on every victim, at once.
@@ -313,7 +350,7 @@ impl Reclaimer {
         if let Some(at) = outcomes.iter().filter_map(|o| o.checkpointed_at).max() {
             handover.timeline.end(Phase::Checkpoint, at);
         }
-        if let Some(at) = outcomes.iter().map(|o| o.evicted_at).max() {
+        if let Some(at) = outcomes.iter().filter_map(|o| o.evicted_at).max() {
             handover.timeline.end(Phase::EvictAccepted, at);
         }
         crash::check(self.crash, Phase::EvictAccepted, &id);
@@ -365,7 +402,8 @@ impl Reclaimer {
             )
             .await
         };
-        let evicted_at = Instant::now();
+        // Only an eviction this process made ends the phase (not one it found done).
+        let evicted_at = (!victim.terminating && eviction.removed()).then(Instant::now);
         if !matches!(eviction, Eviction::NotLeader) {
             self.metrics.evicted(eviction.outcome());
             self.announce_eviction(handover, victim, &eviction);
@@ -844,7 +882,7 @@ struct Removal {
     checkpoint: CheckpointResult,
     checkpointed_at: Option<Instant>,
     eviction: Eviction,
-    evicted_at: Instant,
+    evicted_at: Option<Instant>,
 }
 
 /// `Completed`, or the reason it was not.
@@ -873,7 +911,7 @@ fn skipped_checkpoint(handover: &Handover, victim: &Victim) -> CheckpointResult 
     let message = if victim.checkpoint_started {
         "made by an earlier leader before it stopped; never repeated".to_owned()
     } else if victim.terminating {
-        "the pod was already terminating".to_owned()
+        "the pod was already terminating or gone".to_owned()
     } else {
         format!(
             "the term of this replica ended before reclaim {}'s checkpoint",
@@ -965,7 +1003,7 @@ mod tests {
             checkpoint: CheckpointResult::default(),
             checkpointed_at: None,
             eviction,
-            evicted_at: Instant::now(),
+            evicted_at: None,
         }
     }
 

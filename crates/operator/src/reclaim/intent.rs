@@ -7,6 +7,9 @@
 //! gpuqueue.io/reclaim-deadline  2026-01-01T00:00:03.120Z   found blocked + budget
 //! gpuqueue.io/reclaim-node      gpu-node-2                 the node freed for the owner
 //! gpuqueue.io/reclaim-progress  checkpointing              victims: the checkpoint call was made
+//! gpuqueue.io/reclaim-victims   [{"pod": "batch/vllm-7",   the owner: every victim, so a resumed
+//!                                 "uid": "…", "queue":     handover knows those already gone
+//!                                 "batch"}]
 //! ```
 //!
 //! Every write tests the pod's uid, so a namesake is never touched. The intent itself also
@@ -19,6 +22,7 @@ use std::collections::BTreeMap;
 use gpuqueue_api::annotations;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::patch::{self, PatchError};
@@ -32,12 +36,13 @@ pub const VICTIM: &str = "victim";
 pub const CHECKPOINTING: &str = "checkpointing";
 
 /// Every annotation a reclaim writes, removed together when it is cleared.
-const KEYS: [&str; 5] = [
+const KEYS: [&str; 6] = [
     annotations::RECLAIM_ID,
     annotations::RECLAIM_ROLE,
     annotations::RECLAIM_DEADLINE,
     annotations::RECLAIM_NODE,
     annotations::RECLAIM_PROGRESS,
+    annotations::RECLAIM_VICTIMS,
 ];
 
 /// A pod's part in a reclaim.
@@ -62,6 +67,17 @@ pub struct Intent {
     pub id: String,
     pub deadline: Timestamp,
     pub node: String,
+    /// Written on the owner only.
+    pub victims: Vec<VictimRef>,
+}
+
+/// A victim as the owner's intent lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VictimRef {
+    /// `namespace/name`.
+    pub pod: String,
+    pub uid: String,
+    pub queue: String,
 }
 
 impl Intent {
@@ -89,6 +105,8 @@ pub struct Mark {
     pub node: Option<String>,
     /// The checkpoint call was made (or was about to be).
     pub checkpoint_started: bool,
+    /// On the owner: every victim of the reclaim (empty when missing or unreadable).
+    pub victims: Vec<VictimRef>,
 }
 
 impl Mark {
@@ -111,6 +129,10 @@ impl Mark {
             checkpoint_started: notes
                 .get(annotations::RECLAIM_PROGRESS)
                 .is_some_and(|p| p == CHECKPOINTING),
+            victims: notes
+                .get(annotations::RECLAIM_VICTIMS)
+                .and_then(|v| serde_json::from_str(v).ok())
+                .unwrap_or_default(),
         })
     }
 }
@@ -152,6 +174,13 @@ pub fn owner_patch(
     for (key, value) in intent.annotations(Role::Owner) {
         operations.push(json!({"op": "add", "path": annotation_path(key), "value": value}));
     }
+    let victims = serde_json::to_string(&intent.victims).map_err(|source| PatchError::Encode {
+        pod: patch::describe(pod),
+        source,
+    })?;
+    operations.push(json!({
+        "op": "add", "path": annotation_path(annotations::RECLAIM_VICTIMS), "value": victims,
+    }));
     encode(pod, operations)
 }
 
@@ -247,6 +276,11 @@ mod tests {
             id: "rc-1".into(),
             deadline: "2026-01-01T00:00:03.120Z".parse().unwrap(),
             node: "gpu-node-2".into(),
+            victims: vec![VictimRef {
+                pod: "batch/v-1".into(),
+                uid: "uid-v1".into(),
+                queue: "batch".into(),
+            }],
         }
     }
 
@@ -269,6 +303,7 @@ mod tests {
                     deadline: Some(intent().deadline),
                     node: Some("gpu-node-2".into()),
                     checkpoint_started: false,
+                    victims: Vec::new(),
                 })
             );
             assert_eq!(
@@ -302,6 +337,11 @@ mod tests {
         let done = apply(&owner, &owner_patch(&owner, &intent(), &release).unwrap()).unwrap();
         let mark = Mark::read(&done).unwrap();
         assert_eq!(mark.role, Some(Role::Owner));
+        assert_eq!(
+            mark.victims,
+            intent().victims,
+            "the owner lists every victim"
+        );
         let spec = done.spec.unwrap();
         assert!(spec.scheduling_gates.unwrap_or_default().is_empty());
         assert_eq!(

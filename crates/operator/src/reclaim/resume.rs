@@ -131,20 +131,38 @@ impl Reclaimer {
             .ok()
             .and_then(|b| deadline.checked_sub(b).ok())
             .unwrap_or(deadline);
-        let victims = victims
+        // The owner lists every victim; those the store still holds carry their progress.
+        let listed = mark.as_ref().map(|m| m.victims.clone()).unwrap_or_default();
+        let mut rebuilt: Vec<Victim> = listed
             .iter()
-            .map(|pod| {
-                let queue = admitted_queue(pod).unwrap_or_default();
-                let (policy, grace) = self.victim_settings(queue);
-                Victim::of(pod, queue, policy, grace)
+            .map(|listed| {
+                let (policy, grace) = self.victim_settings(&listed.queue);
+                match victims
+                    .iter()
+                    .find(|pod| pod.metadata.uid.as_deref() == Some(listed.uid.as_str()))
+                {
+                    Some(pod) => Victim::of(pod, &listed.queue, policy, grace),
+                    None => Victim::departed(listed, policy, grace),
+                }
             })
             .collect();
+        // Marked victims the list lacks (an owner intent from an older version).
+        for pod in victims {
+            if !rebuilt
+                .iter()
+                .any(|v| Some(v.target.uid.as_str()) == pod.metadata.uid.as_deref())
+            {
+                let queue = admitted_queue(pod).unwrap_or_default();
+                let (policy, grace) = self.victim_settings(queue);
+                rebuilt.push(Victim::of(pod, queue, policy, grace));
+            }
+        }
         Handover {
             id: id.to_owned(),
             owner: Target::of(owner),
             owner_queue,
             node: mark.and_then(|m| m.node).unwrap_or_default(),
-            victims,
+            victims: rebuilt,
             timeline: Timeline::resumed(started_at, budget, now, now_at),
             resumed: true,
             overrides_min_borrow: false,
