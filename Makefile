@@ -79,5 +79,9 @@ bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on t
 	$(CARGO) bench --locked -p gpuqueue-core --bench policy
 	$(CARGO) bench --locked -p gpuqueue-core --bench trace_replay
 
+.PHONY: bench-handover
+bench-handover: ## Handover latency by phase on the local control plane: 50 reclaims with a 1.2 s vLLM checkpoint, 50 without; writes e2e/results/handover.{json,md}
+	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench handover
+
 .PHONY: test
 test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end

@@ -1,0 +1,1068 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+//! Borrow and reclaim end to end: the real `gpuqueue-operator` binary against a real control
+//! plane (kube-apiserver, kube-scheduler, kube-controller-manager with the disruption
+//! controller, KWOK GPU nodes), with a fake vLLM bound on each borrower pod's IP. Each test
+//! starts its own control plane. Nothing here asserts how long anything took (the
+//! benchmark measures that); the tests assert what happened and in which order.
+
+mod common;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{
+    Operator, Options, annotation, apply_queue, bound, condition, create, event, events, free_port,
+    install, is_gated, numbers, queue_status,
+};
+use gpuqueue_api::{
+    NVIDIA_GPU, annotations, conditions,
+    v1alpha1::{GpuQueue, HandoverRecord},
+};
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod, gpu_pod,
+    wait_for,
+};
+use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm, FaultAction, Phase};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::{
+    Client,
+    api::{Api, DeleteParams, ListParams, PostParams},
+};
+
+/// The port the queues' checkpoint drivers call, and the fake vLLM listens on.
+const VLLM_PORT: u16 = 8000;
+/// The phases of a handover, in order.
+const PHASES: [&str; 7] = [
+    "plan",
+    "intent",
+    "reserve",
+    "checkpoint",
+    "evictAccepted",
+    "victimsGone",
+    "ownerBound",
+];
+
+/// A control plane with the operator running against it.
+struct World {
+    cluster: ControlPlane,
+    client: Client,
+    webhook_port: u16,
+    operator: Operator,
+}
+
+impl World {
+    async fn start(name: &str, nodes: Vec<GpuNode>) -> Self {
+        Self::start_with(name, nodes, Vec::new()).await
+    }
+
+    async fn start_with(name: &str, nodes: Vec<GpuNode>, env: Vec<(String, String)>) -> Self {
+        let cluster = ControlPlane::start(ControlPlaneConfig::new(name).with_nodes(nodes))
+            .await
+            .unwrap();
+        eprintln!("{name}: control plane up ({})", cluster.startup_summary());
+        let client = cluster.client();
+        let webhook_port = free_port();
+        install(&cluster, webhook_port).await;
+        let mut options = Options::new("first", webhook_port);
+        options.env = env;
+        let operator = Operator::start(&cluster, options).await;
+        Self {
+            cluster,
+            client,
+            webhook_port,
+            operator,
+        }
+    }
+}
+
+/// A one-resource GpuQueue; `reclaim` is the flow-style `spec.reclaim`, if any.
+fn queue(
+    name: &str,
+    namespace: &str,
+    guaranteed: u32,
+    burstable: u32,
+    reclaim: Option<&str>,
+) -> String {
+    let mut yaml = format!(
+        "apiVersion: gpuqueue.io/v1alpha1\nkind: GpuQueue\nmetadata:\n  name: {name}\nspec:\n  namespaces: [{namespace}]\n  resources:\n    - {{name: nvidia.com/gpu, guaranteed: {guaranteed}, burstable: {burstable}}}\n"
+    );
+    if let Some(reclaim) = reclaim {
+        let _ = writeln!(yaml, "  reclaim: {reclaim}");
+    }
+    yaml
+}
+
+/// vLLM pods checkpointed through vLLM's own pause endpoint.
+fn vllm_checkpoint(timeout: &str) -> String {
+    format!("{{checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: {timeout}}}}}")
+}
+
+/// A Deployment of `replicas` one-GPU pods, as a tenant writes it.
+fn deployment(name: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      terminationGracePeriodSeconds: 30\n      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n          resources:\n            limits: {{nvidia.com/gpu: 1}}\n"
+    )
+}
+
+/// A one-GPU pod labelled `app=<app>`.
+fn labelled_pod(name: &str, app: &str) -> Pod {
+    let mut pod = gpu_pod(name, NVIDIA_GPU, 1);
+    pod.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+    pod
+}
+
+fn uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap()
+}
+
+fn name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap()
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec.as_ref().unwrap().node_name.clone().unwrap()
+}
+
+/// Waits until `count` pods of the namespace run with an IP; returns them.
+async fn all_running(pods: &Api<Pod>, count: usize) -> Vec<Pod> {
+    wait_for(
+        format!("{count} pods running with an IP"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let running: Vec<Pod> = list
+                .items
+                .iter()
+                .filter(|p| {
+                    let status = p.status.as_ref();
+                    status.and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && status.and_then(|s| s.pod_ip.as_ref()).is_some()
+                        && p.metadata.deletion_timestamp.is_none()
+                })
+                .cloned()
+                .collect();
+            if running.len() == count && list.items.len() == count {
+                Ok(running)
+            } else {
+                Err(list
+                    .items
+                    .iter()
+                    .map(describe_pod)
+                    .collect::<Vec<_>>()
+                    .join("; "))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// A fake vLLM on the pod's IP, as the pod's own server would listen.
+async fn fake_vllm(pod: &Pod, config: VllmConfig) -> FakeVllm {
+    let ip: IpAddr = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_ref())
+        .unwrap()
+        .parse()
+        .unwrap();
+    FakeVllm::start(config, SocketAddr::new(ip, VLLM_PORT))
+        .await
+        .unwrap()
+}
+
+/// vLLM with its dev routes on, whose pause takes `pause`.
+fn vllm(pause: Duration) -> VllmConfig {
+    VllmConfig {
+        dev_mode: true,
+        pause_latency: pause,
+        ..VllmConfig::default()
+    }
+}
+
+/// Waits for the record of the handover to `owner` (`namespace/name`) with `role` in the
+/// queue's status, once it has an outcome.
+async fn handover_record(client: &Client, queue: &str, role: &str, owner: &str) -> HandoverRecord {
+    let find = |q: &GpuQueue| {
+        q.status.as_ref().and_then(|s| {
+            s.last_handovers
+                .iter()
+                .find(|r| r.role == role && r.owner_pod == owner)
+                .cloned()
+        })
+    };
+    let found = queue_status(
+        client,
+        queue,
+        &format!("a {role} handover record for {owner}"),
+        |q| find(q).is_some(),
+    )
+    .await;
+    find(&found).unwrap()
+}
+
+fn phase_names(record: &HandoverRecord) -> Vec<&str> {
+    record.phases.iter().map(|p| p.phase.as_str()).collect()
+}
+
+fn assert_phases_in_order(record: &HandoverRecord) {
+    let at: Vec<i64> = record.phases.iter().map(|p| p.at_millis).collect();
+    assert!(
+        at.windows(2).all(|w| w[0] <= w[1]),
+        "phases out of order: {:?}",
+        record.phases
+    );
+    let names = phase_names(record);
+    let positions: Vec<usize> = names
+        .iter()
+        .map(|n| PHASES.iter().position(|p| p == n).unwrap())
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{names:?}");
+}
+
+/// When this process saw each pod (by uid) alive and when it first saw it gone or
+/// terminating, in Unix milliseconds (the fake vLLM logs its calls on the same clock).
+#[derive(Clone, Default)]
+struct Sightings {
+    seen: Arc<Mutex<HashMap<String, Seen>>>,
+}
+
+/// Last seen running, first seen gone or terminating (Unix milliseconds).
+type Seen = (Option<u64>, Option<u64>);
+
+impl Sightings {
+    /// Polls the namespace's pods until dropped (the task ends with the test).
+    fn watch(pods: Api<Pod>) -> Self {
+        let sightings = Self::default();
+        let seen = sightings.seen.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Ok(list) = pods.list(&ListParams::default()).await {
+                    let now = unix_ms();
+                    let mut seen = seen.lock().unwrap();
+                    let present: Vec<String> = list.items.iter().map(uid).collect();
+                    for pod in &list.items {
+                        let entry = seen.entry(uid(pod)).or_default();
+                        if pod.metadata.deletion_timestamp.is_none() {
+                            entry.0 = Some(now);
+                        } else if entry.1.is_none() {
+                            entry.1 = Some(now);
+                        }
+                    }
+                    for (uid, entry) in seen.iter_mut() {
+                        if !present.contains(uid) && entry.1.is_none() {
+                            entry.1 = Some(now);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        sightings
+    }
+
+    fn last_alive(&self, uid: &str) -> Option<u64> {
+        self.seen.lock().unwrap().get(uid).and_then(|e| e.0)
+    }
+
+    fn gone(&self, uid: &str) -> bool {
+        self.seen
+            .lock()
+            .unwrap()
+            .get(uid)
+            .is_some_and(|e| e.1.is_some())
+    }
+}
+
+#[allow(clippy::disallowed_methods)] // the test's own clock, to line up with the fake's log
+fn unix_ms() -> u64 {
+    u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
+/// The value of a counter series, waiting until the operator exposes it.
+async fn count(operator: &Operator, series: &str) -> u64 {
+    let value = wait_for(format!("metric {series}"), DEFAULT_TIMEOUT, || async {
+        operator
+            .metric(series)
+            .await
+            .ok_or_else(|| "not exposed yet".to_owned())
+    })
+    .await
+    .unwrap();
+    assert!(value >= 0.0 && value.fract() == 0.0, "{series} = {value}");
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked just above
+    let count = value as u64;
+    count
+}
+
+/// Waits until the pod is gone.
+async fn gone(pods: &Api<Pod>, name: &str) {
+    wait_for(
+        format!("pod {name} to be gone"),
+        DEFAULT_TIMEOUT,
+        || async {
+            match pods.get_opt(name).await.map_err(|e| e.to_string())? {
+                None => Ok(()),
+                Some(pod) => Err(describe_pod(&pod)),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// The metrics of one completed handover with one victim checkpointed by vLLM.
+async fn after_one_handover(operator: &Operator) {
+    assert_eq!(
+        count(
+            operator,
+            r#"gpuqueue_handover_seconds_count{phase="ownerBound"}"#
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(
+            operator,
+            r#"gpuqueue_checkpoints_total{driver="vllm",result="succeeded"}"#
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        count(operator, r#"gpuqueue_evictions_total{outcome="evicted"}"#).await,
+        1
+    );
+    assert_eq!(count(operator, "gpuqueue_reclaims_started_total").await, 1);
+    assert_eq!(
+        count(
+            operator,
+            r#"gpuqueue_reclaims_finished_total{outcome="completed"}"#
+        )
+        .await,
+        1
+    );
+}
+
+/// Anti-thrash: the Deployment's replacement of the victim waits behind the owner, and its
+/// queue does not borrow again within its minBorrowDuration, not even once the owner's GPU is
+/// idle again.
+async fn replacement_waits_behind_the_owner(
+    world: &World,
+    pods: &Api<Pod>,
+    borrowers: &[Pod],
+    owners: &Api<Pod>,
+) {
+    let client = &world.client;
+    let operator = &world.operator;
+    let replacement = wait_for("the victim's replacement", DEFAULT_TIMEOUT, || async {
+        let list = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|p| !borrowers.iter().any(|b| uid(b) == uid(p)))
+            .ok_or_else(|| "not created yet".to_owned())
+    })
+    .await
+    .unwrap();
+    let reason = common::waiting_reason(pods, &name(&replacement)).await;
+    assert!(
+        reason.starts_with("BorrowCooldown: queue batch"),
+        "{reason}"
+    );
+    owners
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(owners, "owner").await;
+    queue_status(client, "online", "nothing allocated", |q| {
+        numbers(q).is_some_and(|(allocated, ..)| allocated == 0)
+    })
+    .await;
+    let replacement = pods.get(&name(&replacement)).await.unwrap();
+    assert!(is_gated(&replacement), "{}", describe_pod(&replacement));
+    assert!(
+        annotation(&replacement, annotations::WAITING_REASON)
+            .is_some_and(|r| r.starts_with("BorrowCooldown")),
+        "{:?}",
+        replacement.metadata.annotations
+    );
+    assert_eq!(count(operator, "gpuqueue_reclaims_started_total").await, 1);
+}
+
+/// The victim's fake vLLM got one pause while the pod was still running; no other pod's did.
+fn checkpointed_once_while_running(
+    servers: &HashMap<String, FakeVllm>,
+    victim: &Pod,
+    sightings: &Sightings,
+) {
+    for (pod_uid, server) in servers {
+        let pauses = server.calls_to("/pause");
+        if *pod_uid == uid(victim) {
+            assert_eq!(pauses.len(), 1, "{pauses:?}");
+            assert_eq!(pauses[0].query_param("mode"), Some("abort"));
+            let alive = sightings.last_alive(pod_uid).unwrap();
+            assert!(
+                pauses[0].unix_ms <= alive,
+                "the pause reached the victim ({}) after it was last seen running ({alive})",
+                pauses[0].unix_ms
+            );
+            assert_eq!(server.snapshot().phase, Phase::Paused);
+        } else {
+            assert!(pauses.is_empty(), "a pod that was not a victim was paused");
+        }
+    }
+}
+
+/// Events of a handover on the owner, the victim and both queues.
+async fn events_of_one_handover(
+    client: &Client,
+    record: &HandoverRecord,
+    owner: &Pod,
+    victim: &Pod,
+) {
+    let online = owner.metadata.namespace.clone().unwrap();
+    let batch = victim.metadata.namespace.clone().unwrap();
+    let done = event(client, &online, "owner", "HandoverCompleted").await;
+    assert!(
+        done.contains(&record.id) && done.contains("ownerBound"),
+        "{done}"
+    );
+    assert!(
+        event(client, &online, "owner", "Reclaiming")
+            .await
+            .contains(&record.id)
+    );
+    let checkpointed = event(client, &batch, &name(victim), "Checkpointed").await;
+    assert!(checkpointed.contains("paused"), "{checkpointed}");
+    assert!(
+        event(client, &batch, &name(victim), "Evicted")
+            .await
+            .contains(&record.id)
+    );
+    assert!(
+        event(client, "default", "online", "Reclaimed")
+            .await
+            .contains(&record.id)
+    );
+    assert!(
+        event(client, "default", "batch", "ReclaimedFrom")
+            .await
+            .contains(&record.id)
+    );
+    // The Reclaiming condition was True while it ran, and is False again.
+    event(
+        client,
+        "default",
+        "online",
+        conditions::reasons::HANDOVER_IN_PROGRESS,
+    )
+    .await;
+    queue_status(client, "online", "Reclaiming=False", |q| {
+        condition(q, conditions::types::RECLAIMING)
+            == Some(("False".into(), conditions::reasons::IDLE.into()))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
+    let world = World::start(
+        "reclaim_one_gpu",
+        vec![
+            GpuNode::whole_gpus("gpu-node-0", 4),
+            GpuNode::whole_gpus("gpu-node-1", 4),
+        ],
+    )
+    .await;
+    let client = &world.client;
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    apply_queue(client, &queue("online", online.name(), 4, 0, None)).await;
+    let cooldown = "{checkpoint: {driver: vllm, port: 8000, timeout: 2s}, minBorrowDuration: 10m}";
+    apply_queue(client, &queue("batch", batch.name(), 2, 6, Some(cooldown))).await;
+
+    // Night: batch fills all 8 GPUs, 2 on its guarantee and 6 borrowed from online.
+    apply_yaml(client, &deployment("vllm", 8), Some(batch.name()))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    let borrowers = all_running(&pods, 8).await;
+    let mut servers = HashMap::new();
+    for pod in &borrowers {
+        servers.insert(
+            uid(pod),
+            fake_vllm(pod, vllm(Duration::from_millis(1200))).await,
+        );
+    }
+    queue_status(client, "batch", "8 allocated, 6 borrowed", |q| {
+        numbers(q).is_some_and(|(allocated, borrowed, _, _)| allocated == 8 && borrowed == 6)
+    })
+    .await;
+    let sightings = Sightings::watch(pods.clone());
+
+    // Morning: online's demand returns, one GPU within its guarantee.
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    let owner = bound(&owners, "owner").await;
+    let owner_key = format!("{}/owner", online.name());
+
+    // The handover is recorded on the owner's queue with every phase, in order.
+    let record = handover_record(client, "online", "owner", &owner_key).await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(phase_names(&record), PHASES, "{record:?}");
+    assert_phases_in_order(&record);
+    assert_eq!(record.budget_millis, 3000);
+    assert_eq!(
+        record.node,
+        node_of(&owner),
+        "bound to the node that was freed"
+    );
+    assert_eq!(
+        annotation(&owner, annotations::ADMITTED_AS),
+        Some("guaranteed")
+    );
+
+    // Exactly one borrower was evicted, on that node; the other seven still run.
+    assert_eq!(record.victims.len(), 1, "{record:?}");
+    let victim = borrowers
+        .iter()
+        .find(|p| format!("{}/{}", batch.name(), name(p)) == record.victims[0])
+        .unwrap();
+    assert_eq!(node_of(victim), record.node);
+    assert_eq!(
+        annotation(victim, annotations::ADMITTED_AS),
+        Some("borrowed")
+    );
+    gone(&pods, &name(victim)).await;
+    for pod in borrowers.iter().filter(|p| uid(p) != uid(victim)) {
+        let now = pods.get(&name(pod)).await.unwrap();
+        assert_eq!(uid(&now), uid(pod));
+        assert!(
+            !sightings.gone(&uid(pod)),
+            "{} was never evicted",
+            name(pod)
+        );
+    }
+
+    checkpointed_once_while_running(&servers, victim, &sightings);
+    assert_eq!(record.checkpoints.len(), 1);
+    assert_eq!(
+        (
+            record.checkpoints[0].driver.as_str(),
+            record.checkpoints[0].result.as_str()
+        ),
+        ("vllm", "Succeeded"),
+        "{record:?}"
+    );
+    let victim_record = handover_record(client, "batch", "victim", &owner_key).await;
+    assert_eq!(victim_record.id, record.id);
+
+    events_of_one_handover(client, &record, &owner, victim).await;
+    after_one_handover(&world.operator).await;
+    replacement_waits_behind_the_owner(&world, &pods, &borrowers, &owners).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_hangs_fails_or_is_refused_never_holds_the_eviction_back() {
+    let world = World::start(
+        "reclaim_checkpoint_faults",
+        vec![GpuNode::whole_gpus("gpu-node-0", 4)],
+    )
+    .await;
+    let client = &world.client;
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    apply_queue(client, &queue("online", online.name(), 4, 0, None)).await;
+    apply_queue(
+        client,
+        &queue("batch", batch.name(), 0, 4, Some(&vllm_checkpoint("1s"))),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for name in ["hangs", "fails", "refuses", "healthy"] {
+        create(&pods, &gpu_pod(name, NVIDIA_GPU, 1)).await;
+    }
+    let borrowers = all_running(&pods, 4).await;
+    let mut servers = HashMap::new();
+    for pod in &borrowers {
+        let server = fake_vllm(pod, vllm(Duration::from_millis(5))).await;
+        match name(pod).as_str() {
+            "hangs" => server.set_fault_action("/pause", FaultAction::Hang),
+            "fails" => server.set_fault_action("/pause", FaultAction::Status(500)),
+            "refuses" => server.set_accepting(false).await,
+            _ => {}
+        }
+        servers.insert(name(pod), server);
+    }
+
+    // The owner needs all four GPUs: all four borrowers go, whatever their checkpoint does.
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 4)).await;
+    bound(&owners, "owner").await;
+    let owner_key = format!("{}/owner", online.name());
+    let record = handover_record(client, "online", "owner", &owner_key).await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(record.victims.len(), 4);
+    for name in ["hangs", "fails", "refuses", "healthy"] {
+        gone(&pods, name).await;
+    }
+
+    // Each outcome is recorded in the status, as an event and in the metrics.
+    let result = |pod: &str| {
+        record
+            .checkpoints
+            .iter()
+            .find(|c| c.pod == format!("{}/{pod}", batch.name()))
+            .unwrap_or_else(|| panic!("no checkpoint result for {pod}: {record:?}"))
+            .clone()
+    };
+    assert_eq!(result("hangs").result, "TimedOut");
+    assert!(
+        result("hangs").message.contains("POST /pause"),
+        "{:?}",
+        result("hangs")
+    );
+    assert_eq!(result("fails").result, "Failed");
+    assert!(
+        result("fails").message.contains("HTTP 500"),
+        "{:?}",
+        result("fails")
+    );
+    assert_eq!(result("refuses").result, "Failed");
+    assert!(
+        result("refuses").message.contains("cannot connect"),
+        "{:?}",
+        result("refuses")
+    );
+    assert_eq!(result("healthy").result, "Succeeded");
+    for pod in ["hangs", "fails", "refuses"] {
+        let note = event(client, batch.name(), pod, "CheckpointFailed").await;
+        assert!(note.contains("eviction goes ahead"), "{note}");
+        assert!(
+            event(client, batch.name(), pod, "Evicted")
+                .await
+                .contains(&record.id)
+        );
+    }
+    event(client, batch.name(), "healthy", "Checkpointed").await;
+    let operator = &world.operator;
+    for (result, expected) in [("timed_out", 1), ("failed", 2), ("succeeded", 1)] {
+        let series = format!(r#"gpuqueue_checkpoints_total{{driver="vllm",result="{result}"}}"#);
+        assert_eq!(count(operator, &series).await, expected, "{series}");
+    }
+    assert_eq!(
+        count(operator, r#"gpuqueue_evictions_total{outcome="evicted"}"#).await,
+        4
+    );
+    // One attempt per victim: no retry storm against a failing server.
+    assert_eq!(servers["hangs"].calls_to("/pause").len(), 1);
+    assert_eq!(servers["fails"].calls_to("/pause").len(), 1);
+    assert!(servers["refuses"].calls().is_empty());
+    assert_eq!(servers["healthy"].calls_to("/pause").len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disruption_budget_holds_the_eviction_until_the_deadline_then_the_borrower_is_deleted() {
+    let world = World::start("reclaim_pdb", vec![GpuNode::whole_gpus("gpu-node-0", 2)]).await;
+    let client = &world.client;
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    apply_queue(client, &queue("online", online.name(), 2, 0, None)).await;
+    apply_queue(client, &queue("batch", batch.name(), 0, 2, None)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for name in ["guarded-0", "guarded-1"] {
+        create(&pods, &labelled_pod(name, "guarded")).await;
+    }
+    let borrowers = all_running(&pods, 2).await;
+    // A budget that allows no disruption of the borrowers at all.
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), batch.name());
+    let budget: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "keep-guarded"},
+        "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app": "guarded"}}},
+    }))
+    .unwrap();
+    budgets
+        .create(&PostParams::default(), &budget)
+        .await
+        .unwrap();
+    wait_for(
+        "the budget to allow no disruption",
+        DEFAULT_TIMEOUT,
+        || async {
+            let status = budgets
+                .get("keep-guarded")
+                .await
+                .map_err(|e| e.to_string())?
+                .status;
+            match status {
+                Some(s) if s.current_healthy == Some(2) && s.disruptions_allowed == Some(0) => {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    bound(&owners, "owner").await;
+    let record = handover_record(
+        client,
+        "online",
+        "owner",
+        &format!("{}/owner", online.name()),
+    )
+    .await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(record.victims.len(), 1);
+    let victim = record.victims[0].split('/').nth(1).unwrap().to_owned();
+    gone(&pods, &victim).await;
+
+    // The refusal and the delete are reported on the victim, naming the budget's answer.
+    let blocked = event(client, batch.name(), &victim, "EvictionBlocked").await;
+    assert!(blocked.contains("disruption budget"), "{blocked}");
+    let deleted = event(client, batch.name(), &victim, "DeletedAfterEvictionRefused").await;
+    assert!(
+        deleted.contains("disruption budget") && deleted.contains("within its guarantee"),
+        "{deleted}"
+    );
+    assert!(
+        events(client, batch.name(), &victim, "Evicted")
+            .await
+            .is_empty(),
+        "it was deleted, not evicted"
+    );
+    assert_eq!(
+        count(
+            &world.operator,
+            r#"gpuqueue_evictions_total{outcome="deleted_after_refusal"}"#
+        )
+        .await,
+        1
+    );
+    // The other borrower is untouched.
+    let other = borrowers.iter().find(|p| name(p) != victim).unwrap();
+    let now = pods.get(&name(other)).await.unwrap();
+    assert_eq!(uid(&now), uid(other));
+    assert!(now.metadata.deletion_timestamp.is_none());
+}
+
+/// Kills the operator right after `phase` of a handover (the crash hook), starts another
+/// one, and checks that the handover is finished with no checkpoint and no eviction done
+/// twice. Returns the record, the victim's name and the namespaces.
+async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
+    let mut world = World::start_with(
+        &format!("reclaim_crash_{phase}"),
+        vec![GpuNode::whole_gpus("gpu-node-0", 2)],
+        vec![("GPUQUEUE_TEST_CRASH_AFTER".into(), phase.into())],
+    )
+    .await;
+    let client = world.client.clone();
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    apply_queue(&client, &queue("online", online.name(), 2, 0, None)).await;
+    apply_queue(
+        &client,
+        &queue("batch", batch.name(), 0, 2, Some(&vllm_checkpoint("1s"))),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for name in ["b-0", "b-1"] {
+        create(&pods, &gpu_pod(name, NVIDIA_GPU, 1)).await;
+    }
+    let borrowers = all_running(&pods, 2).await;
+    let mut servers = HashMap::new();
+    for pod in &borrowers {
+        servers.insert(
+            name(pod),
+            fake_vllm(pod, vllm(Duration::from_millis(300))).await,
+        );
+    }
+
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    // The hook ends the first operator in the middle of the handover.
+    let status = world.operator.process.wait(DEFAULT_TIMEOUT).await.unwrap();
+    assert_eq!(status.code(), Some(1), "the crash hook exits with 1");
+    assert!(
+        world
+            .operator
+            .process
+            .log()
+            .contains(&format!("GPUQUEUE_TEST_CRASH_AFTER={phase}")),
+        "{}",
+        world.operator.process.log_tail(20)
+    );
+
+    // Another operator takes over (after the dead one's lease expires) and finishes.
+    world.operator =
+        Operator::start(&world.cluster, Options::new("second", world.webhook_port)).await;
+    bound(&owners, "owner").await;
+    let record = handover_record(
+        &client,
+        "online",
+        "owner",
+        &format!("{}/owner", online.name()),
+    )
+    .await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(record.victims.len(), 1, "one GPU needs one victim");
+    let victim = record.victims[0].split('/').nth(1).unwrap().to_owned();
+    gone(&pods, &victim).await;
+    let survivor = borrowers.iter().find(|p| name(p) != victim).unwrap();
+    let now = pods.get(&name(survivor)).await.unwrap();
+    assert_eq!(uid(&now), uid(survivor), "only the victim was evicted");
+
+    // No double action: one checkpoint call and at most one eviction event per pod.
+    assert_eq!(
+        servers[&victim].calls_to("/pause").len(),
+        1,
+        "checkpointed once"
+    );
+    assert!(servers[&name(survivor)].calls_to("/pause").is_empty());
+    for pod in &borrowers {
+        let evictions = events(&client, batch.name(), &name(pod), "Evicted").await;
+        assert!(evictions.len() <= 1, "{evictions:?}");
+        assert!(
+            evictions.iter().all(|e| e.count.unwrap_or(1) == 1),
+            "{evictions:?}"
+        );
+    }
+    // Nothing is left marked: the owner's intent was cleared at the end.
+    let owner = owners.get("owner").await.unwrap();
+    assert_eq!(
+        annotation(&owner, annotations::RECLAIM_ID),
+        None,
+        "{:?}",
+        owner.metadata.annotations
+    );
+    (world, record, victim, batch.name().to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_after_the_intent_is_cleaned_up_after_and_the_reclaim_done_again() {
+    let (world, record, _victim, batch) = crash_after("intent").await;
+    // The first intent was never committed (the owner was not released): past its deadline
+    // the new leader took it back with an event, then planned the reclaim afresh.
+    let pods: Api<Pod> = Api::namespaced(world.client.clone(), &batch);
+    let abandoned = wait_for("a ReclaimAbandoned event", DEFAULT_TIMEOUT, || async {
+        let list = world.client.clone();
+        let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(list, &batch);
+        let found = events
+            .list(&ListParams::default().fields("reason=ReclaimAbandoned"))
+            .await
+            .map_err(|e| e.to_string())?;
+        found
+            .items
+            .into_iter()
+            .next()
+            .and_then(|e| e.message)
+            .ok_or_else(|| "none yet".to_owned())
+    })
+    .await
+    .unwrap();
+    assert!(
+        abandoned.contains("never released before the deadline"),
+        "{abandoned}"
+    );
+    assert!(
+        !abandoned.contains(&record.id),
+        "the reclaim that finished is a new one"
+    );
+    assert_eq!(record.checkpoints[0].result, "Succeeded", "{record:?}");
+    drop(pods);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_after_the_checkpoint_is_resumed_without_a_second_one() {
+    let (world, record, _victim, _batch) = crash_after("checkpoint").await;
+    // The new leader resumed the same reclaim: the checkpoint it found started is not made
+    // again, and the eviction it had not reached is made once.
+    assert_eq!(record.checkpoints[0].result, "Skipped", "{record:?}");
+    assert!(
+        record.checkpoints[0].message.contains("earlier leader"),
+        "{record:?}"
+    );
+    let online = record.owner_pod.split('/').next().unwrap().to_owned();
+    let resumed = event(&world.client, &online, "owner", "ReclaimResumed").await;
+    assert!(resumed.contains(&record.id), "{resumed}");
+    assert!(
+        phase_names(&record).contains(&"evictAccepted"),
+        "the second leader evicted: {record:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_after_the_eviction_is_resumed_and_the_owner_bound() {
+    let (world, record, victim, batch) = crash_after("evictAccepted").await;
+    let online = record.owner_pod.split('/').next().unwrap().to_owned();
+    let resumed = event(&world.client, &online, "owner", "ReclaimResumed").await;
+    assert!(resumed.contains(&record.id), "{resumed}");
+    // The eviction was the first leader's; the second only saw the victim gone.
+    assert!(
+        !phase_names(&record).contains(&"evictAccepted"),
+        "evicted again: {record:?}"
+    );
+    assert!(
+        events(&world.client, &batch, &victim, "Evicted")
+            .await
+            .len()
+            <= 1,
+        "evicted twice"
+    );
+    assert_eq!(
+        count(
+            &world.operator,
+            r#"gpuqueue_reclaims_finished_total{outcome="completed"}"#
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lowering_a_guarantee_below_its_use_evicts_nobody_until_an_owner_needs_the_gpus() {
+    let world = World::start(
+        "reclaim_quota_lowered",
+        vec![GpuNode::whole_gpus("gpu-node-0", 4)],
+    )
+    .await;
+    let client = &world.client;
+    let alpha = world.cluster.namespace("alpha").await.unwrap();
+    let beta = world.cluster.namespace("beta").await.unwrap();
+    apply_queue(client, &queue("alpha", alpha.name(), 4, 2, None)).await;
+    apply_queue(client, &queue("beta", beta.name(), 0, 0, None)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), alpha.name());
+    for i in 0..4 {
+        create(&pods, &gpu_pod(&format!("a-{i}"), NVIDIA_GPU, 1)).await;
+    }
+    let running = all_running(&pods, 4).await;
+
+    // GitOps moves two of alpha's guaranteed GPUs to beta.
+    apply_queue(client, &queue("alpha", alpha.name(), 2, 2, None)).await;
+    apply_queue(client, &queue("beta", beta.name(), 2, 0, None)).await;
+    queue_status(client, "alpha", "4 allocated, 2 of them borrowed", |q| {
+        numbers(q).is_some_and(|(allocated, borrowed, _, _)| allocated == 4 && borrowed == 2)
+    })
+    .await;
+    queue_status(client, "beta", "2 of its guarantee lent", |q| {
+        numbers(q).is_some_and(|(_, _, lent, _)| lent == 2)
+    })
+    .await;
+    // The excess is only marked borrowed: every pod still runs, nothing was evicted.
+    for pod in &running {
+        let now = pods.get(&name(pod)).await.unwrap();
+        assert_eq!(uid(&now), uid(pod));
+        assert!(now.metadata.deletion_timestamp.is_none(), "{}", name(pod));
+    }
+    assert_eq!(
+        count(&world.operator, "gpuqueue_reclaims_started_total").await,
+        0
+    );
+
+    // beta's demand arrives: exactly the one GPU it needs is taken back.
+    let owners: Api<Pod> = Api::namespaced(client.clone(), beta.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    bound(&owners, "owner").await;
+    let record = handover_record(client, "beta", "owner", &format!("{}/owner", beta.name())).await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(record.victims.len(), 1);
+    let victim = record.victims[0].split('/').nth(1).unwrap().to_owned();
+    gone(&pods, &victim).await;
+    let left = pods.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(left.len(), 3, "three of alpha's pods still run");
+    queue_status(client, "alpha", "3 allocated, 1 borrowed", |q| {
+        numbers(q).is_some_and(|(allocated, borrowed, _, _)| allocated == 3 && borrowed == 1)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_that_may_not_borrow_never_has_a_pod_reclaimed() {
+    let world = World::start(
+        "reclaim_no_burst",
+        vec![GpuNode::whole_gpus("gpu-node-0", 4)],
+    )
+    .await;
+    let client = &world.client;
+    let fixed = world.cluster.namespace("fixed").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    let online = world.cluster.namespace("online").await.unwrap();
+    apply_queue(client, &queue("fixed", fixed.name(), 2, 0, None)).await;
+    apply_queue(client, &queue("batch", batch.name(), 0, 2, None)).await;
+    apply_queue(client, &queue("online", online.name(), 2, 0, None)).await;
+
+    // fixed asks for three GPUs with a burstable of 0: two run, the third waits at its
+    // ceiling; batch borrows online's idle two.
+    let fixed_pods: Api<Pod> = Api::namespaced(client.clone(), fixed.name());
+    for i in 0..3 {
+        create(&fixed_pods, &gpu_pod(&format!("f-{i}"), NVIDIA_GPU, 1)).await;
+    }
+    let batch_pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for i in 0..2 {
+        create(&batch_pods, &gpu_pod(&format!("b-{i}"), NVIDIA_GPU, 1)).await;
+    }
+    all_running(&batch_pods, 2).await;
+    let waiting = common::settled(&fixed_pods, 2, 1).await;
+    let stuck = waiting.iter().find(|p| is_gated(p)).unwrap();
+    let reason = annotation(stuck, annotations::WAITING_REASON).unwrap();
+    assert!(reason.starts_with("OverCeiling: queue fixed"), "{reason}");
+    let fixed_running: Vec<Pod> = waiting.iter().filter(|p| !is_gated(p)).cloned().collect();
+    queue_status(client, "fixed", "2 allocated, nothing borrowed", |q| {
+        numbers(q).is_some_and(|(allocated, borrowed, _, _)| allocated == 2 && borrowed == 0)
+    })
+    .await;
+
+    // online needs its two GPUs back: they come from batch, never from fixed.
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 2)).await;
+    bound(&owners, "owner").await;
+    let record = handover_record(
+        client,
+        "online",
+        "owner",
+        &format!("{}/owner", online.name()),
+    )
+    .await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    let mut victims = record.victims.clone();
+    victims.sort();
+    assert_eq!(
+        victims,
+        [
+            format!("{}/b-0", batch.name()),
+            format!("{}/b-1", batch.name())
+        ]
+    );
+    for pod in &fixed_running {
+        let now = fixed_pods.get(&name(pod)).await.unwrap();
+        assert_eq!(uid(&now), uid(pod));
+        assert!(now.metadata.deletion_timestamp.is_none());
+    }
+    let stuck = fixed_pods.get(&name(stuck)).await.unwrap();
+    assert!(is_gated(&stuck));
+    assert!(
+        annotation(&stuck, annotations::WAITING_REASON)
+            .is_some_and(|r| r.starts_with("OverCeiling")),
+        "{:?}",
+        stuck.metadata.annotations
+    );
+}
