@@ -54,6 +54,11 @@ use crate::{
 /// under the API server's default limit of 200 concurrent mutating requests.
 const WRITE_CONCURRENCY: usize = 32;
 
+/// A waiting pod's reason is rewritten at once when its cause changes, but when only its
+/// numbers change (capacity filling up around it), at most this often: a burst of pods that do
+/// not fit must not cost one write per pod per pass.
+const REASON_REFRESH: SignedDuration = SignedDuration::from_secs(30);
+
 /// After a write failed for a reason other than the pod moving on (which brings its own watch
 /// event), the next pass runs this much later.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
@@ -108,6 +113,8 @@ struct Write {
     pod: Pod,
     /// The waiting reason the pod carries, as far as this process knows.
     known_reason: Option<String>,
+    /// When this process last wrote that reason.
+    reason_written_at: Option<Timestamp>,
     task: Task,
 }
 
@@ -122,29 +129,72 @@ impl Write {
         Self {
             pod: assumed.view(stored).clone(),
             known_reason: assumed.waiting_reason(stored).map(str::to_owned),
+            reason_written_at: assumed.reason_written_at(stored),
             task,
         }
     }
 
     async fn apply(self, context: &Context, term: &Term, now: Timestamp) -> Applied {
-        let known = self.known_reason.as_deref();
+        let known = Known {
+            reason: self.known_reason.as_deref(),
+            written_at: self.reason_written_at,
+            now,
+        };
         match &self.task {
-            Task::Decide(decision) => apply(context, term, &self.pod, known, decision, now).await,
+            Task::Decide(decision) => apply(context, term, &self.pod, known, decision).await,
             Task::Unreadable(error) => {
                 let line = format!("InvalidRequest: {error}");
-                record_wait(
-                    context,
-                    term,
-                    &self.pod,
-                    known,
-                    None,
-                    "InvalidRequest",
+                let wait = WaitLine {
+                    queue: None,
+                    code: "InvalidRequest",
                     line,
-                )
-                .await
+                };
+                record_wait(context, term, &self.pod, known, wait).await
             }
         }
     }
+}
+
+/// What this process knows of a pod's recorded waiting reason.
+#[derive(Debug, Clone, Copy)]
+struct Known<'a> {
+    reason: Option<&'a str>,
+    written_at: Option<Timestamp>,
+    now: Timestamp,
+}
+
+impl Known<'_> {
+    /// Whether `line` (with cause `code`) should replace the recorded reason: always when the
+    /// cause changed, and for new numbers only once the recorded line is [`REASON_REFRESH`]
+    /// old.
+    fn needs_update(&self, code: &str, line: &str) -> bool {
+        let Some(reason) = self.reason else {
+            return true;
+        };
+        if reason == line {
+            return false;
+        }
+        let fresh = self
+            .written_at
+            .is_some_and(|at| self.now.duration_since(at) < REASON_REFRESH);
+        self.cause_changed(code) || !fresh
+    }
+
+    /// Whether the recorded cause differs from `code` (then an event is due).
+    fn cause_changed(&self, code: &str) -> bool {
+        self.reason
+            .and_then(|reason| reason.split_once(": "))
+            .map(|(cause, _)| cause)
+            != Some(code)
+    }
+}
+
+/// A waiting reason to record: `<code>: <text>`.
+#[derive(Debug)]
+struct WaitLine<'a> {
+    queue: Option<&'a str>,
+    code: &'static str,
+    line: String,
 }
 
 /// What one write achieved.
@@ -215,7 +265,7 @@ async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Opti
     for outcome in applied {
         match outcome {
             Applied::Admitted { pod } => assumed.admitted(*pod),
-            Applied::ReasonRecorded { uid, reason } => assumed.reason_recorded(&uid, reason),
+            Applied::ReasonRecorded { uid, reason } => assumed.reason_recorded(&uid, reason, now),
             Applied::Failed => {
                 wake = earliest(
                     wake,
@@ -232,6 +282,7 @@ async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Opti
     let failed = report(
         context,
         term,
+        assumed,
         &reports,
         &observed.invalid_queues,
         status_time,
@@ -256,148 +307,134 @@ async fn apply(
     context: &Context,
     term: &Term,
     pod: &Pod,
-    known_reason: Option<&str>,
+    known: Known<'_>,
     decision: &Decision,
-    now: Timestamp,
 ) -> Applied {
     match decision {
-        Decision::Admit(admission) => {
-            if !is_gated(pod) {
-                return Applied::Nothing;
-            }
-            if !term.is_current() {
-                return Applied::Nothing;
-            }
-            let api: Api<Pod> = Api::namespaced(context.client.clone(), &admission.key.namespace);
-            let write = patch::Admission {
-                node_pin: &admission.placement.pin,
-                queue: &admission.queue,
-                admitted_as: admission.admitted_as.as_str(),
-                at: now,
-            };
-            match patch::admit(&api, pod, &write).await {
-                Ok(patched) => {
-                    let outcome = match admission.admitted_as {
-                        AdmittedAs::Guaranteed => Outcome::AdmittedGuaranteed,
-                        AdmittedAs::Borrowed => Outcome::AdmittedBorrowed,
-                    };
-                    context.metrics.admission.decided(&admission.queue, outcome);
-                    if let Some(created) = &pod.metadata.creation_timestamp {
-                        let waited = now.duration_since(created.0);
-                        context
-                            .metrics
-                            .admission
-                            .admitted_after(waited.as_secs_f64());
-                    }
-                    tracing::info!(pod = %admission.key, queue = %admission.queue, node = %admission.placement.node_name,
-                        admitted_as = %admission.admitted_as, "admitted");
-                    context.events.send(
-                        pod.object_ref(&()),
-                        Notice {
-                            warning: false,
-                            reason: "Admitted",
-                            action: "Admit",
-                            note: format!(
-                                "queue {} admitted the pod ({}) on node {}",
-                                admission.queue,
-                                admission.admitted_as,
-                                admission.placement.node_name
-                            ),
-                        },
-                    );
-                    Applied::Admitted {
-                        pod: Box::new(patched),
-                    }
-                }
-                Err(error) => write_failed(context, &error),
-            }
-        }
+        Decision::Admit(admission) => admit(context, term, pod, admission, known.now).await,
         Decision::Wait(wait) => {
-            let line = format!("{}: {}", wait.reason.code(), wait.reason);
-            record_wait(
-                context,
-                term,
-                pod,
-                known_reason,
-                wait.queue.as_deref(),
-                wait.reason.code(),
-                line,
-            )
-            .await
+            let line = WaitLine {
+                queue: wait.queue.as_deref(),
+                code: wait.reason.code(),
+                line: format!("{}: {}", wait.reason.code(), wait.reason),
+            };
+            record_wait(context, term, pod, known, line).await
         }
         Decision::Reclaim(plan) => {
-            let line = format!("ReclaimNeeded: {}", describe_plan(plan));
-            record_wait(
-                context,
-                term,
-                pod,
-                known_reason,
-                Some(&plan.owner_queue),
-                "ReclaimNeeded",
-                line,
-            )
-            .await
+            let line = WaitLine {
+                queue: Some(&plan.owner_queue),
+                code: "ReclaimNeeded",
+                line: format!("ReclaimNeeded: {}", describe_plan(plan)),
+            };
+            record_wait(context, term, pod, known, line).await
         }
     }
 }
 
-/// Records why `pod` waits, unless it already says so; publishes an event when the cause
-/// (the code before the colon) changed.
+/// Pins the pod to the chosen node and releases its gate.
+async fn admit(
+    context: &Context,
+    term: &Term,
+    pod: &Pod,
+    admission: &admission::Admission,
+    now: Timestamp,
+) -> Applied {
+    if !is_gated(pod) || !term.is_current() {
+        return Applied::Nothing;
+    }
+    let api: Api<Pod> = Api::namespaced(context.client.clone(), &admission.key.namespace);
+    let write = patch::Admission {
+        node_pin: &admission.placement.pin,
+        queue: &admission.queue,
+        admitted_as: admission.admitted_as.as_str(),
+        at: now,
+    };
+    match patch::admit(&api, pod, &write).await {
+        Ok(patched) => {
+            let outcome = match admission.admitted_as {
+                AdmittedAs::Guaranteed => Outcome::AdmittedGuaranteed,
+                AdmittedAs::Borrowed => Outcome::AdmittedBorrowed,
+            };
+            context.metrics.admission.decided(&admission.queue, outcome);
+            if let Some(created) = &pod.metadata.creation_timestamp {
+                let waited = now.duration_since(created.0);
+                context
+                    .metrics
+                    .admission
+                    .admitted_after(waited.as_secs_f64());
+            }
+            tracing::info!(pod = %admission.key, queue = %admission.queue,
+                node = %admission.placement.node_name, admitted_as = %admission.admitted_as, "admitted");
+            context.events.send(
+                pod.object_ref(&()),
+                Notice {
+                    warning: false,
+                    reason: "Admitted",
+                    action: "Admit",
+                    note: format!(
+                        "queue {} admitted the pod ({}) on node {}",
+                        admission.queue, admission.admitted_as, admission.placement.node_name
+                    ),
+                },
+            );
+            Applied::Admitted {
+                pod: Box::new(patched),
+            }
+        }
+        Err(error) => write_failed(context, &error),
+    }
+}
+
+/// Records why `pod` waits when [`Known::needs_update`] says so; publishes an event when the
+/// cause changed.
 async fn record_wait(
     context: &Context,
     term: &Term,
     pod: &Pod,
-    known_reason: Option<&str>,
-    queue: Option<&str>,
-    code: &'static str,
-    line: String,
+    known: Known<'_>,
+    wait: WaitLine<'_>,
 ) -> Applied {
-    if known_reason == Some(line.as_str()) || !is_gated(pod) {
-        return Applied::Nothing;
-    }
-    if !term.is_current() {
+    if !is_gated(pod) || !known.needs_update(wait.code, &wait.line) || !term.is_current() {
         return Applied::Nothing;
     }
     let Some(uid) = pod.metadata.uid.clone() else {
         return Applied::Nothing;
     };
-    let api: Api<Pod> = Api::namespaced(
-        context.client.clone(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-    );
-    match patch::set_waiting_reason(&api, pod, Some(&line)).await {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let api: Api<Pod> = Api::namespaced(context.client.clone(), namespace);
+    match patch::set_waiting_reason(&api, pod, Some(&wait.line)).await {
         Ok(_) => {
-            let previous_code = known_reason
-                .and_then(|reason| reason.split_once(": "))
-                .map(|(code, _)| code);
-            if previous_code != Some(code) {
-                context.metrics.admission.decided(
-                    queue.unwrap_or_default(),
-                    if code == "ReclaimNeeded" {
-                        Outcome::Reclaim
-                    } else {
-                        Outcome::Wait
-                    },
-                );
-                tracing::info!(pod = %patch::describe(pod), reason = %line, "waiting");
+            if known.cause_changed(wait.code) {
+                let outcome = if wait.code == "ReclaimNeeded" {
+                    Outcome::Reclaim
+                } else {
+                    Outcome::Wait
+                };
+                context
+                    .metrics
+                    .admission
+                    .decided(wait.queue.unwrap_or_default(), outcome);
+                tracing::info!(pod = %patch::describe(pod), reason = %wait.line, "waiting");
+                let note = wait
+                    .line
+                    .split_once(": ")
+                    .map_or_else(|| wait.line.clone(), |(_, text)| text.to_owned());
                 context.events.send(
                     pod.object_ref(&()),
                     Notice {
                         warning: matches!(
-                            code,
+                            wait.code,
                             "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
                         ),
-                        reason: code,
+                        reason: wait.code,
                         action: "Wait",
-                        note: line
-                            .split_once(": ")
-                            .map_or(line.clone(), |(_, text)| text.to_owned()),
+                        note,
                     },
                 );
             }
             Applied::ReasonRecorded {
                 uid,
-                reason: Some(line),
+                reason: Some(wait.line),
             }
         }
         Err(error) => write_failed(context, &error),
@@ -420,68 +457,107 @@ fn write_failed(context: &Context, error: &PatchError) -> Applied {
 async fn report(
     context: &Context,
     term: &Term,
+    assumed: &mut Assumed,
     reports: &[QueueReport],
     invalid: &[InvalidQueue],
     now: Timestamp,
 ) -> bool {
-    let mut desired: Vec<(String, Option<Arc<GpuQueue>>, GpuQueueStatus)> = Vec::new();
+    let stored: Vec<Arc<GpuQueue>> = context
+        .stores
+        .queues
+        .state()
+        .iter()
+        .filter_map(|guarded| guarded.0.as_ref().ok().map(|queue| Arc::new(queue.clone())))
+        .collect();
+    assumed.settle_queues(stored.iter().map(AsRef::as_ref));
+    let find = |name: &str| {
+        stored
+            .iter()
+            .find(|q| q.metadata.name.as_deref() == Some(name))
+    };
+    let mut writes = Vec::new();
     let mut rows = Vec::new();
     for report in reports {
-        let stored = stored_queue(&context.stores, &report.queue);
-        let previous = stored.as_ref().and_then(|queue| queue.status.as_ref());
-        let status = report.to_status(now, previous);
+        let Some(queue) = find(&report.queue) else {
+            continue;
+        };
+        let previous = assumed.status(queue).cloned();
+        let status = report.to_status(now, previous.as_ref());
         rows.push(QueueRow {
             queue: report.queue.clone(),
             resources: status.resources.clone(),
             admitted_pods: i64::from(status.admitted_pods),
             pending_pods: i64::from(status.pending_pods),
         });
-        desired.push((report.queue.clone(), stored, status));
+        writes.push((queue.clone(), previous, status));
     }
     context.metrics.queues.publish(rows);
-    for queue in invalid {
+    for invalid in invalid {
+        let Some(queue) = find(&invalid.name) else {
+            continue;
+        };
+        let previous = assumed.status(queue).cloned();
         let status =
-            invalid_spec_status(&queue.error, queue.generation, now, queue.status.as_ref());
-        desired.push((
-            queue.name.clone(),
-            stored_queue(&context.stores, &queue.name),
-            status,
-        ));
+            invalid_spec_status(&invalid.error, invalid.generation, now, previous.as_ref());
+        writes.push((queue.clone(), previous, status));
     }
     let api: Api<GpuQueue> = Api::all(context.client.clone());
-    let pending: Vec<_> = desired
+    let pending: Vec<_> = writes
         .into_iter()
-        .map(|(name, stored, status)| write_status(context, term, &api, name, stored, status))
+        .filter(|(_, previous, status)| status::needs_write(previous.as_ref(), status))
+        .map(|(queue, previous, status)| write_status(context, term, &api, queue, previous, status))
         .collect();
-    let results: Vec<bool> = stream::iter(pending)
+    let results: Vec<StatusWrite> = stream::iter(pending)
         .buffer_unordered(WRITE_CONCURRENCY)
         .collect()
         .await;
-    results.contains(&false)
+    let mut failed = false;
+    for result in results {
+        match result {
+            StatusWrite::Written { uid, status } => assumed.status_written(&uid, *status),
+            StatusWrite::Failed => failed = true,
+            StatusWrite::NotLeader => {}
+        }
+    }
+    failed
 }
 
-/// Writes one queue's status if it changed; `false` when the write failed.
+/// What became of one status write.
+enum StatusWrite {
+    Written {
+        uid: String,
+        status: Box<GpuQueueStatus>,
+    },
+    Failed,
+    NotLeader,
+}
+
+/// Writes one queue's changed status and announces what changed.
 async fn write_status(
     context: &Context,
     term: &Term,
     api: &Api<GpuQueue>,
-    name: String,
-    stored: Option<Arc<GpuQueue>>,
+    queue: Arc<GpuQueue>,
+    previous: Option<GpuQueueStatus>,
     status: GpuQueueStatus,
-) -> bool {
-    let previous = stored.as_ref().and_then(|queue| queue.status.as_ref());
-    if !status::needs_write(previous, &status) || !term.is_current() {
-        return true;
+) -> StatusWrite {
+    if !term.is_current() {
+        return StatusWrite::NotLeader;
     }
-    if let Some(queue) = &stored {
-        announce_changes(&context.events, queue, previous, &status);
-    }
+    let name = queue.metadata.name.clone().unwrap_or_default();
     match status::write(api, &name, &status).await {
-        Ok(()) => true,
+        Ok(()) => {
+            announce_changes(&context.events, &queue, previous.as_ref(), &status);
+            let uid = queue.metadata.uid.clone().unwrap_or_default();
+            StatusWrite::Written {
+                uid,
+                status: Box::new(status),
+            }
+        }
         Err(error) => {
             tracing::warn!(%error, "status write failed; retrying");
             context.metrics.admission.apply_failed();
-            false
+            StatusWrite::Failed
         }
     }
 }
@@ -642,11 +718,6 @@ fn stored_pod(stores: &Stores, key: &PodKey) -> Option<Arc<Pod>> {
         .get(&ObjectRef::new(&key.name).within(&key.namespace))
 }
 
-fn stored_queue(stores: &Stores, name: &str) -> Option<Arc<GpuQueue>> {
-    let guarded = stores.queues.get(&ObjectRef::new(name))?;
-    guarded.0.as_ref().ok().map(|queue| Arc::new(queue.clone()))
-}
-
 fn is_gated(pod: &Pod) -> bool {
     pod.spec
         .as_ref()
@@ -759,6 +830,47 @@ mod tests {
         );
         announce_changes(&events, &queue(), None, &status(8, "True"));
         assert!(drain(&mut receiver).is_empty());
+    }
+
+    #[test]
+    fn a_waiting_reason_is_rewritten_when_its_cause_changes_and_refreshed_when_stale() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let recorded = "NoRoom: queue team: ... (the most free on one suitable node is 2)";
+        let known = |written: &str, now: &str| Known {
+            reason: Some(recorded),
+            written_at: Some(at(written)),
+            now: at(now),
+        };
+        let fresh = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z");
+        let stale = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:31Z");
+        let new_numbers = "NoRoom: queue team: ... (the most free on one suitable node is 1)";
+        assert!(!fresh.needs_update("NoRoom", recorded), "unchanged");
+        assert!(
+            !fresh.needs_update("NoRoom", new_numbers),
+            "same cause, recent: not yet"
+        );
+        assert!(
+            stale.needs_update("NoRoom", new_numbers),
+            "same cause, stale: refreshed"
+        );
+        assert!(
+            fresh.needs_update("OverCeiling", "OverCeiling: queue team: ..."),
+            "new cause"
+        );
+        assert!(fresh.cause_changed("OverCeiling") && !fresh.cause_changed("NoRoom"));
+        // Written before this process started: unknown age, so refreshed.
+        let inherited = Known {
+            reason: Some(recorded),
+            written_at: None,
+            now: at("2026-01-01T00:00:00Z"),
+        };
+        assert!(inherited.needs_update("NoRoom", new_numbers));
+        let first = Known {
+            reason: None,
+            written_at: None,
+            now: at("2026-01-01T00:00:00Z"),
+        };
+        assert!(first.needs_update("NoRoom", recorded) && first.cause_changed("NoRoom"));
     }
 
     #[test]
