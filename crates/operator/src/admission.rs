@@ -9,16 +9,26 @@
 //! 4. **report**: queue status by server-side apply when it changed, events for quota edits and
 //!    condition changes, and the queue and fragmentation gauges.
 //!
+//! The writes of steps 3 and 4 run in the background, at most [`WRITE_CONCURRENCY`] at once and
+//! one per object, while the next pass already decides: what they will write is assumed at
+//! once ([`Assumed`]) and corrected by the API server's answer, so no capacity is promised twice
+//! and a burst of pods is not held back by the round trips of the one before.
+//!
 //! Nothing is written unless this replica's leadership [`Term`] is current at that moment, and
-//! nothing runs before every store has synced (fail closed).
+//! nothing runs before every store has synced (fail closed). When the term ends this future and
+//! every write it started are aborted.
 //!
 //! A `Reclaim` decision is reported as a wait naming the plan (its victims and node): taking
 //! GPUs back (checkpoint, evict, hand over) belongs to the reclaim executor, which runs on the
 //! decisions this loop computes.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
 
-use futures::{StreamExt, stream};
 use gpuqueue_api::{
     ADMISSION_GATE,
     conditions::types,
@@ -36,6 +46,10 @@ use gpuqueue_core::{
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, Resource, runtime::reflector::ObjectRef};
+use tokio::{
+    sync::{Notify, Semaphore},
+    task::JoinSet,
+};
 
 use crate::{
     assumed::Assumed,
@@ -50,17 +64,17 @@ use crate::{
     stores::Stores,
 };
 
-/// API writes of one pass in flight at once: enough to admit a burst of pods quickly, well
-/// under the API server's default limit of 200 concurrent mutating requests.
-const WRITE_CONCURRENCY: usize = 32;
+/// API writes in flight at once: enough to admit a burst of pods quickly, well under the API
+/// server's default limit of 200 concurrent mutating requests.
+pub const WRITE_CONCURRENCY: usize = 32;
 
 /// A waiting pod's reason is rewritten at once when its cause changes, but when only its
 /// numbers change (capacity filling up around it), at most this often: a burst of pods that do
 /// not fit must not cost one write per pod per pass.
 const REASON_REFRESH: SignedDuration = SignedDuration::from_secs(30);
 
-/// After a write failed for a reason other than the pod moving on (which brings its own watch
-/// event), the next pass runs this much later.
+/// After a write failed for a reason other than the object moving on (which brings its own
+/// watch event), the next pass runs this much later.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// What the loop needs; cheap to clone.
@@ -82,7 +96,62 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Runs passes for as long as `term` lasts (the caller aborts this future when it ends).
+/// State shared by the loop and the writes it started.
+#[derive(Clone)]
+struct Shared {
+    context: Context,
+    term: Term,
+    assumed: Arc<Mutex<Assumed>>,
+    /// Woken by a write that failed, after [`RETRY_AFTER`]: the next pass decides again.
+    retry: Arc<Notify>,
+    permits: Arc<Semaphore>,
+}
+
+impl Shared {
+    fn assumed(&self) -> MutexGuard<'_, Assumed> {
+        self.assumed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts `write` for the object with `uid` in the background; the caller has marked it in
+    /// flight. The write waits for a permit, and is skipped if the term ended meanwhile.
+    fn spawn<F>(&self, tasks: &mut JoinSet<()>, uid: String, write: F)
+    where
+        F: Future<Output = Written> + Send + 'static,
+    {
+        let shared = self.clone();
+        tasks.spawn(async move {
+            let Ok(_permit) = shared.permits.acquire().await else {
+                return;
+            };
+            let written = if shared.term.is_current() {
+                write.await
+            } else {
+                Written::NotLeader
+            };
+            shared.assumed().end(&uid);
+            // A stale object brings its own watch event; a failure has to be retried.
+            if written == Written::Failed {
+                tokio::time::sleep(RETRY_AFTER).await;
+                shared.retry.notify_one();
+            }
+        });
+    }
+}
+
+/// What became of one background write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Done,
+    /// The object moved on under it; decided again from the store.
+    Stale,
+    Failed,
+    NotLeader,
+}
+
+/// Runs passes for as long as `term` lasts (the caller aborts this future when it ends, which
+/// aborts its writes too).
 pub async fn run(context: Context, term: Term) {
     if context.stores.synced().await.is_err() {
         return;
@@ -90,9 +159,17 @@ pub async fn run(context: Context, term: Term) {
     tracing::info!(term = term.number(), "admission loop started");
     let mut changes = context.stores.changes();
     changes.borrow_and_update();
-    let mut assumed = Assumed::default();
+    let shared = Shared {
+        context,
+        term,
+        assumed: Arc::default(),
+        retry: Arc::new(Notify::new()),
+        permits: Arc::new(Semaphore::new(WRITE_CONCURRENCY)),
+    };
+    let mut tasks = JoinSet::new();
     loop {
-        let wake = run_pass(&context, &term, &mut assumed).await;
+        while tasks.try_join_next().is_some() {}
+        let wake = run_pass(&shared, &mut tasks);
         let timer = async {
             match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
                 Some(wait) => tokio::time::sleep(wait).await,
@@ -100,59 +177,190 @@ pub async fn run(context: Context, term: Term) {
                 None => std::future::pending().await,
             }
         };
+        // Every branch leads to a pass, which reads everything: a change consumed by an
+        // interrupted debounce is not lost.
         tokio::select! {
-            more = context.debounce.next_burst(&mut changes) => if !more { return },
+            more = shared.context.debounce.next_burst(&mut changes) => if !more { return },
+            () = shared.retry.notified() => {}
             () = timer => {}
         }
     }
 }
 
-/// A write to one pod, with what it needs from this pass (owned, so writes can run at once).
-struct Write {
-    /// The pod as this process knows it (the store's, or the admitted version it lags behind).
-    pod: Pod,
-    /// The waiting reason the pod carries, as far as this process knows.
-    known_reason: Option<String>,
-    /// When this process last wrote that reason.
-    reason_written_at: Option<Timestamp>,
-    task: Task,
-}
+/// One pass: decide, start the writes, publish the gauges. Returns when the next pass must run
+/// even without a change.
+fn run_pass(shared: &Shared, tasks: &mut JoinSet<()>) -> Option<Timestamp> {
+    let context = &shared.context;
+    let started = tokio::time::Instant::now();
+    let now = clock::now();
 
-enum Task {
-    Decide(Decision),
-    /// A GPU pod the core cannot model, with why.
-    Unreadable(String),
-}
-
-impl Write {
-    fn new(assumed: &Assumed, stored: &Pod, task: Task) -> Self {
-        Self {
-            pod: assumed.view(stored).clone(),
-            known_reason: assumed.waiting_reason(stored).map(str::to_owned),
-            reason_written_at: assumed.reason_written_at(stored),
-            task,
-        }
+    // 1. observe
+    let observed = {
+        let mut assumed = shared.assumed();
+        assumed.settle(context.stores.pods.state().iter().map(AsRef::as_ref));
+        Observed::read(&context.stores, &assumed)
+    };
+    for problem in &observed.problems {
+        tracing::debug!(%problem, "object left out of the snapshot");
+    }
+    let mix = WorkloadMix::from_shapes(
+        observed.pods.iter().map(TaskShape::of_pod),
+        DEFAULT_POPULARITY,
+    );
+    let mut builder = Snapshot::builder()
+        .queues(observed.queues)
+        .namespaces(observed.namespaces)
+        .nodes(observed.nodes)
+        .pods(observed.pods)
+        .workload_mix(mix);
+    for (queue, at) in last_reclaims(&context.stores) {
+        builder = builder.reclaimed_from(queue, at);
+    }
+    let (mut snapshot, issues) = builder.build();
+    for issue in &issues {
+        tracing::debug!(%issue, "snapshot left an object out");
     }
 
-    async fn apply(self, context: &Context, term: &Term, now: Timestamp) -> Applied {
-        let known = Known {
-            reason: self.known_reason.as_deref(),
-            written_at: self.reason_written_at,
-            now,
+    // 2. decide
+    let decisions =
+        admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
+    let wake = earliest_cooldown(&decisions);
+
+    // 3. apply
+    let (mut admitted, mut waiting) = (0_usize, 0_usize);
+    for decision in decisions {
+        let Some(pod) = stored_pod(&context.stores, decision.key()) else {
+            continue;
         };
-        match &self.task {
-            Task::Decide(decision) => apply(context, term, &self.pod, known, decision).await,
-            Task::Unreadable(error) => {
-                let line = format!("InvalidRequest: {error}");
-                let wait = WaitLine {
-                    queue: None,
-                    code: "InvalidRequest",
-                    line,
+        match decision {
+            Decision::Admit(admission) => {
+                admitted += usize::from(start_admission(shared, tasks, &pod, admission, now));
+            }
+            Decision::Wait(wait) => {
+                let line = WaitLine {
+                    queue: wait.queue.clone(),
+                    code: wait.reason.code(),
+                    line: format!("{}: {}", wait.reason.code(), wait.reason),
                 };
-                record_wait(context, term, &self.pod, known, wait).await
+                waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
+            }
+            Decision::Reclaim(plan) => {
+                let line = WaitLine {
+                    queue: Some(plan.owner_queue.clone()),
+                    code: "ReclaimNeeded",
+                    line: format!("ReclaimNeeded: {}", describe_plan(&plan)),
+                };
+                waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
             }
         }
     }
+    for (pod, error) in observed.unreadable_pods {
+        let line = WaitLine {
+            queue: None,
+            code: "InvalidRequest",
+            line: format!("InvalidRequest: {error}"),
+        };
+        waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
+    }
+
+    // 4. report
+    let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let reports = queue_reports(&snapshot);
+    let statuses = start_reports(
+        shared,
+        tasks,
+        &reports,
+        &observed.invalid_queues,
+        status_time,
+    );
+    publish_fragmentation(context, &snapshot);
+    let took = started.elapsed();
+    context.metrics.admission.pass_took(took.as_secs_f64());
+    tracing::debug!(?took, admitted, waiting, statuses, "admission pass");
+    wake
+}
+
+/// Starts releasing the pod's gate on the chosen node, assuming it done at once. Returns
+/// whether a write was started.
+fn start_admission(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    stored: &Pod,
+    admission: admission::Admission,
+    now: Timestamp,
+) -> bool {
+    let Some(uid) = stored.metadata.uid.clone() else {
+        return false;
+    };
+    let (pod, patch) = {
+        let mut assumed = shared.assumed();
+        let pod = assumed.view(stored).clone();
+        if !is_gated(&pod) || assumed.in_flight(&uid) {
+            return false;
+        }
+        let write = patch::Admission {
+            node_pin: &admission.placement.pin,
+            queue: &admission.queue,
+            admitted_as: admission.admitted_as.as_str(),
+            at: now,
+        };
+        let Ok(patch) = patch::admission_patch(&pod, &write) else {
+            return false;
+        };
+        let Some(expected) = patch::applied_locally(&pod, &patch) else {
+            return false;
+        };
+        assumed.begin(&uid);
+        assumed.admitted(expected);
+        (pod, patch)
+    };
+    let context = shared.context.clone();
+    let assumed = shared.assumed.clone();
+    shared.spawn(tasks, uid.clone(), async move {
+        let api: Api<Pod> = Api::namespaced(context.client.clone(), &admission.key.namespace);
+        match patch::send(&api, &pod, patch).await {
+            Ok(patched) => {
+                lock(&assumed).admitted(patched);
+                admitted(&context, &pod, &admission, now);
+                Written::Done
+            }
+            Err(error) => {
+                lock(&assumed).forget_admission(&uid);
+                write_failed(&context, &error)
+            }
+        }
+    });
+    true
+}
+
+/// Counts, logs and announces a released gate.
+fn admitted(context: &Context, pod: &Pod, admission: &admission::Admission, now: Timestamp) {
+    let outcome = match admission.admitted_as {
+        AdmittedAs::Guaranteed => Outcome::AdmittedGuaranteed,
+        AdmittedAs::Borrowed => Outcome::AdmittedBorrowed,
+    };
+    context.metrics.admission.decided(&admission.queue, outcome);
+    if let Some(created) = &pod.metadata.creation_timestamp {
+        let waited = now.duration_since(created.0);
+        context
+            .metrics
+            .admission
+            .admitted_after(waited.as_secs_f64());
+    }
+    tracing::info!(pod = %admission.key, queue = %admission.queue,
+        node = %admission.placement.node_name, admitted_as = %admission.admitted_as, "admitted");
+    context.events.send(
+        pod.object_ref(&()),
+        Notice {
+            warning: false,
+            reason: "Admitted",
+            action: "Admit",
+            note: format!(
+                "queue {} admitted the pod ({}) on node {}",
+                admission.queue, admission.admitted_as, admission.placement.node_name
+            ),
+        },
+    );
 }
 
 /// What this process knows of a pod's recorded waiting reason.
@@ -191,277 +399,120 @@ impl Known<'_> {
 
 /// A waiting reason to record: `<code>: <text>`.
 #[derive(Debug)]
-struct WaitLine<'a> {
-    queue: Option<&'a str>,
+struct WaitLine {
+    queue: Option<String>,
     code: &'static str,
     line: String,
 }
 
-/// What one write achieved.
-enum Applied {
-    Admitted { pod: Box<Pod> },
-    ReasonRecorded { uid: String, reason: Option<String> },
-    Nothing,
-    Failed,
+/// Starts recording why the pod waits, when [`Known::needs_update`] says so; an event follows
+/// when the cause changed. Returns whether a write was started.
+fn start_wait(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    stored: &Pod,
+    wait: WaitLine,
+    now: Timestamp,
+) -> bool {
+    let Some(uid) = stored.metadata.uid.clone() else {
+        return false;
+    };
+    let (pod, cause_changed) = {
+        let mut assumed = shared.assumed();
+        let pod = assumed.view(stored).clone();
+        let known = Known {
+            reason: assumed.waiting_reason(stored),
+            written_at: assumed.reason_written_at(stored),
+            now,
+        };
+        if !is_gated(&pod) || !known.needs_update(wait.code, &wait.line) {
+            return false;
+        }
+        let cause_changed = known.cause_changed(wait.code);
+        if !assumed.begin(&uid) {
+            return false;
+        }
+        assumed.reason_recorded(&uid, Some(wait.line.clone()), now);
+        (pod, cause_changed)
+    };
+    let context = shared.context.clone();
+    let assumed = shared.assumed.clone();
+    shared.spawn(tasks, uid.clone(), async move {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(context.client.clone(), &namespace);
+        match patch::set_waiting_reason(&api, &pod, Some(&wait.line)).await {
+            Ok(_) => {
+                if cause_changed {
+                    waits(&context, &pod, &wait);
+                }
+                Written::Done
+            }
+            Err(error) => {
+                lock(&assumed).forget_reason(&uid);
+                write_failed(&context, &error)
+            }
+        }
+    });
+    true
 }
 
-/// One pass; returns when the next pass must run even without a change.
-async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Option<Timestamp> {
-    let started = tokio::time::Instant::now();
-    let now = clock::now();
-    let stored_pods = context.stores.pods.state();
-    assumed.settle(stored_pods.iter().map(AsRef::as_ref));
-
-    // 1. observe
-    let observed = Observed::read(&context.stores, assumed);
-    for problem in &observed.problems {
-        tracing::debug!(%problem, "object left out of the snapshot");
-    }
-    let mix = WorkloadMix::from_shapes(
-        observed.pods.iter().map(TaskShape::of_pod),
-        DEFAULT_POPULARITY,
-    );
-    let reclaimed = last_reclaims(&context.stores);
-    let mut builder = Snapshot::builder()
-        .queues(observed.queues)
-        .namespaces(observed.namespaces)
-        .nodes(observed.nodes)
-        .pods(observed.pods)
-        .workload_mix(mix);
-    for (queue, at) in reclaimed {
-        builder = builder.reclaimed_from(queue, at);
-    }
-    let (mut snapshot, issues) = builder.build();
-    for issue in &issues {
-        tracing::debug!(%issue, "snapshot left an object out");
-    }
-
-    // 2. decide
-    let decisions =
-        admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
-
-    // 3. apply
-    let mut wake = earliest_cooldown(&decisions);
-    let mut writes = Vec::new();
-    for decision in decisions {
-        let Some(pod) = stored_pod(&context.stores, decision.key()) else {
-            continue;
-        };
-        writes.push(Write::new(assumed, &pod, Task::Decide(decision)));
-    }
-    for (pod, error) in observed.unreadable_pods {
-        if is_gated(&pod) {
-            writes.push(Write::new(assumed, &pod, Task::Unreadable(error)));
-        }
-    }
-    let pending: Vec<_> = writes
-        .into_iter()
-        .map(|write| write.apply(context, term, now))
-        .collect();
-    let applied: Vec<Applied> = stream::iter(pending)
-        .buffer_unordered(WRITE_CONCURRENCY)
-        .collect()
-        .await;
-    for outcome in applied {
-        match outcome {
-            Applied::Admitted { pod } => assumed.admitted(*pod),
-            Applied::ReasonRecorded { uid, reason } => assumed.reason_recorded(&uid, reason, now),
-            Applied::Failed => {
-                wake = earliest(
-                    wake,
-                    Some(now + SignedDuration::try_from(RETRY_AFTER).unwrap_or_default()),
-                );
-            }
-            Applied::Nothing => {}
-        }
-    }
-
-    // 4. report
-    let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
-    let reports = queue_reports(&snapshot);
-    let failed = report(
-        context,
-        term,
-        assumed,
-        &reports,
-        &observed.invalid_queues,
-        status_time,
-    )
-    .await;
-    if failed {
-        wake = earliest(
-            wake,
-            Some(now + SignedDuration::try_from(RETRY_AFTER).unwrap_or_default()),
-        );
-    }
-    publish_fragmentation(context, &snapshot);
+/// Counts, logs and announces a new cause of waiting.
+fn waits(context: &Context, pod: &Pod, wait: &WaitLine) {
+    let outcome = if wait.code == "ReclaimNeeded" {
+        Outcome::Reclaim
+    } else {
+        Outcome::Wait
+    };
     context
         .metrics
         .admission
-        .pass_took(started.elapsed().as_secs_f64());
-    wake
+        .decided(wait.queue.as_deref().unwrap_or_default(), outcome);
+    tracing::info!(pod = %patch::describe(pod), reason = %wait.line, "waiting");
+    let note = wait
+        .line
+        .split_once(": ")
+        .map_or_else(|| wait.line.clone(), |(_, text)| text.to_owned());
+    context.events.send(
+        pod.object_ref(&()),
+        Notice {
+            warning: matches!(
+                wait.code,
+                "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
+            ),
+            reason: wait.code,
+            action: "Wait",
+            note,
+        },
+    );
 }
 
-/// Applies one decision to its pod.
-async fn apply(
-    context: &Context,
-    term: &Term,
-    pod: &Pod,
-    known: Known<'_>,
-    decision: &Decision,
-) -> Applied {
-    match decision {
-        Decision::Admit(admission) => admit(context, term, pod, admission, known.now).await,
-        Decision::Wait(wait) => {
-            let line = WaitLine {
-                queue: wait.queue.as_deref(),
-                code: wait.reason.code(),
-                line: format!("{}: {}", wait.reason.code(), wait.reason),
-            };
-            record_wait(context, term, pod, known, line).await
-        }
-        Decision::Reclaim(plan) => {
-            let line = WaitLine {
-                queue: Some(&plan.owner_queue),
-                code: "ReclaimNeeded",
-                line: format!("ReclaimNeeded: {}", describe_plan(plan)),
-            };
-            record_wait(context, term, pod, known, line).await
-        }
-    }
-}
-
-/// Pins the pod to the chosen node and releases its gate.
-async fn admit(
-    context: &Context,
-    term: &Term,
-    pod: &Pod,
-    admission: &admission::Admission,
-    now: Timestamp,
-) -> Applied {
-    if !is_gated(pod) || !term.is_current() {
-        return Applied::Nothing;
-    }
-    let api: Api<Pod> = Api::namespaced(context.client.clone(), &admission.key.namespace);
-    let write = patch::Admission {
-        node_pin: &admission.placement.pin,
-        queue: &admission.queue,
-        admitted_as: admission.admitted_as.as_str(),
-        at: now,
-    };
-    match patch::admit(&api, pod, &write).await {
-        Ok(patched) => {
-            let outcome = match admission.admitted_as {
-                AdmittedAs::Guaranteed => Outcome::AdmittedGuaranteed,
-                AdmittedAs::Borrowed => Outcome::AdmittedBorrowed,
-            };
-            context.metrics.admission.decided(&admission.queue, outcome);
-            if let Some(created) = &pod.metadata.creation_timestamp {
-                let waited = now.duration_since(created.0);
-                context
-                    .metrics
-                    .admission
-                    .admitted_after(waited.as_secs_f64());
-            }
-            tracing::info!(pod = %admission.key, queue = %admission.queue,
-                node = %admission.placement.node_name, admitted_as = %admission.admitted_as, "admitted");
-            context.events.send(
-                pod.object_ref(&()),
-                Notice {
-                    warning: false,
-                    reason: "Admitted",
-                    action: "Admit",
-                    note: format!(
-                        "queue {} admitted the pod ({}) on node {}",
-                        admission.queue, admission.admitted_as, admission.placement.node_name
-                    ),
-                },
-            );
-            Applied::Admitted {
-                pod: Box::new(patched),
-            }
-        }
-        Err(error) => write_failed(context, &error),
-    }
-}
-
-/// Records why `pod` waits when [`Known::needs_update`] says so; publishes an event when the
-/// cause changed.
-async fn record_wait(
-    context: &Context,
-    term: &Term,
-    pod: &Pod,
-    known: Known<'_>,
-    wait: WaitLine<'_>,
-) -> Applied {
-    if !is_gated(pod) || !known.needs_update(wait.code, &wait.line) || !term.is_current() {
-        return Applied::Nothing;
-    }
-    let Some(uid) = pod.metadata.uid.clone() else {
-        return Applied::Nothing;
-    };
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-    let api: Api<Pod> = Api::namespaced(context.client.clone(), namespace);
-    match patch::set_waiting_reason(&api, pod, Some(&wait.line)).await {
-        Ok(_) => {
-            if known.cause_changed(wait.code) {
-                let outcome = if wait.code == "ReclaimNeeded" {
-                    Outcome::Reclaim
-                } else {
-                    Outcome::Wait
-                };
-                context
-                    .metrics
-                    .admission
-                    .decided(wait.queue.unwrap_or_default(), outcome);
-                tracing::info!(pod = %patch::describe(pod), reason = %wait.line, "waiting");
-                let note = wait
-                    .line
-                    .split_once(": ")
-                    .map_or_else(|| wait.line.clone(), |(_, text)| text.to_owned());
-                context.events.send(
-                    pod.object_ref(&()),
-                    Notice {
-                        warning: matches!(
-                            wait.code,
-                            "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
-                        ),
-                        reason: wait.code,
-                        action: "Wait",
-                        note,
-                    },
-                );
-            }
-            Applied::ReasonRecorded {
-                uid,
-                reason: Some(wait.line),
-            }
-        }
-        Err(error) => write_failed(context, &error),
-    }
-}
-
-fn write_failed(context: &Context, error: &PatchError) -> Applied {
+fn write_failed(context: &Context, error: &PatchError) -> Written {
     if error.is_stale() {
-        tracing::debug!(%error, "pod moved on; decided again on its next change");
-        Applied::Nothing
+        tracing::debug!(%error, "pod moved on; decided again");
+        Written::Stale
     } else {
         context.metrics.admission.apply_failed();
         tracing::warn!(%error, "write failed; retrying");
-        Applied::Failed
+        Written::Failed
     }
 }
 
-/// Writes the queues' status where it changed, publishes events for quota edits and condition
-/// changes, and the queue gauges. Returns whether a write failed.
-async fn report(
-    context: &Context,
-    term: &Term,
-    assumed: &mut Assumed,
+fn lock(assumed: &Mutex<Assumed>) -> MutexGuard<'_, Assumed> {
+    assumed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Starts writing the queues' status where it changed (events for quota edits and condition
+/// changes follow each write), and publishes the queue gauges. Returns how many writes started.
+fn start_reports(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
     reports: &[QueueReport],
     invalid: &[InvalidQueue],
     now: Timestamp,
-) -> bool {
+) -> usize {
+    let context = &shared.context;
     let stored: Vec<Arc<GpuQueue>> = context
         .stores
         .queues
@@ -469,97 +520,74 @@ async fn report(
         .iter()
         .filter_map(|guarded| guarded.0.as_ref().ok().map(|queue| Arc::new(queue.clone())))
         .collect();
-    assumed.settle_queues(stored.iter().map(AsRef::as_ref));
     let find = |name: &str| {
         stored
             .iter()
             .find(|q| q.metadata.name.as_deref() == Some(name))
     };
-    let mut writes = Vec::new();
+    let mut desired = Vec::new();
     let mut rows = Vec::new();
-    for report in reports {
-        let Some(queue) = find(&report.queue) else {
-            continue;
-        };
-        let previous = assumed.status(queue).cloned();
-        let status = report.to_status(now, previous.as_ref());
-        rows.push(QueueRow {
-            queue: report.queue.clone(),
-            resources: status.resources.clone(),
-            admitted_pods: i64::from(status.admitted_pods),
-            pending_pods: i64::from(status.pending_pods),
-        });
-        writes.push((queue.clone(), previous, status));
+    {
+        let mut assumed = shared.assumed();
+        assumed.settle_queues(stored.iter().map(AsRef::as_ref));
+        for report in reports {
+            let Some(queue) = find(&report.queue) else {
+                continue;
+            };
+            let previous = assumed.status(queue).cloned();
+            let status = report.to_status(now, previous.as_ref());
+            rows.push(QueueRow {
+                queue: report.queue.clone(),
+                resources: status.resources.clone(),
+                admitted_pods: i64::from(status.admitted_pods),
+                pending_pods: i64::from(status.pending_pods),
+            });
+            desired.push((queue.clone(), previous, status));
+        }
+        for queue in invalid {
+            let Some(stored_queue) = find(&queue.name) else {
+                continue;
+            };
+            let previous = assumed.status(stored_queue).cloned();
+            let status =
+                invalid_spec_status(&queue.error, queue.generation, now, previous.as_ref());
+            desired.push((stored_queue.clone(), previous, status));
+        }
     }
     context.metrics.queues.publish(rows);
-    for invalid in invalid {
-        let Some(queue) = find(&invalid.name) else {
+    let mut started = 0;
+    for (queue, previous, status) in desired {
+        let Some(uid) = queue.metadata.uid.clone() else {
             continue;
         };
-        let previous = assumed.status(queue).cloned();
-        let status =
-            invalid_spec_status(&invalid.error, invalid.generation, now, previous.as_ref());
-        writes.push((queue.clone(), previous, status));
-    }
-    let api: Api<GpuQueue> = Api::all(context.client.clone());
-    let pending: Vec<_> = writes
-        .into_iter()
-        .filter(|(_, previous, status)| status::needs_write(previous.as_ref(), status))
-        .map(|(queue, previous, status)| write_status(context, term, &api, queue, previous, status))
-        .collect();
-    let results: Vec<StatusWrite> = stream::iter(pending)
-        .buffer_unordered(WRITE_CONCURRENCY)
-        .collect()
-        .await;
-    let mut failed = false;
-    for result in results {
-        match result {
-            StatusWrite::Written { uid, status } => assumed.status_written(&uid, *status),
-            StatusWrite::Failed => failed = true,
-            StatusWrite::NotLeader => {}
-        }
-    }
-    failed
-}
-
-/// What became of one status write.
-enum StatusWrite {
-    Written {
-        uid: String,
-        status: Box<GpuQueueStatus>,
-    },
-    Failed,
-    NotLeader,
-}
-
-/// Writes one queue's changed status and announces what changed.
-async fn write_status(
-    context: &Context,
-    term: &Term,
-    api: &Api<GpuQueue>,
-    queue: Arc<GpuQueue>,
-    previous: Option<GpuQueueStatus>,
-    status: GpuQueueStatus,
-) -> StatusWrite {
-    if !term.is_current() {
-        return StatusWrite::NotLeader;
-    }
-    let name = queue.metadata.name.clone().unwrap_or_default();
-    match status::write(api, &name, &status).await {
-        Ok(()) => {
-            announce_changes(&context.events, &queue, previous.as_ref(), &status);
-            let uid = queue.metadata.uid.clone().unwrap_or_default();
-            StatusWrite::Written {
-                uid,
-                status: Box::new(status),
+        {
+            let mut assumed = shared.assumed();
+            if !status::needs_write(previous.as_ref(), &status) || !assumed.begin(&uid) {
+                continue;
             }
+            assumed.status_written(&uid, status.clone());
         }
-        Err(error) => {
-            tracing::warn!(%error, "status write failed; retrying");
-            context.metrics.admission.apply_failed();
-            StatusWrite::Failed
-        }
+        started += 1;
+        let context = context.clone();
+        let assumed = shared.assumed.clone();
+        shared.spawn(tasks, uid.clone(), async move {
+            let api: Api<GpuQueue> = Api::all(context.client.clone());
+            let name = queue.metadata.name.clone().unwrap_or_default();
+            match status::write(&api, &name, &status).await {
+                Ok(()) => {
+                    announce_changes(&context.events, &queue, previous.as_ref(), &status);
+                    Written::Done
+                }
+                Err(error) => {
+                    lock(&assumed).forget_status(&uid);
+                    tracing::warn!(%error, "status write failed; retrying");
+                    context.metrics.admission.apply_failed();
+                    Written::Failed
+                }
+            }
+        });
     }
+    started
 }
 
 /// Events on a queue for what changed since its last status: quota edits (guaranteed or
@@ -693,13 +721,6 @@ fn earliest_cooldown(decisions: &[Decision]) -> Option<Timestamp> {
             _ => None,
         })
         .min()
-}
-
-fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
 }
 
 fn describe_plan(plan: &ReclaimPlan) -> String {
@@ -880,22 +901,5 @@ mod tests {
             "GuaranteesExceedCapacity"
         );
         assert_eq!(condition_reason("SomethingNew"), "ConditionChanged");
-    }
-
-    #[test]
-    fn the_next_timed_wake_is_the_earliest() {
-        let at = |s: &str| s.parse::<Timestamp>().unwrap();
-        assert_eq!(
-            earliest(
-                Some(at("2026-01-01T00:00:05Z")),
-                Some(at("2026-01-01T00:00:01Z"))
-            ),
-            Some(at("2026-01-01T00:00:01Z"))
-        );
-        assert_eq!(
-            earliest(None, Some(at("2026-01-01T00:00:01Z"))),
-            Some(at("2026-01-01T00:00:01Z"))
-        );
-        assert_eq!(earliest(None, None), None);
     }
 }

@@ -10,8 +10,13 @@
 //! The same holds for the waiting reasons and queue statuses written this term: the last one
 //! written is remembered until the store shows it, so a lagging store causes neither a second
 //! write nor a second event.
+//!
+//! Writes run in the background while the next pass decides, so an admission is assumed as
+//! soon as it is decided (the pod as the patch will leave it) and replaced by the API server's
+//! answer, or forgotten if the write fails. At most one write per object is in flight, so they
+//! cannot land out of order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use gpuqueue_api::{
     ADMISSION_GATE, annotations,
@@ -29,6 +34,8 @@ pub struct Assumed {
     reasons_written_at: HashMap<String, Timestamp>,
     /// Queue statuses written, by queue uid (a queue deleted and created again is another).
     statuses: HashMap<String, GpuQueueStatus>,
+    /// Objects (pods, queues; by uid) with a write in flight.
+    in_flight: HashSet<String>,
 }
 
 impl Assumed {
@@ -38,6 +45,37 @@ impl Assumed {
             self.reasons.remove(&uid);
             self.admitted.insert(uid, pod);
         }
+    }
+
+    /// Marks a write to the object with `uid` as in flight; `false` if one already is.
+    pub fn begin(&mut self, uid: &str) -> bool {
+        self.in_flight.insert(uid.to_owned())
+    }
+
+    /// The write to the object with `uid` is done.
+    pub fn end(&mut self, uid: &str) {
+        self.in_flight.remove(uid);
+    }
+
+    /// Whether a write to the object with `uid` is in flight.
+    pub fn in_flight(&self, uid: &str) -> bool {
+        self.in_flight.contains(uid)
+    }
+
+    /// Forgets an admission whose write failed: the pod is decided again from the store.
+    pub fn forget_admission(&mut self, uid: &str) {
+        self.admitted.remove(uid);
+    }
+
+    /// Forgets a waiting reason whose write failed.
+    pub fn forget_reason(&mut self, uid: &str) {
+        self.reasons.remove(uid);
+        self.reasons_written_at.remove(uid);
+    }
+
+    /// Forgets a status whose write failed.
+    pub fn forget_status(&mut self, uid: &str) {
+        self.statuses.remove(uid);
     }
 
     /// Remembers the waiting reason written on the pod with `uid` at `at` (`None`: cleared).
@@ -200,6 +238,26 @@ mod tests {
         assumed.settle([&caught_up]);
         assert_eq!(assumed.lagging_admissions(), 0);
         assert!(std::ptr::eq(assumed.view(&caught_up), &raw const caught_up));
+    }
+
+    #[test]
+    fn failed_writes_are_forgotten_and_one_write_per_object_is_in_flight() {
+        let mut assumed = Assumed::default();
+        assert!(assumed.begin("a"));
+        assert!(!assumed.begin("a"), "a second write to the same pod waits");
+        assert!(assumed.in_flight("a"));
+        assumed.admitted(pod("a", false, None));
+        assumed.forget_admission("a");
+        assert!(is_gated(assumed.view(&pod("a", true, None))));
+        assumed.reason_recorded("a", Some("x".into()), Timestamp::UNIX_EPOCH);
+        assumed.forget_reason("a");
+        assert_eq!(
+            assumed.waiting_reason(&pod("a", true, Some("stored"))),
+            Some("stored")
+        );
+        assert_eq!(assumed.reason_written_at(&pod("a", true, None)), None);
+        assumed.end("a");
+        assert!(!assumed.in_flight("a") && assumed.begin("a"));
     }
 
     #[test]
