@@ -1,1 +1,18 @@
+//! A deterministic discrete-event simulator of gpuqueue's policies on real GPU cluster traces.
+//!
+//! It drives the same pure policy code as the operator (`gpuqueue-core`) and answers two
+//! questions without a cluster:
+//! - **placement**: how much of the cluster a placement policy fills, and how much capacity it
+//!   leaves fragmented, on the Alibaba openb trace in the FGD paper's setup ([`sampling`]);
+//! - **quotas**: how busy a multi-tenant cluster stays, and how long owners wait, under no
+//!   isolation, static quotas, or borrow-and-reclaim ([`scenario`]).
+//!
+//! Runs are pure functions of their inputs and seed: the clock is simulated ([`engine`]) and
+//! every random draw comes from a seeded ChaCha generator.
 
+pub mod data;
+pub mod engine;
+pub mod reference;
+pub mod sampling;
+pub mod stats;
+pub mod trace;
