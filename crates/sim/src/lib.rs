@@ -14,5 +14,6 @@ pub mod data;
 pub mod engine;
 pub mod reference;
 pub mod sampling;
+pub mod scenario;
 pub mod stats;
 pub mod trace;
