@@ -13,7 +13,9 @@
 pub mod data;
 pub mod engine;
 pub mod reference;
+pub mod report;
 pub mod sampling;
 pub mod scenario;
 pub mod stats;
 pub mod trace;
+pub mod workload;
