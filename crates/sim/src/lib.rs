@@ -10,6 +10,7 @@
 //! Runs are pure functions of their inputs and seed: the clock is simulated ([`engine`]) and
 //! every random draw comes from a seeded ChaCha generator.
 
+pub mod curves;
 pub mod data;
 pub mod engine;
 pub mod reference;
