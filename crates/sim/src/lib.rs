@@ -13,6 +13,7 @@
 pub mod curves;
 pub mod data;
 pub mod engine;
+pub mod quota_metrics;
 pub mod reference;
 pub mod report;
 pub mod sampling;
