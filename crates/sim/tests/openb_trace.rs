@@ -67,7 +67,11 @@ fn every_list_loads_with_the_readme_counts() {
 fn submission_sequences_reach_130_percent() {
     let dir = trace_dir();
     let capacity = OPENB_GPUS * 1000;
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let target = (FGD_TUNE_RATIO * capacity as f64) as u64;
     for variant in ["default", "multigpu40"] {
         let pods = trace::load_pods(&dir.join(data::pod_list_file(variant))).unwrap();
