@@ -10,9 +10,12 @@
 //! Runs are pure functions of their inputs and seed: the clock is simulated ([`engine`]) and
 //! every random draw comes from a seeded ChaCha generator.
 
+pub mod convert;
 pub mod curves;
 pub mod data;
 pub mod engine;
+pub mod placement;
+pub mod placement_report;
 pub mod quota_metrics;
 pub mod reference;
 pub mod report;
