@@ -19,7 +19,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::fragmentation::ClusterFragmentation;
-use gpuqueue_core::model::AdmittedAs;
 use gpuqueue_core::placement::{
     BestFit, Fgd, FragmentationAware, GpuPacking, Random, Scorer, TieBreak, mix64,
 };
@@ -218,19 +217,11 @@ pub fn run(
             SimTime::ZERO,
         );
         let scorer = policy.scorer(seed, index as u64);
-        if let Some(placement) = snapshot.find_placement(&pod, scorer.as_ref(), TieBreak::First) {
-            let admitted = snapshot.add_pod(pod).and_then(|id| {
-                snapshot.admit(
-                    id,
-                    &placement,
-                    AdmittedAs::Guaranteed,
-                    convert::timestamp(SimTime::ZERO),
-                )
-            });
-            if admitted.is_ok() {
-                placed += 1;
-                placed_milli += task.total_gpu_milli();
-            }
+        if let Some(placement) = snapshot.find_placement(&pod, scorer.as_ref(), TieBreak::First)
+            && snapshot.add_placed(pod, &placement).is_ok()
+        {
+            placed += 1;
+            placed_milli += task.total_gpu_milli();
         }
         observations.push(observe(&snapshot, arrived));
         if index + 1 - reported >= 512 {

@@ -25,6 +25,8 @@ pub struct TenantMetrics {
     pub waits: Vec<f64>,
     /// Pods still waiting at the end.
     pub still_pending: u64,
+    /// Pods removed by the autoscaler while still waiting.
+    pub withdrawn: u64,
     /// Owner requests that arrived after the warm-up.
     pub owner_requests: u64,
     /// Of those, the ones that waited longer than the budget.
@@ -151,6 +153,23 @@ impl QuotaMetrics {
         }
         self.bound(tenant, arrival, end, owner, budget);
         self.tenants[tenant].still_pending += 1;
+    }
+
+    /// A pod created at `arrival` was removed at `now` while still waiting (its wait counts as
+    /// a lower bound, like one still waiting at the end).
+    pub fn withdrawn(
+        &mut self,
+        tenant: usize,
+        arrival: SimTime,
+        now: SimTime,
+        owner: bool,
+        budget: Duration,
+    ) {
+        if !self.counts(arrival) {
+            return;
+        }
+        self.bound(tenant, arrival, now, owner, budget);
+        self.tenants[tenant].withdrawn += 1;
     }
 
     /// A pod holding `gpu_milli` that had run for `ran` was evicted at `now`; `saved` says
