@@ -835,8 +835,20 @@ impl QuotaInput {
     /// The same load on the live cluster: its nodes, and its queues in place of the scenario's
     /// (matched by name; each still claims the namespace of its name, where the simulated pods
     /// live). Queues the scenario has no tenant for are kept: they carry no load and lend.
+    ///
+    /// The study is of `nvidia.com/gpu`, the resource the scenario's pods request: other GPU
+    /// resources of the nodes (MIG profiles) are left out, and so are nodes without whole GPUs,
+    /// so that they count neither as capacity nor as fragments.
     pub fn with_cluster(&self, nodes: Vec<Node>, queues: Vec<Queue>) -> Result<Self, OverlayError> {
-        if !nodes.iter().any(|n| n.pools.iter().any(|p| p.devices > 0)) {
+        let gpu = convert::gpu_resource();
+        let nodes: Vec<Node> = nodes
+            .into_iter()
+            .filter_map(|mut node| {
+                node.pools.retain(|p| p.resource == gpu && p.devices > 0);
+                (!node.pools.is_empty()).then_some(node)
+            })
+            .collect();
+        if nodes.is_empty() {
             return Err(OverlayError::NoGpus);
         }
         for tenant in &self.queues {

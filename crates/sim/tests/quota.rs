@@ -132,7 +132,9 @@ fn live_queues_replace_the_scenario_quotas_by_name() {
     let nodes = vec![
         Node::new("live-0")
             .cpu_milli(128_000)
-            .gpus(convert::gpu_resource(), 8),
+            .gpus(convert::gpu_resource(), 8)
+            .gpus("nvidia.com/mig-1g.10gb", 7),
+        Node::new("mig-only").gpus("nvidia.com/mig-1g.10gb", 7),
     ];
     let queue = |name: &str, guaranteed| {
         Queue::new(name).quota(ResourceQuota::devices(
@@ -147,8 +149,12 @@ fn live_queues_replace_the_scenario_quotas_by_name() {
             vec![queue("serving", 6), queue("batch", 2), queue("idle", 0)],
         )
         .unwrap();
-    assert_eq!(live.nodes.len(), 1);
-    assert_eq!(live.capacity_milli(), 8000);
+    assert_eq!(live.nodes.len(), 1, "a node without whole GPUs is left out");
+    assert_eq!(
+        live.capacity_milli(),
+        8000,
+        "MIG slices are another resource's capacity"
+    );
     assert_eq!(
         live.queues.len(),
         3,
