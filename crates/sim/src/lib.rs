@@ -9,6 +9,14 @@
 //!
 //! Runs are pure functions of their inputs and seed: the clock is simulated ([`engine`]) and
 //! every random draw comes from a seeded ChaCha generator.
+//!
+//! - inputs: [`trace`] (openb CSV lists), [`scenario`] (the quota-study YAML), [`workload`]
+//!   (a scenario's arrivals), [`data`] (where the real data lives), [`reference`] (the FGD
+//!   authors' published curves), [`convert`] (trace rows to the core's model);
+//! - runs: [`placement`] (the FGD paper's experiment), [`quota`] (three quota policies on one
+//!   scenario), both on [`engine`]'s clock or submission order;
+//! - measurements and output: [`curves`], [`quota_metrics`], [`stats`], [`report`],
+//!   [`placement_report`], [`quota_report`].
 
 pub mod convert;
 pub mod curves;

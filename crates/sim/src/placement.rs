@@ -146,11 +146,6 @@ impl PlacementTrace {
         self.capacity_gpus
     }
 
-    /// The empty cluster (a copy to place pods on).
-    pub fn empty_snapshot(&self) -> Snapshot {
-        self.empty.clone()
-    }
-
     /// Fragmentation of the empty cluster.
     pub fn empty_fragmentation(&self) -> ClusterFragmentation {
         self.empty.fragmentation()

@@ -300,6 +300,25 @@ pub fn markdown(
          GPU-hours are GPUs × run time of evicted pods, lost GPU-hours the part no checkpoint saved; \
          fragmentation is the FGD measure against the scenario's own pod shapes (95% popularity).\n"
     );
+    let classes = input.mix.classes();
+    let single: f64 = classes
+        .iter()
+        .filter(|(shape, _)| {
+            shape
+                .gpu
+                .as_ref()
+                .is_some_and(|g| g.count == 1 && g.milli_per_device == 1000)
+        })
+        .map(|(_, share)| share)
+        .sum();
+    if single > 0.9 {
+        let _ = writeln!(
+            out,
+            "The fragmentation measure's typical pods are {} shapes, {:.0}% of them one whole GPU, which              any free GPU can host: the measure stays near zero here, and multi-GPU pods blocked for              want of a whole node show in their owners' waits instead.\n",
+            classes.len(),
+            100.0 * single
+        );
+    }
     let _ = writeln!(out, "## Policies\n\n{}", summary_table(runs).to_markdown());
     let seeds: std::collections::BTreeSet<u64> = runs.iter().map(|r| r.seed).collect();
     if seeds.len() > 1 {

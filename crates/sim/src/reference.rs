@@ -199,11 +199,9 @@ impl Published {
 
     /// The traces that have published results.
     pub fn traces(&self) -> Vec<String> {
-        let mut traces: Vec<String> = self.curves.keys().map(|(_, t, _)| t.clone()).collect();
-        traces.dedup();
-        traces.sort();
-        traces.dedup();
-        traces
+        let traces: std::collections::BTreeSet<String> =
+            self.curves.keys().map(|(_, t, _)| t.clone()).collect();
+        traces.into_iter().collect()
     }
 }
 

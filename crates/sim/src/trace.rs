@@ -462,19 +462,16 @@ impl Row<'_> {
         }
     }
 
-    fn number<T: std::str::FromStr>(&self, field: &'static str) -> Result<T, TraceError> {
+    fn number<T: Whole>(&self, field: &'static str) -> Result<T, TraceError> {
         self.str(field).unwrap_or_default().parse().map_err(|_| {
             self.bad(
                 field,
-                format!("must be a whole number from 0 to {}", type_max::<T>()),
+                format!("must be a whole number from 0 to {}", T::MAX),
             )
         })
     }
 
-    fn optional_number<T: std::str::FromStr>(
-        &self,
-        field: &'static str,
-    ) -> Result<Option<T>, TraceError> {
+    fn optional_number<T: Whole>(&self, field: &'static str) -> Result<Option<T>, TraceError> {
         match self.str(field) {
             None | Some("") => Ok(None),
             Some(_) => self.number(field).map(Some),
@@ -538,12 +535,17 @@ impl Row<'_> {
     }
 }
 
-/// The largest value of the integer types the lists use, for error messages.
-fn type_max<T>() -> &'static str {
-    match std::mem::size_of::<T>() {
-        4 => "4294967295",
-        _ => "18446744073709551615",
-    }
+/// The unsigned integer types of the lists, with their largest value for error messages.
+trait Whole: std::str::FromStr {
+    const MAX: u64;
+}
+
+impl Whole for u32 {
+    const MAX: u64 = u32::MAX as u64;
+}
+
+impl Whole for u64 {
+    const MAX: u64 = u64::MAX;
 }
 
 #[cfg(test)]

@@ -101,9 +101,6 @@ pub struct Workload {
     pub nodes: Vec<TraceNode>,
     /// Every pod request, ordered by arrival (ties by tenant order).
     pub jobs: Vec<Job>,
-    /// The trace tasks shapes were drawn from, for the fragmentation measure's workload mix;
-    /// empty when every shape is fixed.
-    pub shape_tasks: Vec<TracePod>,
 }
 
 /// Why a workload could not be built.
@@ -134,11 +131,7 @@ impl Workload {
             None => Vec::new(),
         };
         let jobs = generate_jobs(&loaded.scenario, &shape_tasks, seed)?;
-        Ok(Self {
-            nodes,
-            jobs,
-            shape_tasks,
-        })
+        Ok(Self { nodes, jobs })
     }
 
     /// GPU capacity of the nodes.
