@@ -267,15 +267,21 @@ pub fn line_chart(chart: &Chart, series: &[Series]) -> Result<String, ReportErro
     Ok(svg)
 }
 
-/// The empirical CDF of `sample` as chart points (x = value, y = % at or below).
+/// Most points a CDF is drawn with: enough for a smooth curve, few enough for a small file.
+const CDF_POINTS: usize = 400;
+
+/// The empirical CDF of a sorted sample as chart points (x = value, y = % at or below), thinned
+/// to at most about [`CDF_POINTS`] evenly spaced ranks (the last one always kept).
 #[allow(clippy::cast_precision_loss)]
 pub fn cdf_points(sorted: &[f64]) -> Vec<(f64, f64)> {
-    let n = sorted.len() as f64;
-    sorted
-        .iter()
-        .enumerate()
-        .map(|(i, v)| (*v, 100.0 * (i + 1) as f64 / n))
-        .collect()
+    let n = sorted.len();
+    let step = n.div_ceil(CDF_POINTS).max(1);
+    let point = |i: usize| (sorted[i], 100.0 * (i + 1) as f64 / n as f64);
+    let mut points: Vec<(f64, f64)> = (0..n).step_by(step).map(point).collect();
+    if n > 0 && !(n - 1).is_multiple_of(step) {
+        points.push(point(n - 1));
+    }
+    points
 }
 
 /// Writes `contents` to `dir/name`, creating `dir`.
@@ -362,5 +368,10 @@ mod tests {
         assert_eq!(number(None, 2), "—");
         assert_eq!(number(Some(f64::NAN), 1), "—");
         assert_eq!(cdf_points(&[1.0, 2.0]), vec![(1.0, 50.0), (2.0, 100.0)]);
+        let many: Vec<f64> = (0..10_001).map(f64::from).collect();
+        let thin = cdf_points(&many);
+        assert!(thin.len() <= CDF_POINTS + 1, "{}", thin.len());
+        assert_eq!(thin.last(), Some(&(10_000.0, 100.0)), "the maximum is kept");
+        assert!(cdf_points(&[]).is_empty());
     }
 }
