@@ -79,5 +79,28 @@ bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on t
 	$(CARGO) bench --locked -p gpuqueue-core --bench policy
 	$(CARGO) bench --locked -p gpuqueue-core --bench trace_replay
 
+# The simulator's data (the openb trace and the FGD reference results) lives outside the
+# repository: $GPUQUEUE_DATA_DIR, else a shared/data folder beside the checkout or its parent.
+SIM_DATA ?= $(firstword $(GPUQUEUE_DATA_DIR) $(wildcard ../shared/data ../../shared/data))
+SIM_RESULTS := crates/sim/results
+SIM_TRACES := default cpu050 cpu100 cpu200 cpu250 gpushare20 gpushare40 gpushare60 gpushare100 \
+  gpuspec10 gpuspec20 gpuspec25 gpuspec33 multigpu20 multigpu30 multigpu40
+SIMULATE = $(CARGO) run --quiet --release --locked -p gpuqueue-cli --bin kubectl-gpuqueue -- simulate --data-dir $(SIM_DATA)
+
+.PHONY: sim
+sim: ## Quota study of one scenario: make sim SCENARIO=examples/sim/day-night.yaml (report in target/sim/)
+	$(SIMULATE) --scenario $(or $(SCENARIO),examples/sim/quickstart.yaml) --out target/sim
+
+.PHONY: bench-sim
+bench-sim: ## Placement study on every openb trace and quota studies of examples/sim; writes crates/sim/results/
+	@test -d "$(SIM_DATA)/alibaba-gpu-v2023" || { echo "bench-sim: no openb trace; set GPUQUEUE_DATA_DIR" >&2; exit 1; }
+	rm -rf $(SIM_RESULTS)/placement $(SIM_RESULTS)/speed $(SIM_RESULTS)/quota
+	$(SIMULATE) --no-progress --policy ours --out $(SIM_RESULTS)/speed \
+	  --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv $(SIM_DATA)/alibaba-gpu-v2023/openb_pod_list_default.csv
+	$(SIMULATE) --no-progress --out $(SIM_RESULTS)/placement --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv \
+	  $(foreach t,$(SIM_TRACES),$(SIM_DATA)/alibaba-gpu-v2023/openb_pod_list_$(t).csv)
+	$(SIMULATE) --no-progress --scenario examples/sim/day-night.yaml --seeds 42-46 --out $(SIM_RESULTS)/quota
+	$(SIMULATE) --no-progress --scenario examples/sim/helios-venus.yaml --out $(SIM_RESULTS)/quota
+
 .PHONY: test
 test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end
