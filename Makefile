@@ -4,6 +4,11 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 CARGO ?= cargo
+# The real data (the Alibaba openb trace, the FGD paper's published results, Helios quotas) is
+# not in the repository (research-use licence): $GPUQUEUE_DATA_DIR, else a shared/data folder
+# beside the checkout or its parent, else where the team's machines and CI keep it. Core and
+# simulator tests read it and fail loudly when it is missing.
+export GPUQUEUE_DATA_DIR ?= $(firstword $(wildcard ../shared/data ../../shared/data /work/shared/data))
 # Crates that must stay free of I/O: no async runtime, no HTTP, no Kubernetes client.
 PURE_CRATES := gpuqueue-api gpuqueue-core
 IO_CRATES := tokio hyper kube-client kube-runtime
@@ -79,9 +84,7 @@ bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on t
 	$(CARGO) bench --locked -p gpuqueue-core --bench policy
 	$(CARGO) bench --locked -p gpuqueue-core --bench trace_replay
 
-# The simulator's data (the openb trace and the FGD reference results) lives outside the
-# repository: $GPUQUEUE_DATA_DIR, else a shared/data folder beside the checkout or its parent.
-SIM_DATA ?= $(firstword $(GPUQUEUE_DATA_DIR) $(wildcard ../shared/data ../../shared/data))
+SIM_DATA := $(GPUQUEUE_DATA_DIR)
 SIM_RESULTS := crates/sim/results
 SIM_TRACES := default cpu050 cpu100 cpu200 cpu250 gpushare20 gpushare40 gpushare60 gpushare100 \
   gpuspec10 gpuspec20 gpuspec25 gpuspec33 multigpu20 multigpu30 multigpu40
