@@ -4,6 +4,11 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 CARGO ?= cargo
+# The real data (the Alibaba openb trace, the FGD paper's published results, Helios quotas) is
+# not in the repository (research-use licence): $GPUQUEUE_DATA_DIR, else a shared/data folder
+# beside the checkout or its parent, else where the team's machines and CI keep it. Core and
+# simulator tests read it and fail loudly when it is missing.
+export GPUQUEUE_DATA_DIR ?= $(firstword $(wildcard ../shared/data ../../shared/data /work/shared/data))
 # Crates that must stay free of I/O: no async runtime, no HTTP, no Kubernetes client.
 PURE_CRATES := gpuqueue-api gpuqueue-core
 IO_CRATES := tokio hyper kube-client kube-runtime
@@ -34,6 +39,9 @@ verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	  $(CARGO) run --quiet --locked -p gpuqueue-api --bin crdgen -- "$$tmp" && \
 	  if ! diff -ru crds "$$tmp"; then echo "verify: crds/ is stale; run 'make crds'" >&2; exit 1; fi
+	@for f in crds/*.yaml; do \
+	  cmp -s "$$f" "config/crd/$$(basename "$$f")" || { echo "verify: config/crd/$$(basename "$$f") differs from $$f; run 'make crds'" >&2; exit 1; }; \
+	done
 	@for crate in $(PURE_CRATES); do \
 	  found=$$($(CARGO) tree --locked -p $$crate -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | grep -xE '$(subst $() ,|,$(IO_CRATES))' || true); \
 	  if [ -n "$$found" ]; then echo "verify: $$crate depends on I/O crates: $$found" >&2; exit 1; fi; \
@@ -75,6 +83,27 @@ cluster-env: ## Print KUBECONFIG/PATH exports for the local cluster: eval "$(mak
 bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on the Alibaba trace); writes target/bench-core/
 	$(CARGO) bench --locked -p gpuqueue-core --bench policy
 	$(CARGO) bench --locked -p gpuqueue-core --bench trace_replay
+
+SIM_DATA := $(GPUQUEUE_DATA_DIR)
+SIM_RESULTS := crates/sim/results
+SIM_TRACES := default cpu050 cpu100 cpu200 cpu250 gpushare20 gpushare40 gpushare60 gpushare100 \
+  gpuspec10 gpuspec20 gpuspec25 gpuspec33 multigpu20 multigpu30 multigpu40
+SIMULATE = $(CARGO) run --quiet --release --locked -p gpuqueue-cli --bin kubectl-gpuqueue -- simulate --data-dir $(SIM_DATA)
+
+.PHONY: sim
+sim: ## Quota study of one scenario: make sim SCENARIO=examples/sim/day-night.yaml (report in target/sim/)
+	$(SIMULATE) --scenario $(or $(SCENARIO),examples/sim/quickstart.yaml) --out target/sim
+
+.PHONY: bench-sim
+bench-sim: ## Placement study on every openb trace and quota studies of examples/sim; writes crates/sim/results/
+	@test -d "$(SIM_DATA)/alibaba-gpu-v2023" || { echo "bench-sim: no openb trace; set GPUQUEUE_DATA_DIR" >&2; exit 1; }
+	rm -rf $(SIM_RESULTS)/placement $(SIM_RESULTS)/speed $(SIM_RESULTS)/quota
+	$(SIMULATE) --no-progress --policy ours --out $(SIM_RESULTS)/speed \
+	  --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv $(SIM_DATA)/alibaba-gpu-v2023/openb_pod_list_default.csv
+	$(SIMULATE) --no-progress --out $(SIM_RESULTS)/placement --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv \
+	  $(foreach t,$(SIM_TRACES),$(SIM_DATA)/alibaba-gpu-v2023/openb_pod_list_$(t).csv)
+	$(SIMULATE) --no-progress --scenario examples/sim/day-night.yaml --seeds 42-46 --out $(SIM_RESULTS)/quota
+	$(SIMULATE) --no-progress --scenario examples/sim/helios-venus.yaml --out $(SIM_RESULTS)/quota
 
 .PHONY: test
 test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end
