@@ -4,6 +4,11 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 CARGO ?= cargo
+# The real data (the Alibaba openb trace, the FGD paper's published results, Helios quotas) is
+# not in the repository (research-use licence): $GPUQUEUE_DATA_DIR, else a shared/data folder
+# beside the checkout or its parent, else where the team's machines and CI keep it. Core and
+# simulator tests read it and fail loudly when it is missing.
+export GPUQUEUE_DATA_DIR ?= $(firstword $(wildcard ../shared/data ../../shared/data /work/shared/data))
 # Crates that must stay free of I/O: no async runtime, no HTTP, no Kubernetes client.
 PURE_CRATES := gpuqueue-api gpuqueue-core
 IO_CRATES := tokio hyper kube-client kube-runtime
@@ -79,9 +84,43 @@ bench-core: ## Benchmark the policy core (decisions at 1,000 nodes; scorers on t
 	$(CARGO) bench --locked -p gpuqueue-core --bench policy
 	$(CARGO) bench --locked -p gpuqueue-core --bench trace_replay
 
+SIM_DATA := $(GPUQUEUE_DATA_DIR)
+SIM_RESULTS := crates/sim/results
+SIM_TRACES := default cpu050 cpu100 cpu200 cpu250 gpushare20 gpushare40 gpushare60 gpushare100 \
+  gpuspec10 gpuspec20 gpuspec25 gpuspec33 multigpu20 multigpu30 multigpu40
+SIMULATE = $(CARGO) run --quiet --release --locked -p gpuqueue-cli --bin kubectl-gpuqueue -- simulate --data-dir $(SIM_DATA)
+
+.PHONY: sim
+sim: ## Quota study of one scenario: make sim SCENARIO=examples/sim/day-night.yaml (report in target/sim/)
+	$(SIMULATE) --scenario $(or $(SCENARIO),examples/sim/quickstart.yaml) --out target/sim
+
+.PHONY: bench-sim
+bench-sim: ## Placement study on every openb trace and quota studies of examples/sim; writes crates/sim/results/
+	@test -d "$(SIM_DATA)/alibaba-gpu-v2023" || { echo "bench-sim: no openb trace; set GPUQUEUE_DATA_DIR" >&2; exit 1; }
+	rm -rf $(SIM_RESULTS)/placement $(SIM_RESULTS)/speed $(SIM_RESULTS)/quota
+	$(SIMULATE) --no-progress --policy ours --out $(SIM_RESULTS)/speed \
+	  --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv $(SIM_DATA)/alibaba-gpu-v2023/openb_pod_list_default.csv
+	$(SIMULATE) --no-progress --out $(SIM_RESULTS)/placement --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv \
+	  $(foreach t,$(SIM_TRACES),$(SIM_DATA)/alibaba-gpu-v2023/openb_pod_list_$(t).csv)
+	$(SIMULATE) --no-progress --scenario examples/sim/day-night.yaml --seeds 42-46 --out $(SIM_RESULTS)/quota
+	$(SIMULATE) --no-progress --scenario examples/sim/helios-venus.yaml --out $(SIM_RESULTS)/quota
+
 .PHONY: bench-handover
 bench-handover: ## Handover latency by phase on the local control plane: 50 reclaims with a 1.2 s vLLM checkpoint, 50 without; writes e2e/results/handover.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench handover
 
 .PHONY: test
 test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end
+
+.PHONY: demo
+demo: ## Local control plane, the operator and two tenants: watch one borrow the other's idle GPUs
+	@e2e/scripts/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Stop the demo's operator and its cluster
+	@if [ -f $(E2E_DIR)/operator.pid ]; then kill "$$(cat $(E2E_DIR)/operator.pid)" 2>/dev/null || true; rm -f $(E2E_DIR)/operator.pid; fi
+	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
+
+.PHONY: bench-admission
+bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes target/bench-admission/
+	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench admission

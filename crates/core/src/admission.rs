@@ -550,48 +550,56 @@ pub fn admission_cycle(
         // Reversed so that `pop` yields the highest priority, then the oldest.
         pods.sort_by(|a, b| {
             let (a, b) = (snapshot.pod(*a), snapshot.pod(*b));
-            let key = |p: Option<&crate::model::Pod>| {
-                p.map(|p| (std::cmp::Reverse(p.priority), p.created_at, p.key.clone()))
-            };
-            key(b).cmp(&key(a))
+            let key = b.map(|p| (std::cmp::Reverse(p.priority), p.created_at, &p.key));
+            key.cmp(&a.map(|p| (std::cmp::Reverse(p.priority), p.created_at, &p.key)))
         });
     }
+    // Each queue's head and its rank. A decision changes only its own queue's usage, so only
+    // that queue's rank is recomputed after it: a cycle over many pending pods stays linear.
+    let mut ranks: Vec<Option<HeadRank>> = (0..per_queue.len())
+        .map(|q| head_rank(snapshot, q, &per_queue[q]))
+        .collect();
     let mut decisions = Vec::new();
     loop {
-        let next = per_queue
+        let next = ranks
             .iter()
             .enumerate()
-            .filter_map(|(q, pods)| {
-                let head = *pods.last()?;
-                let pod = snapshot.pod(head)?;
-                let guaranteed = within_guarantee(snapshot, head);
-                let share = if guaranteed {
-                    0.0
-                } else {
-                    snapshot.borrowing_share(QueueId(u16::try_from(q).unwrap_or(u16::MAX)))
-                };
-                Some((
-                    (
-                        u8::from(!guaranteed),
-                        share,
-                        -i64::from(pod.priority),
-                        pod.created_at,
-                        pod.key.clone(),
-                    ),
-                    q,
-                ))
-            })
+            .filter_map(|(q, rank)| rank.as_ref().map(|r| (r, q)))
             .min_by(|(a, _), (b, _)| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         let Some((_, q)) = next else { break };
         let Some(pod) = per_queue[q].pop() else { break };
         let decision = decide(snapshot, pod, scorer, tie, now);
         decisions.push(apply(snapshot, decision, now));
+        ranks[q] = head_rank(snapshot, q, &per_queue[q]);
     }
     unqueued.sort_by_key(|p| snapshot.pod(*p).map(|p| p.key.clone()));
     for pod in unqueued {
         decisions.push(decide(snapshot, pod, scorer, tie, now));
     }
     decisions
+}
+
+/// Fair order of queue heads (lowest first): pods within their guarantee, then by the queue's
+/// weighted borrowing share, pod priority (highest first), age, key.
+type HeadRank = (u8, f64, i64, Timestamp, PodKey);
+
+/// The rank of a queue's next pod (the last of `pods`), if any.
+fn head_rank(snapshot: &Snapshot, queue: usize, pods: &[PodId]) -> Option<HeadRank> {
+    let head = *pods.last()?;
+    let pod = snapshot.pod(head)?;
+    let guaranteed = within_guarantee(snapshot, head);
+    let share = if guaranteed {
+        0.0
+    } else {
+        snapshot.borrowing_share(QueueId(u16::try_from(queue).unwrap_or(u16::MAX)))
+    };
+    Some((
+        u8::from(!guaranteed),
+        share,
+        -i64::from(pod.priority),
+        pod.created_at,
+        pod.key.clone(),
+    ))
 }
 
 /// Applies a decision to the snapshot; a decision the snapshot refuses becomes a wait.

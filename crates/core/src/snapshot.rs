@@ -538,6 +538,15 @@ impl Snapshot {
         self.reclaimed_from.get(&id).copied()
     }
 
+    /// A reclaim took GPUs from this queue at `at`: it does not borrow again within its
+    /// `minBorrowDuration`. The simulator's counterpart of [`SnapshotBuilder::reclaimed_from`],
+    /// for a snapshot kept alive across reclaims.
+    pub fn record_reclaimed_from(&mut self, id: QueueId, at: Timestamp) {
+        let entry = self.reclaimed_from.entry(id).or_insert(at);
+        *entry = (*entry).max(at);
+        self.generation += 1;
+    }
+
     // ---- capacity ----------------------------------------------------------------------
 
     /// Device capacity of a resource over all nodes, milli.
