@@ -47,7 +47,7 @@ mod record;
 mod resume;
 mod timeline;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use jiff::{SignedDuration, Timestamp};
 use kube::Client;
@@ -126,6 +126,9 @@ pub struct Handovers {
     by_task: HashMap<Id, String>,
     /// Reclaims whose recovery did not settle, and when to try again.
     retry: HashMap<String, Instant>,
+    /// Reclaims this process finished whose intent the store still shows (its watch lags the
+    /// clearing write, or a victim is still terminating): never resumed a second time.
+    finished: HashSet<String>,
     /// Queues reclaimed from by this process, with the start of the newest reclaim: their
     /// borrowing cool-down holds before their `lastHandovers` show it.
     reclaimed_from: HashMap<String, Timestamp>,
@@ -149,6 +152,7 @@ impl Handovers {
             running: HashMap::new(),
             by_task: HashMap::new(),
             retry: HashMap::new(),
+            finished: HashSet::new(),
             reclaimed_from: HashMap::new(),
         }
     }
@@ -199,6 +203,7 @@ impl Handovers {
                 self.running.remove(&id);
                 if done {
                     self.retry.remove(&id);
+                    self.finished.insert(id);
                 } else {
                     self.retry.insert(id, now + RETRY_AFTER);
                 }
@@ -213,9 +218,18 @@ impl Handovers {
         let instant = Instant::now();
         self.reap(instant);
         let pods = self.reclaimer.stores.pods.state();
+        let marked: HashSet<String> = pods
+            .iter()
+            .filter_map(|pod| Mark::read(pod).map(|mark| mark.id))
+            .collect();
+        self.finished.retain(|id| marked.contains(id));
         let found = resume::scan(
             &pods,
-            |id| self.running.contains_key(id) || self.retry.contains_key(id),
+            |id| {
+                self.running.contains_key(id)
+                    || self.retry.contains_key(id)
+                    || self.finished.contains(id)
+            },
             now,
         );
         let mut recovered = Recovered::default();
