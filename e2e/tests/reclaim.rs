@@ -846,14 +846,20 @@ async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
             "{evictions:?}"
         );
     }
-    // Nothing is left marked: the owner's intent was cleared at the end.
-    let owner = owners.get("owner").await.unwrap();
-    assert_eq!(
-        annotation(&owner, annotations::RECLAIM_ID),
-        None,
-        "{:?}",
-        owner.metadata.annotations
-    );
+    // Nothing is left marked: the owner's intent is cleared last, after the records.
+    wait_for(
+        "the owner's intent to be cleared",
+        DEFAULT_TIMEOUT,
+        || async {
+            let owner = owners.get("owner").await.map_err(|e| e.to_string())?;
+            match annotation(&owner, annotations::RECLAIM_ID) {
+                None => Ok(()),
+                Some(_) => Err(format!("{:?}", owner.metadata.annotations)),
+            }
+        },
+    )
+    .await
+    .unwrap();
     (world, record, victim, batch.name().to_owned())
 }
 
