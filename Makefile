@@ -113,12 +113,14 @@ bench-handover: ## Handover latency by phase on the local control plane: 50 recl
 test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end
 
 .PHONY: demo
-demo: ## Local control plane, the operator and two tenants: watch one borrow the other's idle GPUs
+demo: ## Local control plane, the operator and two tenants: watch one borrow the other's idle GPUs, then take them back
 	@e2e/scripts/demo.sh
+	@e2e/scripts/demo-reclaim.sh
 
 .PHONY: demo-down
 demo-down: ## Stop the demo's operator and its cluster
 	@if [ -f $(E2E_DIR)/operator.pid ]; then kill "$$(cat $(E2E_DIR)/operator.pid)" 2>/dev/null || true; rm -f $(E2E_DIR)/operator.pid; fi
+	@if [ -f $(E2E_DIR)/fake-vllm.pid ]; then kill "$$(cat $(E2E_DIR)/fake-vllm.pid)" 2>/dev/null || true; rm -f $(E2E_DIR)/fake-vllm.pid; fi
 	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
 
 .PHONY: bench-admission
