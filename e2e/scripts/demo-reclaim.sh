@@ -83,13 +83,16 @@ for h in queue["status"].get("lastHandovers", []):
         print(f"      victim {c['pod']}: checkpoint {c['driver']} {c['result']} in {c['millis']} ms{note}")
 PY
 step "" "What the evicted batch pods and online's pods were told (events):"
-kubectl get events -A --field-selector reason=Checkpointed -o custom-columns='POD:.involvedObject.name,MESSAGE:.message' | head -3 | cut -c1-160
-kubectl get events -n online --field-selector reason=HandoverCompleted -o custom-columns='POD:.involvedObject.name,MESSAGE:.message' | head -3 | cut -c1-160
+# Read whole, then cut: `head` closing a pipe early would fail the script under pipefail.
+first_lines() { local text; text=$("$@"); printf '%s\n' "$text" | sed -n '1,3p' | cut -c1-160; }
+first_lines kubectl get events -A --field-selector reason=Checkpointed -o custom-columns='POD:.involvedObject.name,MESSAGE:.message'
+first_lines kubectl get events -n online --field-selector reason=HandoverCompleted -o custom-columns='POD:.involvedObject.name,MESSAGE:.message'
 
 say "Who has what now"
 kubectl get gq
 step "" "batch's replacements wait: it may not borrow again within its minBorrowDuration (30s):"
-waiting=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.name}{"\n"}{end}' | head -1)
+gated=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.name}{" "}{end}')
+waiting=${gated%% *}
 if [ -n "$waiting" ]; then
     kubectl get pod -n batch "$waiting" -o jsonpath='{.metadata.annotations.gpuqueue\.io/waiting-reason}{"\n"}' | fold -s -w 100 | sed 's/^/     /'
 fi
