@@ -124,5 +124,5 @@ demo-down: ## Stop the demo's operator and its cluster
 	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
 
 .PHONY: bench-admission
-bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes target/bench-admission/
+bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes e2e/results/admission.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench admission

@@ -17,8 +17,10 @@
 //! Throughput is the number of pods bound divided by the time from the first create request to
 //! the last bind seen (pods beyond the cluster's capacity stay pending in both modes and are
 //! left out). Latency is per pod, measured by this process's watch: create request answered
-//! → gate released (gpuqueue) and → bound (both). Results: `target/bench-admission/result.json`
-//! and `result.md`. `BENCH_ROUNDS` (default 2) repeats both modes, alternating; the best round of each counts.
+//! → gate released (gpuqueue) and → bound (both). CPU time is read from `/proc` for the whole
+//! machine and for the operator process, to tell a slow operator from a busy machine. Results:
+//! `e2e/results/admission.json` and `admission.md` (committed, so a change is a visible diff).
+//! `BENCH_ROUNDS` (default 2) repeats both modes, alternating; the best round of each counts.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -32,7 +34,7 @@ use tokio::time::Instant;
 use common::{Operator, Options, apply_queue, free_port, install, is_gated, queue_yaml};
 use futures::{StreamExt, stream};
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod, target_dir, wait_for};
+use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod, repo_root, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{Api, DeleteParams, ListParams, PostParams},
@@ -45,6 +47,14 @@ fn env_number(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// How many pods to create, how many can be bound, and by how many clients at once.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    count: usize,
+    expected: usize,
+    creators: usize,
 }
 
 /// When this process saw each pod created, released and bound.
@@ -68,6 +78,51 @@ struct Run {
     bind_latency_p99_ms: f64,
     admission_latency_p50_ms: Option<f64>,
     admission_latency_p99_ms: Option<f64>,
+    /// CPU time the whole machine spent during the run (everything, other work included).
+    machine_cpu_seconds: f64,
+    /// CPU time the operator process spent during the run.
+    operator_cpu_seconds: Option<f64>,
+}
+
+/// Busy CPU time of the machine so far, from `/proc/stat`, in seconds (the kernel counts in
+/// USER_HZ, which is 100 on Linux).
+fn machine_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: all but idle and iowait are busy.
+    let busy: u64 = fields
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| ![3, 4].contains(i) && *i < 8)
+        .map(|(_, v)| v)
+        .sum();
+    #[allow(clippy::cast_precision_loss)]
+    let seconds = busy as f64 / 100.0;
+    seconds
+}
+
+/// CPU time (user + system) of process `pid` so far, from `/proc/<pid>/stat`, in seconds.
+fn process_cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = after
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    #[allow(clippy::cast_precision_loss)]
+    let seconds = (fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0))
+        as f64
+        / 100.0;
+    seconds
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -92,63 +147,79 @@ fn latencies(from: &HashMap<String, Instant>, to: &HashMap<String, Instant>) -> 
     values
 }
 
+/// Follows the namespace's pods, recording when each is first seen released and bound, until
+/// `expected` are bound. The receiver resolves once the initial list is in.
+fn follow(
+    pods: Api<Pod>,
+    timeline: Arc<Mutex<Timeline>>,
+    expected: usize,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    // kube's watcher re-watches when the API server ends a watch (as it does under load) and
+    // relists on 410 Gone, so no state change is missed.
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let watch = tokio::spawn(async move {
+        let mut listed_tx = Some(listed_tx);
+        let mut events = watcher(pods, watcher::Config::default()).boxed();
+        while let Some(event) = events.next().await {
+            let pod = match event {
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(listed) = listed_tx.take() {
+                        let _ = listed.send(());
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
+                Ok(_) => continue,
+                Err(error) => {
+                    eprintln!("watch: {error}; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            let name = pod.metadata.name.clone().unwrap();
+            let mut timeline = timeline.lock().unwrap();
+            if !is_gated(&pod) {
+                timeline.released.entry(name.clone()).or_insert(now);
+            }
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            {
+                timeline.bound.entry(name).or_insert(now);
+                if timeline.bound.len() >= expected {
+                    return;
+                }
+            }
+        }
+    });
+    (watch, listed)
+}
+
 /// Creates `count` pods at once in `namespace` and watches them until `expected` are bound.
 async fn run(
     cluster: &ControlPlane,
     namespace: &str,
     mode: &'static str,
     round: usize,
-    count: usize,
-    expected: usize,
-    creators: usize,
+    load: Load,
+    operator: Option<u32>,
 ) -> Run {
+    let Load {
+        count,
+        expected,
+        creators,
+    } = load;
+    let machine_before = machine_cpu_seconds();
+    let operator_before = operator.map(process_cpu_seconds);
     let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace);
     let timeline = Arc::new(Mutex::new(Timeline::default()));
-    // kube's watcher re-watches when the API server ends a watch (as it does under load) and
-    // relists on 410 Gone, so no state change is missed.
-    let (listed_tx, listed) = tokio::sync::oneshot::channel();
-    let watch = {
-        let pods = pods.clone();
-        let timeline = timeline.clone();
-        tokio::spawn(async move {
-            let mut listed_tx = Some(listed_tx);
-            let mut events = watcher(pods, watcher::Config::default()).boxed();
-            while let Some(event) = events.next().await {
-                let pod = match event {
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(listed) = listed_tx.take() {
-                            let _ = listed.send(());
-                        }
-                        continue;
-                    }
-                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
-                    Ok(_) => continue,
-                    Err(error) => {
-                        eprintln!("watch: {error}; retrying");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                let now = Instant::now();
-                let name = pod.metadata.name.clone().unwrap();
-                let mut timeline = timeline.lock().unwrap();
-                if !is_gated(&pod) {
-                    timeline.released.entry(name.clone()).or_insert(now);
-                }
-                if pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_some()
-                {
-                    timeline.bound.entry(name).or_insert(now);
-                    if timeline.bound.len() >= expected {
-                        return;
-                    }
-                }
-            }
-        })
-    };
+    let (watch, listed) = follow(pods.clone(), timeline.clone(), expected);
     listed.await.unwrap();
 
     let start = Instant::now();
@@ -194,6 +265,10 @@ async fn run(
         bind_latency_p99_ms: percentile(&bind, 0.99),
         admission_latency_p50_ms: gated.then(|| percentile(&admission, 0.5)),
         admission_latency_p99_ms: gated.then(|| percentile(&admission, 0.99)),
+        machine_cpu_seconds: machine_cpu_seconds() - machine_before,
+        operator_cpu_seconds: operator
+            .zip(operator_before)
+            .map(|(pid, before)| process_cpu_seconds(pid) - before),
     };
     eprintln!("{result:?}");
     result
@@ -235,6 +310,11 @@ async fn main() {
     let rounds = env_number("BENCH_ROUNDS", 2);
     let capacity = nodes * 8;
     let expected = count.min(capacity);
+    let load = Load {
+        count,
+        expected,
+        creators,
+    };
 
     let mut config = ControlPlaneConfig::new("bench_admission").with_nodes(
         (0..nodes)
@@ -263,18 +343,7 @@ async fn main() {
         let _ = webhooks
             .delete("gpuqueue-operator", &DeleteParams::default())
             .await;
-        results.push(
-            run(
-                &cluster,
-                plain.name(),
-                "kube-scheduler",
-                round,
-                count,
-                expected,
-                creators,
-            )
-            .await,
-        );
+        results.push(run(&cluster, plain.name(), "kube-scheduler", round, load, None).await);
         clear(&cluster, plain.name()).await;
 
         // With gpuqueue: the webhook and the operator (release build) in the path.
@@ -286,27 +355,19 @@ async fn main() {
         .await;
         let mut options = Options::new(&format!("bench-{round}"), webhook_port);
         options.release = true;
-        "info".clone_into(&mut options.log_filter);
-        operator = Some(Operator::start(&cluster, options).await);
-        results.push(
-            run(
-                &cluster,
-                managed.name(),
-                "gpuqueue",
-                round,
-                count,
-                expected,
-                creators,
-            )
-            .await,
-        );
+        // One debug line per admission pass: how long it took and what it started.
+        "info,gpuqueue_operator::admission=debug".clone_into(&mut options.log_filter);
+        let started = Operator::start(&cluster, options).await;
+        let pid = started.process.pid();
+        operator = Some(started);
+        results.push(run(&cluster, managed.name(), "gpuqueue", round, load, Some(pid)).await);
         clear(&cluster, managed.name()).await;
     }
 
     write_report(&results, nodes, count, creators, rounds);
 }
 
-/// Writes `result.json` and `result.md` under `target/bench-admission/` and prints the table.
+/// Writes `admission.json` and `admission.md` under `e2e/results/` and prints the table.
 fn write_report(results: &[Run], nodes: usize, count: usize, creators: usize, rounds: usize) {
     use std::fmt::Write as _;
     let best = |mode: &str| {
@@ -317,27 +378,27 @@ fn write_report(results: &[Run], nodes: usize, count: usize, creators: usize, ro
             .fold(f64::NAN, f64::max)
     };
     let ratio = best("gpuqueue") / best("kube-scheduler");
-    let dir = target_dir().join("bench-admission");
+    let dir = repo_root().join("e2e/results");
     std::fs::create_dir_all(&dir).unwrap();
     let json = json!({
         "nodes": nodes, "gpus_per_node": 8, "pods": count, "creators": creators, "rounds": rounds,
         "runs": results, "ratio_gpuqueue_to_scheduler": ratio, "target_ratio": 0.8,
     });
     std::fs::write(
-        dir.join("result.json"),
+        dir.join("admission.json"),
         serde_json::to_string_pretty(&json).unwrap(),
     )
     .unwrap();
     let mut table = format!(
         "# Admission throughput: {count} one-GPU pods on {nodes} KWOK nodes × 8 GPUs\n\n\
-         | mode | round | bound | seconds to last bind | pods/s | bind p50 | bind p99 | admission p50 | admission p99 |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+         | mode | round | bound | seconds to last bind | pods/s | bind p50 | bind p99 | admission p50 | admission p99 | machine CPU s | operator CPU s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
     );
     let ms = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.0} ms"));
     for r in results {
         let _ = writeln!(
             table,
-            "| {} | {} | {} | {:.2} | {:.1} | {:.0} ms | {:.0} ms | {} | {} |",
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} ms | {:.0} ms | {} | {} | {:.1} | {} |",
             r.mode,
             r.round,
             r.bound,
@@ -347,6 +408,9 @@ fn write_report(results: &[Run], nodes: usize, count: usize, creators: usize, ro
             r.bind_latency_p99_ms,
             ms(r.admission_latency_p50_ms),
             ms(r.admission_latency_p99_ms),
+            r.machine_cpu_seconds,
+            r.operator_cpu_seconds
+                .map_or_else(|| "—".to_owned(), |v| format!("{v:.1}")),
         );
     }
     let _ = write!(
@@ -355,7 +419,7 @@ fn write_report(results: &[Run], nodes: usize, count: usize, creators: usize, ro
          Pods beyond the {} GPUs stay pending in both modes and are not counted.\n",
         nodes * 8
     );
-    std::fs::write(dir.join("result.md"), &table).unwrap();
+    std::fs::write(dir.join("admission.md"), &table).unwrap();
     println!("{table}");
     println!("written to {}", dir.display());
 }

@@ -6,6 +6,8 @@
 # The cluster and the operator keep running afterwards so you can look around
 # (eval "$(make -s cluster-env)"; kubectl get gq); `make demo-down` stops both.
 set -euo pipefail
+# Pipelines here read their input to the end (sed -n, not head): under pipefail, a writer
+# killed by SIGPIPE would end the demo with status 141.
 cd "$(dirname "$0")/../.."
 
 DIR=${E2E_DIR:-.e2e}
@@ -38,7 +40,7 @@ if [ -f "$OPERATOR_PID" ]; then kill "$(cat "$OPERATOR_PID")" 2>/dev/null || tru
 make -s cluster-down >/dev/null 2>&1 || true
 make -s cluster-up
 eval "$(make -s cluster-env)"
-kubectl get nodes -L nvidia.com/gpu.product -o wide | cut -c1-110
+kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.metadata.labels.nvidia\.com/gpu\.product,WHOLE GPUS:.status.allocatable.nvidia\.com/gpu,MIG 1g.10gb:.status.allocatable.nvidia\.com/mig-1g\.10gb,MIG 3g.40gb:.status.allocatable.nvidia\.com/mig-3g\.40gb' | sed 's/^/   /'
 
 say "Building and starting the operator"
 cargo build --quiet --locked -p gpuqueue-operator
@@ -93,12 +95,14 @@ step "8 run on batch's own guarantee, 16 borrow online's idle GPUs, 2 wait above
 deployment batch 26
 until_true "batch to borrow" queue_is batch 24 16 0 2
 kubectl get gq
-waiting=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.name}{"\n"}{end}' | head -1)
+waiting=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.name}{"\n"}{end}' | sed -n 1p)
 step "" "A pod that waits says why (annotation gpuqueue.io/waiting-reason, and an event):"
 kubectl get pod -n batch "$waiting" -o jsonpath='{.metadata.annotations.gpuqueue\.io/waiting-reason}{"\n"}' | fold -s -w 100 | sed 's/^/     /'
-kubectl get events -n batch --field-selector "involvedObject.name=$waiting" | cut -c1-150
+kubectl get events -n batch --field-selector "involvedObject.name=$waiting" \
+    -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | sed 's/^/     /'
 step "" "Where the pods went (the operator pinned each one; kube-scheduler bound it):"
-kubectl get pods -n batch -o wide --sort-by=.spec.nodeName | awk 'NR==1 || /Running/' | awk '{print "     " $1, $3, $7}' | column -t | head -6
+kubectl get pods -n batch --field-selector=status.phase=Running --sort-by=.spec.nodeName \
+    -o custom-columns=NAME:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName | sed -n 1,6p | sed 's/^/     /'
 step "     ..."
 
 say "Every queue's numbers are also Prometheus metrics (http://127.0.0.1:$METRICS_PORT/metrics)"

@@ -18,12 +18,13 @@ use gpuqueue_e2e::{
     wait_for,
 };
 use k8s_openapi::api::{
+    admissionregistration::v1::MutatingWebhookConfiguration,
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
-    core::v1::Pod,
+    core::v1::{Pod, Service},
 };
 use kube::{
     Client,
-    api::{Api, Patch, PatchParams, PostParams},
+    api::{Api, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
 
@@ -589,4 +590,78 @@ async fn a_standby_takes_over_when_the_leader_stops_and_never_acts_before() {
         lease.spec.unwrap().holder_identity.as_deref(),
         Some(standby.identity.as_str())
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_restricted() {
+    let cluster = start("operator_install", None).await;
+    let client = cluster.client();
+
+    // Exactly the README's install command, with the kubectl (and built-in kustomize) of v1.36.
+    let applied = cluster
+        .kubectl()
+        .args(["apply", "--server-side", "-k"])
+        .arg(repo_root().join("config"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&applied.stderr);
+    assert!(
+        applied.status.success(),
+        "kubectl apply -k config/: {stderr}"
+    );
+    assert!(!stderr.contains("PodSecurity"), "{stderr}");
+
+    // The ReplicaSet's pods pass Pod Security `restricted` (enforced by the namespace) and run.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    wait_for(
+        "both operator replicas to be created and running",
+        DEFAULT_TIMEOUT,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=gpuqueue-operator"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let running = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            if running == 2 {
+                Ok(())
+            } else {
+                Err(format!("{running} of {} pods running", list.items.len()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // The check is real: a pod that asks for root is refused in that namespace.
+    let privileged: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "root"},
+        "spec": {"containers": [{"name": "root", "image": "busybox",
+            "securityContext": {"runAsUser": 0, "privileged": true}}]},
+    }))
+    .unwrap();
+    let refused = pods
+        .create(&PostParams::default(), &privileged)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("violates PodSecurity"), "{refused}");
+
+    // The webhook configuration calls the Service the manifests created.
+    let webhook = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("gpuqueue-operator")
+        .await
+        .unwrap();
+    let service = webhook.webhooks.unwrap()[0]
+        .client_config
+        .service
+        .clone()
+        .unwrap();
+    Api::<Service>::namespaced(client.clone(), &service.namespace)
+        .get(&service.name)
+        .await
+        .unwrap();
 }
