@@ -170,16 +170,22 @@ pub async fn connect(args: &ClusterArgs) -> Result<Cluster, InspectError> {
                     path.display()
                 )));
             }
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| {
-                InspectError::Connect(format!("kubeconfig {}: {e}", path.display()))
-            })?;
-            Config::from_custom_kubeconfig(kubeconfig, &options)
-                .await
-                .map_err(|e| InspectError::Connect(format!("kubeconfig {}: {e}", path.display())))?
+            let source = format!("kubeconfig {}", path.display());
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| InspectError::Connect(format!("{source}: {e}")))?;
+            from_kubeconfig(kubeconfig, &options, &source).await?
         }
-        (None, Some(context)) => Config::from_kubeconfig(&options)
-            .await
-            .map_err(|e| InspectError::Connect(format!("context {context}: {e}")))?,
+        (None, Some(_)) => {
+            let kubeconfig = Kubeconfig::read().map_err(|e| {
+                let home = std::env::var_os("HOME").map(PathBuf::from);
+                let env = std::env::var_os("KUBECONFIG");
+                InspectError::Connect(
+                    no_kubeconfig(env.as_deref(), home.as_deref(), false, Path::exists)
+                        .unwrap_or_else(|| with_causes(&e)),
+                )
+            })?;
+            from_kubeconfig(kubeconfig, &options, "the kubeconfig").await?
+        }
         (None, None) => Config::infer().await.map_err(|e| {
             let home = std::env::var_os("HOME").map(PathBuf::from);
             let env = std::env::var_os("KUBECONFIG");
@@ -228,6 +234,44 @@ pub async fn read_queues(
             other => Err(other),
         },
     }
+}
+
+/// The client configuration of `kubeconfig` (read from `source`, for messages), after checking
+/// that the context asked for exists: kube reports a missing one as "failed to load current
+/// context", which names neither the file nor the contexts there are.
+async fn from_kubeconfig(
+    kubeconfig: Kubeconfig,
+    options: &KubeConfigOptions,
+    source: &str,
+) -> Result<Config, InspectError> {
+    if let Some(context) = &options.context
+        && let Some(message) = missing_context(&kubeconfig, context, source)
+    {
+        return Err(InspectError::Connect(message));
+    }
+    Config::from_custom_kubeconfig(kubeconfig, options)
+        .await
+        .map_err(|e| InspectError::Connect(format!("{source}: {}", with_causes(&e))))
+}
+
+/// Why `context` cannot be used: `source` has no context of that name.
+pub fn missing_context(kubeconfig: &Kubeconfig, context: &str, source: &str) -> Option<String> {
+    let names: Vec<&str> = kubeconfig
+        .contexts
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    if names.contains(&context) {
+        return None;
+    }
+    Some(if names.is_empty() {
+        format!("{source} has no context {context:?} (it has no contexts)")
+    } else {
+        format!(
+            "{source} has no context {context:?} (it has: {})",
+            names.join(", ")
+        )
+    })
 }
 
 /// Builds a current-thread runtime and runs `future` on it: the commands make a handful of
@@ -304,6 +348,23 @@ mod tests {
             None
         );
         assert_eq!(no_kubeconfig(None, Some(home), true, none), None);
+    }
+
+    #[test]
+    fn a_missing_context_is_named_with_the_ones_there_are() {
+        let kubeconfig: Kubeconfig = serde_yaml::from_str(
+            "contexts: [{name: dev, context: {cluster: c}}, {name: staging, context: {cluster: c}}]",
+        )
+        .unwrap();
+        assert_eq!(missing_context(&kubeconfig, "dev", "kubeconfig k"), None);
+        assert_eq!(
+            missing_context(&kubeconfig, "prod", "kubeconfig k").unwrap(),
+            "kubeconfig k has no context \"prod\" (it has: dev, staging)"
+        );
+        assert_eq!(
+            missing_context(&Kubeconfig::default(), "prod", "the kubeconfig").unwrap(),
+            "the kubeconfig has no context \"prod\" (it has no contexts)"
+        );
     }
 
     #[test]

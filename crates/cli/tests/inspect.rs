@@ -111,11 +111,23 @@ fn a_broken_kubeconfig_or_an_unreachable_server_is_named() {
         ),
         1,
     );
-    assert!(
-        stderr.starts_with(&format!(
-            "error: cannot connect to the cluster: kubeconfig {path}: "
-        )) && stderr.contains("prod"),
-        "{stderr}"
+    assert_eq!(
+        stderr,
+        format!(
+            "error: cannot connect to the cluster: kubeconfig {path} has no context \"prod\" (it has: dev)\n"
+        )
+    );
+    // The same kubeconfig through $KUBECONFIG.
+    let output = Command::new(env!("CARGO_BIN_EXE_kubectl-gpuqueue"))
+        .args(["handovers", "--context", "prod"])
+        .env("HOME", &home)
+        .env("KUBECONFIG", &kubeconfig)
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(
+        fails(&output, 1),
+        "error: cannot connect to the cluster: the kubeconfig has no context \"prod\" (it has: dev)\n"
     );
 
     std::fs::write(&kubeconfig, "clusters: {not: a list}\n").unwrap();
