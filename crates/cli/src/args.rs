@@ -1,8 +1,9 @@
 //! Command-line arguments of `kubectl-gpuqueue`.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// kubectl-gpuqueue: tools for gpuqueue's GPU queues.
 #[derive(Debug, Parser)]
@@ -14,6 +15,15 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Every GpuQueue per resource: quota, usage, pods, unhealthy conditions, last handover.
+    #[command(visible_aliases = ["get", "ls"], after_help = QUEUES_EXAMPLES)]
+    Queues(QueuesArgs),
+    /// Why a pod waits at the gate, or where and as what it was admitted.
+    #[command(after_help = EXPLAIN_EXAMPLES)]
+    Explain(ExplainArgs),
+    /// The last handovers (reclaims) with their phase timings, victims and checkpoints.
+    #[command(after_help = HANDOVERS_EXAMPLES)]
+    Handovers(HandoversArgs),
     /// Simulate policies without a cluster: placement on a trace, or quotas on a scenario.
     #[command(after_help = SIMULATE_EXAMPLES)]
     Simulate(SimulateArgs),
@@ -29,6 +39,98 @@ Examples:
 
   # Try a quota change on the live cluster's nodes and queues before applying it
   kubectl gpuqueue simulate --from-cluster --scenario load.yaml --queue edited-queue.yaml";
+
+const QUEUES_EXAMPLES: &str = "\
+Examples:
+  kubectl gpuqueue queues
+  kubectl gpuqueue queues batch -o yaml";
+
+const EXPLAIN_EXAMPLES: &str = "\
+Examples:
+  # Why does this pod wait? Or where was it admitted, and as guaranteed or borrowed?
+  kubectl gpuqueue explain vllm-7d9c5-x2x8q -n batch";
+
+const HANDOVERS_EXAMPLES: &str = "\
+Examples:
+  kubectl gpuqueue handovers
+  kubectl gpuqueue handovers online -o json";
+
+/// How to reach the cluster: kubectl's kubeconfig rules, which a kubectl plugin does not
+/// inherit from kubectl's own flags.
+#[derive(Debug, Clone, Args)]
+pub struct ClusterArgs {
+    /// The kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: the current context).
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// How long to wait for each answer of the API server, such as 10s or 1m.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+}
+
+/// How results are printed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// For people.
+    #[default]
+    Text,
+    /// For scripts.
+    Json,
+    /// For scripts and people who like YAML.
+    Yaml,
+}
+
+#[derive(Debug, Args)]
+pub struct QueuesArgs {
+    /// Only this queue (default: every queue).
+    pub queue: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    /// The pod's name.
+    pub pod: String,
+    /// The pod's namespace (default: the kubeconfig context's namespace, else `default`).
+    #[arg(short, long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Most events shown, newest last.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub events: usize,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct HandoversArgs {
+    /// Only this queue's handovers (default: every queue's, each handover once).
+    pub queue: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// Parses a Go-style duration (`30s`, `1m`, `500ms`), as kubectl's `--request-timeout` takes.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let duration: kube::core::Duration = text
+        .parse()
+        .map_err(|e| format!("{text:?}: expected a duration such as 30s or 1m: {e}"))?;
+    if duration.is_negative() || Duration::from(duration).is_zero() {
+        return Err(format!("{text:?}: must be longer than 0s"));
+    }
+    Ok(duration.into())
+}
 
 #[derive(Debug, Args)]
 pub struct SimulateArgs {

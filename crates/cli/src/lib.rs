@@ -1,8 +1,17 @@
-//! `kubectl-gpuqueue`: the kubectl plugin of gpuqueue. `simulate` runs the deterministic
-//! simulator (`gpuqueue-sim`) on a trace or a scenario, optionally starting from the live
-//! cluster's nodes and queues.
+//! `kubectl-gpuqueue`: the kubectl plugin of gpuqueue.
+//!
+//! - `queues`, `explain`, `handovers` read what the operator wrote (queue status, pod
+//!   annotations, events) and tell it to a person; they never write to the cluster and decide
+//!   nothing themselves (which queue claims a namespace is the core's answer).
+//! - `simulate` runs the deterministic simulator (`gpuqueue-sim`) on a trace or a scenario,
+//!   optionally starting from the live cluster's nodes and queues.
 
 pub mod args;
 pub mod cluster;
+pub mod connect;
+pub mod explain;
+pub mod handovers;
+pub mod queues;
 pub mod quota;
+pub mod render;
 pub mod simulate;
