@@ -107,3 +107,16 @@ bench-sim: ## Placement study on every openb trace and quota studies of examples
 
 .PHONY: test
 test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end
+
+.PHONY: demo
+demo: ## Local control plane, the operator and two tenants: watch one borrow the other's idle GPUs
+	@e2e/scripts/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Stop the demo's operator and its cluster
+	@if [ -f $(E2E_DIR)/operator.pid ]; then kill "$$(cat $(E2E_DIR)/operator.pid)" 2>/dev/null || true; rm -f $(E2E_DIR)/operator.pid; fi
+	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
+
+.PHONY: bench-admission
+bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes e2e/results/admission.{json,md}
+	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench admission

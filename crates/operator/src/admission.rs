@@ -9,16 +9,26 @@
 //! 4. **report**: queue status by server-side apply when it changed, events for quota edits and
 //!    condition changes, and the queue and fragmentation gauges.
 //!
+//! The writes of steps 3 and 4 run in the background, at most [`WRITE_CONCURRENCY`] at once and
+//! one per object, while the next pass already decides: what they will write is assumed at
+//! once ([`Assumed`]) and corrected by the API server's answer, so no capacity is promised twice
+//! and a burst of pods is not held back by the round trips of the one before.
+//!
 //! Nothing is written unless this replica's leadership [`Term`] is current at that moment, and
-//! nothing runs before every store has synced (fail closed).
+//! nothing runs before every store has synced (fail closed). When the term ends this future and
+//! every write it started are aborted.
 //!
 //! A `Reclaim` decision is reported as a wait naming the plan (its victims and node): taking
 //! GPUs back (checkpoint, evict, hand over) belongs to the reclaim executor, which runs on the
 //! decisions this loop computes.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    future::Future,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
 
-use futures::{StreamExt, stream};
 use gpuqueue_api::{
     ADMISSION_GATE,
     conditions::types,
@@ -36,6 +46,10 @@ use gpuqueue_core::{
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client, Resource, runtime::reflector::ObjectRef};
+use tokio::{
+    sync::{Notify, Semaphore},
+    task::JoinSet,
+};
 
 use crate::{
     assumed::Assumed,
@@ -50,12 +64,17 @@ use crate::{
     stores::Stores,
 };
 
-/// API writes of one pass in flight at once: enough to admit a burst of pods quickly, well
-/// under the API server's default limit of 200 concurrent mutating requests.
-const WRITE_CONCURRENCY: usize = 32;
+/// API writes in flight at once: enough to admit a burst of pods quickly, well under the API
+/// server's default limit of 200 concurrent mutating requests.
+pub const WRITE_CONCURRENCY: usize = 32;
 
-/// After a write failed for a reason other than the pod moving on (which brings its own watch
-/// event), the next pass runs this much later.
+/// A waiting pod's reason is rewritten at once when its cause changes, but when only its
+/// numbers change (capacity filling up around it), at most this often: a burst of pods that do
+/// not fit must not cost one write per pod per pass.
+const REASON_REFRESH: SignedDuration = SignedDuration::from_secs(30);
+
+/// After a write failed for a reason other than the object moving on (which brings its own
+/// watch event), the next pass runs this much later.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// What the loop needs; cheap to clone.
@@ -77,7 +96,62 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Runs passes for as long as `term` lasts (the caller aborts this future when it ends).
+/// State shared by the loop and the writes it started.
+#[derive(Clone)]
+struct Shared {
+    context: Context,
+    term: Term,
+    assumed: Arc<Mutex<Assumed>>,
+    /// Woken by a write that failed, after [`RETRY_AFTER`]: the next pass decides again.
+    retry: Arc<Notify>,
+    permits: Arc<Semaphore>,
+}
+
+impl Shared {
+    fn assumed(&self) -> MutexGuard<'_, Assumed> {
+        self.assumed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts `write` for the object with `uid` in the background; the caller has marked it in
+    /// flight. The write waits for a permit, and is skipped if the term ended meanwhile.
+    fn spawn<F>(&self, tasks: &mut JoinSet<()>, uid: String, write: F)
+    where
+        F: Future<Output = Written> + Send + 'static,
+    {
+        let shared = self.clone();
+        tasks.spawn(async move {
+            let Ok(_permit) = shared.permits.acquire().await else {
+                return;
+            };
+            let written = if shared.term.is_current() {
+                write.await
+            } else {
+                Written::NotLeader
+            };
+            shared.assumed().end(&uid);
+            // A stale object brings its own watch event; a failure has to be retried.
+            if written == Written::Failed {
+                tokio::time::sleep(RETRY_AFTER).await;
+                shared.retry.notify_one();
+            }
+        });
+    }
+}
+
+/// What became of one background write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Done,
+    /// The object moved on under it; decided again from the store.
+    Stale,
+    Failed,
+    NotLeader,
+}
+
+/// Runs passes for as long as `term` lasts (the caller aborts this future when it ends, which
+/// aborts its writes too).
 pub async fn run(context: Context, term: Term) {
     if context.stores.synced().await.is_err() {
         return;
@@ -85,9 +159,17 @@ pub async fn run(context: Context, term: Term) {
     tracing::info!(term = term.number(), "admission loop started");
     let mut changes = context.stores.changes();
     changes.borrow_and_update();
-    let mut assumed = Assumed::default();
+    let shared = Shared {
+        context,
+        term,
+        assumed: Arc::default(),
+        retry: Arc::new(Notify::new()),
+        permits: Arc::new(Semaphore::new(WRITE_CONCURRENCY)),
+    };
+    let mut tasks = JoinSet::new();
     loop {
-        let wake = run_pass(&context, &term, &mut assumed).await;
+        while tasks.try_join_next().is_some() {}
+        let wake = run_pass(&shared, &mut tasks);
         let timer = async {
             match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
                 Some(wait) => tokio::time::sleep(wait).await,
@@ -95,75 +177,29 @@ pub async fn run(context: Context, term: Term) {
                 None => std::future::pending().await,
             }
         };
+        // Every branch leads to a pass, which reads everything: a change consumed by an
+        // interrupted debounce is not lost.
         tokio::select! {
-            more = context.debounce.next_burst(&mut changes) => if !more { return },
+            more = shared.context.debounce.next_burst(&mut changes) => if !more { return },
+            () = shared.retry.notified() => {}
             () = timer => {}
         }
     }
 }
 
-/// A write to one pod, with what it needs from this pass (owned, so writes can run at once).
-struct Write {
-    /// The pod as this process knows it (the store's, or the admitted version it lags behind).
-    pod: Pod,
-    /// The waiting reason the pod carries, as far as this process knows.
-    known_reason: Option<String>,
-    task: Task,
-}
-
-enum Task {
-    Decide(Decision),
-    /// A GPU pod the core cannot model, with why.
-    Unreadable(String),
-}
-
-impl Write {
-    fn new(assumed: &Assumed, stored: &Pod, task: Task) -> Self {
-        Self {
-            pod: assumed.view(stored).clone(),
-            known_reason: assumed.waiting_reason(stored).map(str::to_owned),
-            task,
-        }
-    }
-
-    async fn apply(self, context: &Context, term: &Term, now: Timestamp) -> Applied {
-        let known = self.known_reason.as_deref();
-        match &self.task {
-            Task::Decide(decision) => apply(context, term, &self.pod, known, decision, now).await,
-            Task::Unreadable(error) => {
-                let line = format!("InvalidRequest: {error}");
-                record_wait(
-                    context,
-                    term,
-                    &self.pod,
-                    known,
-                    None,
-                    "InvalidRequest",
-                    line,
-                )
-                .await
-            }
-        }
-    }
-}
-
-/// What one write achieved.
-enum Applied {
-    Admitted { pod: Box<Pod> },
-    ReasonRecorded { uid: String, reason: Option<String> },
-    Nothing,
-    Failed,
-}
-
-/// One pass; returns when the next pass must run even without a change.
-async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Option<Timestamp> {
+/// One pass: decide, start the writes, publish the gauges. Returns when the next pass must run
+/// even without a change.
+fn run_pass(shared: &Shared, tasks: &mut JoinSet<()>) -> Option<Timestamp> {
+    let context = &shared.context;
     let started = tokio::time::Instant::now();
     let now = clock::now();
-    let stored_pods = context.stores.pods.state();
-    assumed.settle(stored_pods.iter().map(AsRef::as_ref));
 
     // 1. observe
-    let observed = Observed::read(&context.stores, assumed);
+    let observed = {
+        let mut assumed = shared.assumed();
+        assumed.settle(context.stores.pods.state().iter().map(AsRef::as_ref));
+        Observed::read(&context.stores, &assumed)
+    };
     for problem in &observed.problems {
         tracing::debug!(%problem, "object left out of the snapshot");
     }
@@ -171,14 +207,13 @@ async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Opti
         observed.pods.iter().map(TaskShape::of_pod),
         DEFAULT_POPULARITY,
     );
-    let reclaimed = last_reclaims(&context.stores);
     let mut builder = Snapshot::builder()
         .queues(observed.queues)
         .namespaces(observed.namespaces)
         .nodes(observed.nodes)
         .pods(observed.pods)
         .workload_mix(mix);
-    for (queue, at) in reclaimed {
+    for (queue, at) in last_reclaims(&context.stores) {
         builder = builder.reclaimed_from(queue, at);
     }
     let (mut snapshot, issues) = builder.build();
@@ -189,301 +224,370 @@ async fn run_pass(context: &Context, term: &Term, assumed: &mut Assumed) -> Opti
     // 2. decide
     let decisions =
         admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
+    let wake = earliest_cooldown(&decisions);
 
     // 3. apply
-    let mut wake = earliest_cooldown(&decisions);
-    let mut writes = Vec::new();
+    let (mut admitted, mut waiting) = (0_usize, 0_usize);
     for decision in decisions {
         let Some(pod) = stored_pod(&context.stores, decision.key()) else {
             continue;
         };
-        writes.push(Write::new(assumed, &pod, Task::Decide(decision)));
+        match decision {
+            Decision::Admit(admission) => {
+                admitted += usize::from(start_admission(shared, tasks, &pod, admission, now));
+            }
+            Decision::Wait(wait) => {
+                let line = WaitLine {
+                    queue: wait.queue.clone(),
+                    code: wait.reason.code(),
+                    line: format!("{}: {}", wait.reason.code(), wait.reason),
+                };
+                waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
+            }
+            Decision::Reclaim(plan) => {
+                let line = WaitLine {
+                    queue: Some(plan.owner_queue.clone()),
+                    code: "ReclaimNeeded",
+                    line: format!("ReclaimNeeded: {}", describe_plan(&plan)),
+                };
+                waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
+            }
+        }
     }
     for (pod, error) in observed.unreadable_pods {
-        if is_gated(&pod) {
-            writes.push(Write::new(assumed, &pod, Task::Unreadable(error)));
-        }
-    }
-    let pending: Vec<_> = writes
-        .into_iter()
-        .map(|write| write.apply(context, term, now))
-        .collect();
-    let applied: Vec<Applied> = stream::iter(pending)
-        .buffer_unordered(WRITE_CONCURRENCY)
-        .collect()
-        .await;
-    for outcome in applied {
-        match outcome {
-            Applied::Admitted { pod } => assumed.admitted(*pod),
-            Applied::ReasonRecorded { uid, reason } => assumed.reason_recorded(&uid, reason),
-            Applied::Failed => {
-                wake = earliest(
-                    wake,
-                    Some(now + SignedDuration::try_from(RETRY_AFTER).unwrap_or_default()),
-                );
-            }
-            Applied::Nothing => {}
-        }
+        let line = WaitLine {
+            queue: None,
+            code: "InvalidRequest",
+            line: format!("InvalidRequest: {error}"),
+        };
+        waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
     }
 
     // 4. report
     let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
     let reports = queue_reports(&snapshot);
-    let failed = report(
-        context,
-        term,
+    let statuses = start_reports(
+        shared,
+        tasks,
         &reports,
         &observed.invalid_queues,
         status_time,
-    )
-    .await;
-    if failed {
-        wake = earliest(
-            wake,
-            Some(now + SignedDuration::try_from(RETRY_AFTER).unwrap_or_default()),
-        );
-    }
+    );
     publish_fragmentation(context, &snapshot);
-    context
-        .metrics
-        .admission
-        .pass_took(started.elapsed().as_secs_f64());
+    let took = started.elapsed();
+    context.metrics.admission.pass_took(took.as_secs_f64());
+    tracing::debug!(?took, admitted, waiting, statuses, "admission pass");
     wake
 }
 
-/// Applies one decision to its pod.
-async fn apply(
-    context: &Context,
-    term: &Term,
-    pod: &Pod,
-    known_reason: Option<&str>,
-    decision: &Decision,
+/// Starts releasing the pod's gate on the chosen node, assuming it done at once. Returns
+/// whether a write was started.
+fn start_admission(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    stored: &Pod,
+    admission: admission::Admission,
     now: Timestamp,
-) -> Applied {
-    match decision {
-        Decision::Admit(admission) => {
-            if !is_gated(pod) {
-                return Applied::Nothing;
+) -> bool {
+    let Some(uid) = stored.metadata.uid.clone() else {
+        return false;
+    };
+    let (pod, patch) = {
+        let mut assumed = shared.assumed();
+        let pod = assumed.view(stored).clone();
+        if !is_gated(&pod) || assumed.in_flight(&uid) {
+            return false;
+        }
+        let write = patch::Admission {
+            node_pin: &admission.placement.pin,
+            queue: &admission.queue,
+            admitted_as: admission.admitted_as.as_str(),
+            at: now,
+        };
+        let Ok(patch) = patch::admission_patch(&pod, &write) else {
+            return false;
+        };
+        let Some(expected) = patch::applied_locally(&pod, &patch) else {
+            return false;
+        };
+        assumed.begin(&uid);
+        assumed.admitted(expected);
+        (pod, patch)
+    };
+    let context = shared.context.clone();
+    let assumed = shared.assumed.clone();
+    shared.spawn(tasks, uid.clone(), async move {
+        let api: Api<Pod> = Api::namespaced(context.client.clone(), &admission.key.namespace);
+        match patch::send(&api, &pod, patch).await {
+            Ok(patched) => {
+                lock(&assumed).admitted(patched);
+                admitted(&context, &pod, &admission, now);
+                Written::Done
             }
-            if !term.is_current() {
-                return Applied::Nothing;
-            }
-            let api: Api<Pod> = Api::namespaced(context.client.clone(), &admission.key.namespace);
-            let write = patch::Admission {
-                node_pin: &admission.placement.pin,
-                queue: &admission.queue,
-                admitted_as: admission.admitted_as.as_str(),
-                at: now,
-            };
-            match patch::admit(&api, pod, &write).await {
-                Ok(patched) => {
-                    let outcome = match admission.admitted_as {
-                        AdmittedAs::Guaranteed => Outcome::AdmittedGuaranteed,
-                        AdmittedAs::Borrowed => Outcome::AdmittedBorrowed,
-                    };
-                    context.metrics.admission.decided(&admission.queue, outcome);
-                    if let Some(created) = &pod.metadata.creation_timestamp {
-                        let waited = now.duration_since(created.0);
-                        context
-                            .metrics
-                            .admission
-                            .admitted_after(waited.as_secs_f64());
-                    }
-                    tracing::info!(pod = %admission.key, queue = %admission.queue, node = %admission.placement.node_name,
-                        admitted_as = %admission.admitted_as, "admitted");
-                    context.events.send(
-                        pod.object_ref(&()),
-                        Notice {
-                            warning: false,
-                            reason: "Admitted",
-                            action: "Admit",
-                            note: format!(
-                                "queue {} admitted the pod ({}) on node {}",
-                                admission.queue,
-                                admission.admitted_as,
-                                admission.placement.node_name
-                            ),
-                        },
-                    );
-                    Applied::Admitted {
-                        pod: Box::new(patched),
-                    }
-                }
-                Err(error) => write_failed(context, &error),
+            Err(error) => {
+                lock(&assumed).forget_admission(&uid);
+                write_failed(&context, &error)
             }
         }
-        Decision::Wait(wait) => {
-            let line = format!("{}: {}", wait.reason.code(), wait.reason);
-            record_wait(
-                context,
-                term,
-                pod,
-                known_reason,
-                wait.queue.as_deref(),
-                wait.reason.code(),
-                line,
-            )
-            .await
+    });
+    true
+}
+
+/// Counts, logs and announces a released gate.
+fn admitted(context: &Context, pod: &Pod, admission: &admission::Admission, now: Timestamp) {
+    let outcome = match admission.admitted_as {
+        AdmittedAs::Guaranteed => Outcome::AdmittedGuaranteed,
+        AdmittedAs::Borrowed => Outcome::AdmittedBorrowed,
+    };
+    context.metrics.admission.decided(&admission.queue, outcome);
+    if let Some(created) = &pod.metadata.creation_timestamp {
+        let waited = now.duration_since(created.0);
+        context
+            .metrics
+            .admission
+            .admitted_after(waited.as_secs_f64());
+    }
+    tracing::info!(pod = %admission.key, queue = %admission.queue,
+        node = %admission.placement.node_name, admitted_as = %admission.admitted_as, "admitted");
+    context.events.send(
+        pod.object_ref(&()),
+        Notice {
+            warning: false,
+            reason: "Admitted",
+            action: "Admit",
+            note: format!(
+                "queue {} admitted the pod ({}) on node {}",
+                admission.queue, admission.admitted_as, admission.placement.node_name
+            ),
+        },
+    );
+}
+
+/// What this process knows of a pod's recorded waiting reason.
+#[derive(Debug, Clone, Copy)]
+struct Known<'a> {
+    reason: Option<&'a str>,
+    written_at: Option<Timestamp>,
+    now: Timestamp,
+}
+
+impl Known<'_> {
+    /// Whether `line` (with cause `code`) should replace the recorded reason: always when the
+    /// cause changed, and for new numbers only once the recorded line is [`REASON_REFRESH`]
+    /// old.
+    fn needs_update(&self, code: &str, line: &str) -> bool {
+        let Some(reason) = self.reason else {
+            return true;
+        };
+        if reason == line {
+            return false;
         }
-        Decision::Reclaim(plan) => {
-            let line = format!("ReclaimNeeded: {}", describe_plan(plan));
-            record_wait(
-                context,
-                term,
-                pod,
-                known_reason,
-                Some(&plan.owner_queue),
-                "ReclaimNeeded",
-                line,
-            )
-            .await
-        }
+        let fresh = self
+            .written_at
+            .is_some_and(|at| self.now.duration_since(at) < REASON_REFRESH);
+        self.cause_changed(code) || !fresh
+    }
+
+    /// Whether the recorded cause differs from `code` (then an event is due).
+    fn cause_changed(&self, code: &str) -> bool {
+        self.reason
+            .and_then(|reason| reason.split_once(": "))
+            .map(|(cause, _)| cause)
+            != Some(code)
     }
 }
 
-/// Records why `pod` waits, unless it already says so; publishes an event when the cause
-/// (the code before the colon) changed.
-async fn record_wait(
-    context: &Context,
-    term: &Term,
-    pod: &Pod,
-    known_reason: Option<&str>,
-    queue: Option<&str>,
+/// A waiting reason to record: `<code>: <text>`.
+#[derive(Debug)]
+struct WaitLine {
+    queue: Option<String>,
     code: &'static str,
     line: String,
-) -> Applied {
-    if known_reason == Some(line.as_str()) || !is_gated(pod) {
-        return Applied::Nothing;
-    }
-    if !term.is_current() {
-        return Applied::Nothing;
-    }
-    let Some(uid) = pod.metadata.uid.clone() else {
-        return Applied::Nothing;
-    };
-    let api: Api<Pod> = Api::namespaced(
-        context.client.clone(),
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-    );
-    match patch::set_waiting_reason(&api, pod, Some(&line)).await {
-        Ok(_) => {
-            let previous_code = known_reason
-                .and_then(|reason| reason.split_once(": "))
-                .map(|(code, _)| code);
-            if previous_code != Some(code) {
-                context.metrics.admission.decided(
-                    queue.unwrap_or_default(),
-                    if code == "ReclaimNeeded" {
-                        Outcome::Reclaim
-                    } else {
-                        Outcome::Wait
-                    },
-                );
-                tracing::info!(pod = %patch::describe(pod), reason = %line, "waiting");
-                context.events.send(
-                    pod.object_ref(&()),
-                    Notice {
-                        warning: matches!(
-                            code,
-                            "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
-                        ),
-                        reason: code,
-                        action: "Wait",
-                        note: line
-                            .split_once(": ")
-                            .map_or(line.clone(), |(_, text)| text.to_owned()),
-                    },
-                );
-            }
-            Applied::ReasonRecorded {
-                uid,
-                reason: Some(line),
-            }
-        }
-        Err(error) => write_failed(context, &error),
-    }
 }
 
-fn write_failed(context: &Context, error: &PatchError) -> Applied {
+/// Starts recording why the pod waits, when [`Known::needs_update`] says so; an event follows
+/// when the cause changed. Returns whether a write was started.
+fn start_wait(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    stored: &Pod,
+    wait: WaitLine,
+    now: Timestamp,
+) -> bool {
+    let Some(uid) = stored.metadata.uid.clone() else {
+        return false;
+    };
+    let (pod, cause_changed) = {
+        let mut assumed = shared.assumed();
+        let pod = assumed.view(stored).clone();
+        let known = Known {
+            reason: assumed.waiting_reason(stored),
+            written_at: assumed.reason_written_at(stored),
+            now,
+        };
+        if !is_gated(&pod) || !known.needs_update(wait.code, &wait.line) {
+            return false;
+        }
+        let cause_changed = known.cause_changed(wait.code);
+        if !assumed.begin(&uid) {
+            return false;
+        }
+        assumed.reason_recorded(&uid, Some(wait.line.clone()), now);
+        (pod, cause_changed)
+    };
+    let context = shared.context.clone();
+    let assumed = shared.assumed.clone();
+    shared.spawn(tasks, uid.clone(), async move {
+        let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(context.client.clone(), &namespace);
+        match patch::set_waiting_reason(&api, &pod, Some(&wait.line)).await {
+            Ok(_) => {
+                if cause_changed {
+                    waits(&context, &pod, &wait);
+                }
+                Written::Done
+            }
+            Err(error) => {
+                lock(&assumed).forget_reason(&uid);
+                write_failed(&context, &error)
+            }
+        }
+    });
+    true
+}
+
+/// Counts, logs and announces a new cause of waiting.
+fn waits(context: &Context, pod: &Pod, wait: &WaitLine) {
+    let outcome = if wait.code == "ReclaimNeeded" {
+        Outcome::Reclaim
+    } else {
+        Outcome::Wait
+    };
+    context
+        .metrics
+        .admission
+        .decided(wait.queue.as_deref().unwrap_or_default(), outcome);
+    tracing::info!(pod = %patch::describe(pod), reason = %wait.line, "waiting");
+    let note = wait
+        .line
+        .split_once(": ")
+        .map_or_else(|| wait.line.clone(), |(_, text)| text.to_owned());
+    context.events.send(
+        pod.object_ref(&()),
+        Notice {
+            warning: matches!(
+                wait.code,
+                "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
+            ),
+            reason: wait.code,
+            action: "Wait",
+            note,
+        },
+    );
+}
+
+fn write_failed(context: &Context, error: &PatchError) -> Written {
     if error.is_stale() {
-        tracing::debug!(%error, "pod moved on; decided again on its next change");
-        Applied::Nothing
+        tracing::debug!(%error, "pod moved on; decided again");
+        Written::Stale
     } else {
         context.metrics.admission.apply_failed();
         tracing::warn!(%error, "write failed; retrying");
-        Applied::Failed
+        Written::Failed
     }
 }
 
-/// Writes the queues' status where it changed, publishes events for quota edits and condition
-/// changes, and the queue gauges. Returns whether a write failed.
-async fn report(
-    context: &Context,
-    term: &Term,
+fn lock(assumed: &Mutex<Assumed>) -> MutexGuard<'_, Assumed> {
+    assumed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Starts writing the queues' status where it changed (events for quota edits and condition
+/// changes follow each write), and publishes the queue gauges. Returns how many writes started.
+fn start_reports(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
     reports: &[QueueReport],
     invalid: &[InvalidQueue],
     now: Timestamp,
-) -> bool {
-    let mut desired: Vec<(String, Option<Arc<GpuQueue>>, GpuQueueStatus)> = Vec::new();
-    let mut rows = Vec::new();
-    for report in reports {
-        let stored = stored_queue(&context.stores, &report.queue);
-        let previous = stored.as_ref().and_then(|queue| queue.status.as_ref());
-        let status = report.to_status(now, previous);
-        rows.push(QueueRow {
-            queue: report.queue.clone(),
-            resources: status.resources.clone(),
-            admitted_pods: i64::from(status.admitted_pods),
-            pending_pods: i64::from(status.pending_pods),
-        });
-        desired.push((report.queue.clone(), stored, status));
-    }
-    context.metrics.queues.publish(rows);
-    for queue in invalid {
-        let status =
-            invalid_spec_status(&queue.error, queue.generation, now, queue.status.as_ref());
-        desired.push((
-            queue.name.clone(),
-            stored_queue(&context.stores, &queue.name),
-            status,
-        ));
-    }
-    let api: Api<GpuQueue> = Api::all(context.client.clone());
-    let pending: Vec<_> = desired
-        .into_iter()
-        .map(|(name, stored, status)| write_status(context, term, &api, name, stored, status))
+) -> usize {
+    let context = &shared.context;
+    let stored: Vec<Arc<GpuQueue>> = context
+        .stores
+        .queues
+        .state()
+        .iter()
+        .filter_map(|guarded| guarded.0.as_ref().ok().map(|queue| Arc::new(queue.clone())))
         .collect();
-    let results: Vec<bool> = stream::iter(pending)
-        .buffer_unordered(WRITE_CONCURRENCY)
-        .collect()
-        .await;
-    results.contains(&false)
-}
-
-/// Writes one queue's status if it changed; `false` when the write failed.
-async fn write_status(
-    context: &Context,
-    term: &Term,
-    api: &Api<GpuQueue>,
-    name: String,
-    stored: Option<Arc<GpuQueue>>,
-    status: GpuQueueStatus,
-) -> bool {
-    let previous = stored.as_ref().and_then(|queue| queue.status.as_ref());
-    if !status::needs_write(previous, &status) || !term.is_current() {
-        return true;
-    }
-    if let Some(queue) = &stored {
-        announce_changes(&context.events, queue, previous, &status);
-    }
-    match status::write(api, &name, &status).await {
-        Ok(()) => true,
-        Err(error) => {
-            tracing::warn!(%error, "status write failed; retrying");
-            context.metrics.admission.apply_failed();
-            false
+    let find = |name: &str| {
+        stored
+            .iter()
+            .find(|q| q.metadata.name.as_deref() == Some(name))
+    };
+    let mut desired = Vec::new();
+    let mut rows = Vec::new();
+    {
+        let mut assumed = shared.assumed();
+        assumed.settle_queues(stored.iter().map(AsRef::as_ref));
+        for report in reports {
+            let Some(queue) = find(&report.queue) else {
+                continue;
+            };
+            let previous = assumed.status(queue).cloned();
+            let status = report.to_status(now, previous.as_ref());
+            rows.push(QueueRow {
+                queue: report.queue.clone(),
+                resources: status.resources.clone(),
+                admitted_pods: i64::from(status.admitted_pods),
+                pending_pods: i64::from(status.pending_pods),
+            });
+            desired.push((queue.clone(), previous, status));
+        }
+        for queue in invalid {
+            let Some(stored_queue) = find(&queue.name) else {
+                continue;
+            };
+            let previous = assumed.status(stored_queue).cloned();
+            let status =
+                invalid_spec_status(&queue.error, queue.generation, now, previous.as_ref());
+            desired.push((stored_queue.clone(), previous, status));
         }
     }
+    context.metrics.queues.publish(rows);
+    let mut started = 0;
+    for (queue, previous, status) in desired {
+        let Some(uid) = queue.metadata.uid.clone() else {
+            continue;
+        };
+        {
+            let mut assumed = shared.assumed();
+            if !status::needs_write(previous.as_ref(), &status) || !assumed.begin(&uid) {
+                continue;
+            }
+            assumed.status_written(&uid, status.clone());
+        }
+        started += 1;
+        let context = context.clone();
+        let assumed = shared.assumed.clone();
+        shared.spawn(tasks, uid.clone(), async move {
+            let api: Api<GpuQueue> = Api::all(context.client.clone());
+            let name = queue.metadata.name.clone().unwrap_or_default();
+            match status::write(&api, &name, &status).await {
+                Ok(()) => {
+                    announce_changes(&context.events, &queue, previous.as_ref(), &status);
+                    Written::Done
+                }
+                Err(error) => {
+                    lock(&assumed).forget_status(&uid);
+                    tracing::warn!(%error, "status write failed; retrying");
+                    context.metrics.admission.apply_failed();
+                    Written::Failed
+                }
+            }
+        });
+    }
+    started
 }
 
 /// Events on a queue for what changed since its last status: quota edits (guaranteed or
@@ -619,13 +723,6 @@ fn earliest_cooldown(decisions: &[Decision]) -> Option<Timestamp> {
         .min()
 }
 
-fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
 fn describe_plan(plan: &ReclaimPlan) -> String {
     let victims: Vec<String> = plan.victims.iter().map(|v| v.key.to_string()).collect();
     format!(
@@ -640,11 +737,6 @@ fn stored_pod(stores: &Stores, key: &PodKey) -> Option<Arc<Pod>> {
     stores
         .pods
         .get(&ObjectRef::new(&key.name).within(&key.namespace))
-}
-
-fn stored_queue(stores: &Stores, name: &str) -> Option<Arc<GpuQueue>> {
-    let guarded = stores.queues.get(&ObjectRef::new(name))?;
-    guarded.0.as_ref().ok().map(|queue| Arc::new(queue.clone()))
 }
 
 fn is_gated(pod: &Pod) -> bool {
@@ -762,28 +854,52 @@ mod tests {
     }
 
     #[test]
+    fn a_waiting_reason_is_rewritten_when_its_cause_changes_and_refreshed_when_stale() {
+        let at = |s: &str| s.parse::<Timestamp>().unwrap();
+        let recorded = "NoRoom: queue team: ... (the most free on one suitable node is 2)";
+        let known = |written: &str, now: &str| Known {
+            reason: Some(recorded),
+            written_at: Some(at(written)),
+            now: at(now),
+        };
+        let fresh = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z");
+        let stale = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:31Z");
+        let new_numbers = "NoRoom: queue team: ... (the most free on one suitable node is 1)";
+        assert!(!fresh.needs_update("NoRoom", recorded), "unchanged");
+        assert!(
+            !fresh.needs_update("NoRoom", new_numbers),
+            "same cause, recent: not yet"
+        );
+        assert!(
+            stale.needs_update("NoRoom", new_numbers),
+            "same cause, stale: refreshed"
+        );
+        assert!(
+            fresh.needs_update("OverCeiling", "OverCeiling: queue team: ..."),
+            "new cause"
+        );
+        assert!(fresh.cause_changed("OverCeiling") && !fresh.cause_changed("NoRoom"));
+        // Written before this process started: unknown age, so refreshed.
+        let inherited = Known {
+            reason: Some(recorded),
+            written_at: None,
+            now: at("2026-01-01T00:00:00Z"),
+        };
+        assert!(inherited.needs_update("NoRoom", new_numbers));
+        let first = Known {
+            reason: None,
+            written_at: None,
+            now: at("2026-01-01T00:00:00Z"),
+        };
+        assert!(first.needs_update("NoRoom", recorded) && first.cause_changed("NoRoom"));
+    }
+
+    #[test]
     fn unknown_condition_reasons_map_to_a_generic_one() {
         assert_eq!(
             condition_reason("GuaranteesExceedCapacity"),
             "GuaranteesExceedCapacity"
         );
         assert_eq!(condition_reason("SomethingNew"), "ConditionChanged");
-    }
-
-    #[test]
-    fn the_next_timed_wake_is_the_earliest() {
-        let at = |s: &str| s.parse::<Timestamp>().unwrap();
-        assert_eq!(
-            earliest(
-                Some(at("2026-01-01T00:00:05Z")),
-                Some(at("2026-01-01T00:00:01Z"))
-            ),
-            Some(at("2026-01-01T00:00:01Z"))
-        );
-        assert_eq!(
-            earliest(None, Some(at("2026-01-01T00:00:01Z"))),
-            Some(at("2026-01-01T00:00:01Z"))
-        );
-        assert_eq!(earliest(None, None), None);
     }
 }

@@ -117,11 +117,11 @@ pub struct LeaderArgs {
 pub struct AdmissionArgs {
     /// After a change, wait this long for more changes before deciding, so that a burst of
     /// pods is decided in one pass.
-    #[arg(long, default_value = "50ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "10ms", value_parser = parse_duration)]
     pub debounce: Duration,
 
     /// The longest a steady stream of changes may hold a decision back.
-    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub debounce_max: Duration,
 }
 
@@ -194,7 +194,7 @@ mod tests {
         assert_eq!(args.leader.lease_name, "gpuqueue-operator");
         assert_eq!(args.leader.lease_duration, Duration::from_secs(15));
         assert_eq!(args.webhook.webhook_cert_validity, Duration::from_hours(24));
-        assert_eq!(args.admission.debounce, Duration::from_millis(50));
+        assert_eq!(args.admission.debounce, Duration::from_millis(10));
         assert_eq!(args.log.log_format, LogFormat::Text);
     }
 

@@ -7,12 +7,22 @@
 //! So, like kube-scheduler's "assumed" pods, the pod as the API server returned it from the
 //! patch stands in for the stored one until the store shows the gate gone (or the pod gone).
 //!
-//! The same holds for the waiting reasons written this term: the last one written is
-//! remembered until the store shows it, so a lagging store does not cause a second event.
+//! The same holds for the waiting reasons and queue statuses written this term: the last one
+//! written is remembered until the store shows it, so a lagging store causes neither a second
+//! write nor a second event.
+//!
+//! Writes run in the background while the next pass decides, so an admission is assumed as
+//! soon as it is decided (the pod as the patch will leave it) and replaced by the API server's
+//! answer, or forgotten if the write fails. At most one write per object is in flight, so they
+//! cannot land out of order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
-use gpuqueue_api::{ADMISSION_GATE, annotations};
+use gpuqueue_api::{
+    ADMISSION_GATE, annotations,
+    v1alpha1::{GpuQueue, GpuQueueStatus},
+};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 /// Pods admitted and reasons recorded by this process whose watch events have not arrived.
@@ -20,6 +30,12 @@ use k8s_openapi::api::core::v1::Pod;
 pub struct Assumed {
     admitted: HashMap<String, Pod>,
     reasons: HashMap<String, Option<String>>,
+    /// When this process last wrote each pod's waiting reason (kept while the pod exists).
+    reasons_written_at: HashMap<String, Timestamp>,
+    /// Queue statuses written, by queue uid (a queue deleted and created again is another).
+    statuses: HashMap<String, GpuQueueStatus>,
+    /// Objects (pods, queues; by uid) with a write in flight.
+    in_flight: HashSet<String>,
 }
 
 impl Assumed {
@@ -31,9 +47,47 @@ impl Assumed {
         }
     }
 
-    /// Remembers the waiting reason written on the pod with `uid` (`None`: cleared).
-    pub fn reason_recorded(&mut self, uid: &str, reason: Option<String>) {
+    /// Marks a write to the object with `uid` as in flight; `false` if one already is.
+    pub fn begin(&mut self, uid: &str) -> bool {
+        self.in_flight.insert(uid.to_owned())
+    }
+
+    /// The write to the object with `uid` is done.
+    pub fn end(&mut self, uid: &str) {
+        self.in_flight.remove(uid);
+    }
+
+    /// Whether a write to the object with `uid` is in flight.
+    pub fn in_flight(&self, uid: &str) -> bool {
+        self.in_flight.contains(uid)
+    }
+
+    /// Forgets an admission whose write failed: the pod is decided again from the store.
+    pub fn forget_admission(&mut self, uid: &str) {
+        self.admitted.remove(uid);
+    }
+
+    /// Forgets a waiting reason whose write failed.
+    pub fn forget_reason(&mut self, uid: &str) {
+        self.reasons.remove(uid);
+        self.reasons_written_at.remove(uid);
+    }
+
+    /// Forgets a status whose write failed.
+    pub fn forget_status(&mut self, uid: &str) {
+        self.statuses.remove(uid);
+    }
+
+    /// Remembers the waiting reason written on the pod with `uid` at `at` (`None`: cleared).
+    pub fn reason_recorded(&mut self, uid: &str, reason: Option<String>, at: Timestamp) {
         self.reasons.insert(uid.to_owned(), reason);
+        self.reasons_written_at.insert(uid.to_owned(), at);
+    }
+
+    /// When this process last wrote the pod's waiting reason, if it did.
+    pub fn reason_written_at(&self, stored: &Pod) -> Option<Timestamp> {
+        let uid = stored.metadata.uid.as_ref()?;
+        self.reasons_written_at.get(uid).copied()
     }
 
     /// The pod to decide with: the admitted version while the store still shows `stored`
@@ -71,10 +125,14 @@ impl Assumed {
     pub fn settle<'a>(&mut self, stored: impl IntoIterator<Item = &'a Pod>) {
         let mut still_lagging_admissions = HashMap::new();
         let mut still_lagging_reasons = HashMap::new();
+        let mut written_at = HashMap::new();
         for pod in stored {
             let Some(uid) = pod.metadata.uid.as_ref() else {
                 continue;
             };
+            if let Some(at) = self.reasons_written_at.remove(uid) {
+                written_at.insert(uid.clone(), at);
+            }
             if is_gated(pod)
                 && let Some(admitted) = self.admitted.remove(uid)
             {
@@ -93,6 +151,40 @@ impl Assumed {
         }
         self.admitted = still_lagging_admissions;
         self.reasons = still_lagging_reasons;
+        self.reasons_written_at = written_at;
+    }
+
+    /// Remembers the status written on the queue with `uid`.
+    pub fn status_written(&mut self, uid: &str, status: GpuQueueStatus) {
+        self.statuses.insert(uid.to_owned(), status);
+    }
+
+    /// The queue's status as far as this process knows: the last one it wrote while the store
+    /// does not show it yet, else the store's.
+    pub fn status<'a>(&'a self, stored: &'a GpuQueue) -> Option<&'a GpuQueueStatus> {
+        stored
+            .metadata
+            .uid
+            .as_ref()
+            .and_then(|uid| self.statuses.get(uid))
+            .or(stored.status.as_ref())
+    }
+
+    /// Forgets the statuses the store now shows, and those of queues that are gone. `stored`
+    /// is every readable queue of the store.
+    pub fn settle_queues<'a>(&mut self, stored: impl IntoIterator<Item = &'a GpuQueue>) {
+        let mut still_lagging = HashMap::new();
+        for queue in stored {
+            let Some(uid) = queue.metadata.uid.as_ref() else {
+                continue;
+            };
+            if let Some(written) = self.statuses.remove(uid)
+                && queue.status.as_ref() != Some(&written)
+            {
+                still_lagging.insert(uid.clone(), written);
+            }
+        }
+        self.statuses = still_lagging;
     }
 
     /// How many admissions the store has not shown yet.
@@ -149,10 +241,30 @@ mod tests {
     }
 
     #[test]
+    fn failed_writes_are_forgotten_and_one_write_per_object_is_in_flight() {
+        let mut assumed = Assumed::default();
+        assert!(assumed.begin("a"));
+        assert!(!assumed.begin("a"), "a second write to the same pod waits");
+        assert!(assumed.in_flight("a"));
+        assumed.admitted(pod("a", false, None));
+        assumed.forget_admission("a");
+        assert!(is_gated(assumed.view(&pod("a", true, None))));
+        assumed.reason_recorded("a", Some("x".into()), Timestamp::UNIX_EPOCH);
+        assumed.forget_reason("a");
+        assert_eq!(
+            assumed.waiting_reason(&pod("a", true, Some("stored"))),
+            Some("stored")
+        );
+        assert_eq!(assumed.reason_written_at(&pod("a", true, None)), None);
+        assumed.end("a");
+        assert!(!assumed.in_flight("a") && assumed.begin("a"));
+    }
+
+    #[test]
     fn a_deleted_pod_is_forgotten() {
         let mut assumed = Assumed::default();
         assumed.admitted(pod("a", false, None));
-        assumed.reason_recorded("b", Some("full".into()));
+        assumed.reason_recorded("b", Some("full".into()), Timestamp::UNIX_EPOCH);
         assumed.settle([]);
         assert_eq!(assumed.lagging_admissions(), 0);
         assert_eq!(assumed.waiting_reason(&pod("b", true, None)), None);
@@ -166,12 +278,60 @@ mod tests {
         assert!(is_gated(assumed.view(&namesake)));
     }
 
+    fn queue(uid: &str, status: Option<GpuQueueStatus>) -> GpuQueue {
+        let mut queue: GpuQueue = serde_json::from_value(json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "batch", "uid": uid},
+            "spec": {"namespaces": ["batch"], "resources": [{"name": "nvidia.com/gpu", "guaranteed": 8}]},
+        }))
+        .unwrap();
+        queue.status = status;
+        queue
+    }
+
+    fn status(pending: i32) -> GpuQueueStatus {
+        GpuQueueStatus {
+            pending_pods: pending,
+            ..GpuQueueStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_written_status_stands_in_until_the_store_shows_it() {
+        let mut assumed = Assumed::default();
+        let lagging = queue("q1", Some(status(1)));
+        assert_eq!(assumed.status(&lagging), Some(&status(1)));
+        assumed.status_written("q1", status(2));
+        assert_eq!(assumed.status(&lagging), Some(&status(2)));
+        assumed.settle_queues([&lagging]);
+        assert_eq!(
+            assumed.status(&lagging),
+            Some(&status(2)),
+            "store still lags"
+        );
+
+        let caught_up = queue("q1", Some(status(2)));
+        assumed.settle_queues([&caught_up]);
+        assert!(assumed.statuses.is_empty());
+
+        // A queue created again under the same name is another queue.
+        assumed.status_written("q1", status(3));
+        let recreated = queue("q2", None);
+        assert_eq!(assumed.status(&recreated), None);
+        assumed.settle_queues([&recreated]);
+        assert!(assumed.statuses.is_empty());
+    }
+
     #[test]
     fn the_recorded_reason_wins_until_the_store_shows_it() {
         let mut assumed = Assumed::default();
         let stored = pod("a", true, Some("old reason"));
         assert_eq!(assumed.waiting_reason(&stored), Some("old reason"));
-        assumed.reason_recorded("a", Some("new reason".into()));
+        assumed.reason_recorded("a", Some("new reason".into()), Timestamp::UNIX_EPOCH);
+        assert_eq!(
+            assumed.reason_written_at(&stored),
+            Some(Timestamp::UNIX_EPOCH)
+        );
         assert_eq!(assumed.waiting_reason(&stored), Some("new reason"));
         assumed.settle([&stored]);
         assert_eq!(
@@ -183,7 +343,7 @@ mod tests {
         assumed.settle([&caught_up]);
         assert_eq!(assumed.waiting_reason(&caught_up), Some("new reason"));
         // Cleared, and the store not yet showing it.
-        assumed.reason_recorded("a", None);
+        assumed.reason_recorded("a", None, Timestamp::UNIX_EPOCH);
         assert_eq!(assumed.waiting_reason(&caught_up), None);
     }
 }

@@ -130,10 +130,23 @@ pub async fn admit(
     admission: &Admission<'_>,
 ) -> Result<Pod, PatchError> {
     let patch = admission_patch(pod, admission)?;
+    send(api, pod, patch).await
+}
+
+/// Sends a JSON patch built for `pod`. Returns the pod as the API server wrote it.
+pub async fn send(api: &Api<Pod>, pod: &Pod, patch: json_patch::Patch) -> Result<Pod, PatchError> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .map_err(|source| classify(pod, source))
+}
+
+/// `pod` as it will be once `patch` is applied, computed here: what the operator assumes until
+/// the API server answers. `None` if the patch does not apply to this copy.
+pub fn applied_locally(pod: &Pod, patch: &json_patch::Patch) -> Option<Pod> {
+    let mut document = serde_json::to_value(pod).ok()?;
+    json_patch::patch(&mut document, patch).ok()?;
+    serde_json::from_value(document).ok()
 }
 
 /// The JSON patch that records (or clears, with `None`) why `pod` waits, in the annotation
@@ -245,10 +258,8 @@ mod tests {
     }
 
     /// Applies the patch the way the API server does and returns the result.
-    fn apply(pod: &Pod, patch: &json_patch::Patch) -> Result<Pod, json_patch::PatchError> {
-        let mut document = serde_json::to_value(pod).unwrap();
-        json_patch::patch(&mut document, patch)?;
-        Ok(serde_json::from_value(document).unwrap())
+    fn apply(pod: &Pod, patch: &json_patch::Patch) -> Result<Pod, ()> {
+        applied_locally(pod, patch).ok_or(())
     }
 
     #[test]

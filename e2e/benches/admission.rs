@@ -1,0 +1,441 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark fails loudly
+//! `make bench-admission`: how fast GPU pods get from creation to Bound with gpuqueue's
+//! admission in the path, against kube-scheduler alone, on the same control plane in the same
+//! run.
+//!
+//! The cluster is real (etcd, kube-apiserver, kube-scheduler; KWOK runs the nodes), with
+//! `BENCH_NODES` nodes of 8 GPUs (default 100) and `BENCH_PODS` one-GPU pods (default 1,000)
+//! created at once by `BENCH_CREATORS` concurrent clients (default 50).
+//!
+//! 1. **kube-scheduler alone**: the pods go into a namespace no queue claims, with no webhook
+//!    installed and no operator running.
+//! 2. **with gpuqueue**: the webhook configuration from `config/` and the release build of the
+//!    operator; a queue claims the namespace with a guarantee that does not limit anything, so
+//!    the difference is the cost of the gate: the webhook call at creation, the operator's
+//!    decision, and its patch that pins the node and releases the gate.
+//!
+//! Throughput is the number of pods bound divided by the time from the first create request to
+//! the last bind seen (pods beyond the cluster's capacity stay pending in both modes and are
+//! left out). Latency is per pod, measured by this process's watch: create request answered
+//! → gate released (gpuqueue) and → bound (both). CPU time is read from `/proc` for the whole
+//! machine and for the operator process, to tell a slow operator from a busy machine. Results:
+//! `e2e/results/admission.json` and `admission.md` (committed, so a change is a visible diff).
+//! `BENCH_ROUNDS` (default 2) repeats both modes, alternating; the best round of each counts.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use common::{Operator, Options, apply_queue, free_port, install, is_gated, queue_yaml};
+use futures::{StreamExt, stream};
+use gpuqueue_api::NVIDIA_GPU;
+use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod, repo_root, wait_for};
+use k8s_openapi::api::core::v1::Pod;
+use kube::{
+    api::{Api, DeleteParams, ListParams, PostParams},
+    runtime::watcher,
+};
+use serde_json::json;
+
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// How many pods to create, how many can be bound, and by how many clients at once.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    count: usize,
+    expected: usize,
+    creators: usize,
+}
+
+/// When this process saw each pod created, released and bound.
+#[derive(Default)]
+struct Timeline {
+    created: HashMap<String, Instant>,
+    released: HashMap<String, Instant>,
+    bound: HashMap<String, Instant>,
+}
+
+/// One mode's numbers.
+#[derive(Debug, serde::Serialize)]
+struct Run {
+    mode: &'static str,
+    round: usize,
+    pods: usize,
+    bound: usize,
+    seconds_to_last_bind: f64,
+    pods_per_second: f64,
+    bind_latency_p50_ms: f64,
+    bind_latency_p99_ms: f64,
+    admission_latency_p50_ms: Option<f64>,
+    admission_latency_p99_ms: Option<f64>,
+    /// CPU time the whole machine spent during the run (everything, other work included).
+    machine_cpu_seconds: f64,
+    /// CPU time the operator process spent during the run.
+    operator_cpu_seconds: Option<f64>,
+}
+
+/// Busy CPU time of the machine so far, from `/proc/stat`, in seconds (the kernel counts in
+/// USER_HZ, which is 100 on Linux).
+fn machine_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: all but idle and iowait are busy.
+    let busy: u64 = fields
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| ![3, 4].contains(i) && *i < 8)
+        .map(|(_, v)| v)
+        .sum();
+    #[allow(clippy::cast_precision_loss)]
+    let seconds = busy as f64 / 100.0;
+    seconds
+}
+
+/// CPU time (user + system) of process `pid` so far, from `/proc/<pid>/stat`, in seconds.
+fn process_cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<u64> = after
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    #[allow(clippy::cast_precision_loss)]
+    let seconds = (fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0))
+        as f64
+        / 100.0;
+    seconds
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn latencies(from: &HashMap<String, Instant>, to: &HashMap<String, Instant>) -> Vec<f64> {
+    let mut values: Vec<f64> = to
+        .iter()
+        .filter_map(|(name, at)| Some(at.duration_since(*from.get(name)?).as_secs_f64() * 1000.0))
+        .collect();
+    values.sort_by(f64::total_cmp);
+    values
+}
+
+/// Follows the namespace's pods, recording when each is first seen released and bound, until
+/// `expected` are bound. The receiver resolves once the initial list is in.
+fn follow(
+    pods: Api<Pod>,
+    timeline: Arc<Mutex<Timeline>>,
+    expected: usize,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+) {
+    // kube's watcher re-watches when the API server ends a watch (as it does under load) and
+    // relists on 410 Gone, so no state change is missed.
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
+    let watch = tokio::spawn(async move {
+        let mut listed_tx = Some(listed_tx);
+        let mut events = watcher(pods, watcher::Config::default()).boxed();
+        while let Some(event) = events.next().await {
+            let pod = match event {
+                Ok(watcher::Event::InitDone) => {
+                    if let Some(listed) = listed_tx.take() {
+                        let _ = listed.send(());
+                    }
+                    continue;
+                }
+                Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
+                Ok(_) => continue,
+                Err(error) => {
+                    eprintln!("watch: {error}; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            let name = pod.metadata.name.clone().unwrap();
+            let mut timeline = timeline.lock().unwrap();
+            if !is_gated(&pod) {
+                timeline.released.entry(name.clone()).or_insert(now);
+            }
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            {
+                timeline.bound.entry(name).or_insert(now);
+                if timeline.bound.len() >= expected {
+                    return;
+                }
+            }
+        }
+    });
+    (watch, listed)
+}
+
+/// Creates `count` pods at once in `namespace` and watches them until `expected` are bound.
+async fn run(
+    cluster: &ControlPlane,
+    namespace: &str,
+    mode: &'static str,
+    round: usize,
+    load: Load,
+    operator: Option<u32>,
+) -> Run {
+    let Load {
+        count,
+        expected,
+        creators,
+    } = load;
+    let machine_before = machine_cpu_seconds();
+    let operator_before = operator.map(process_cpu_seconds);
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace);
+    let timeline = Arc::new(Mutex::new(Timeline::default()));
+    let (watch, listed) = follow(pods.clone(), timeline.clone(), expected);
+    listed.await.unwrap();
+
+    let start = Instant::now();
+    stream::iter(0..count)
+        .map(|i| {
+            let pods = pods.clone();
+            let timeline = timeline.clone();
+            async move {
+                let name = format!("bench-{i:05}");
+                pods.create(&PostParams::default(), &gpu_pod(&name, NVIDIA_GPU, 1))
+                    .await
+                    .unwrap();
+                timeline
+                    .lock()
+                    .unwrap()
+                    .created
+                    .insert(name, Instant::now());
+            }
+        })
+        .buffer_unordered(creators)
+        .collect::<Vec<()>>()
+        .await;
+    tokio::time::timeout(Duration::from_mins(10), watch)
+        .await
+        .expect("pods were not all bound within 10 minutes")
+        .unwrap();
+
+    let timeline = timeline.lock().unwrap();
+    let last_bind = timeline.bound.values().max().copied().unwrap_or(start);
+    let seconds = last_bind.duration_since(start).as_secs_f64();
+    let bind = latencies(&timeline.created, &timeline.bound);
+    let gated = mode == "gpuqueue";
+    let admission = latencies(&timeline.created, &timeline.released);
+    #[allow(clippy::cast_precision_loss)]
+    let result = Run {
+        mode,
+        round,
+        pods: count,
+        bound: timeline.bound.len(),
+        seconds_to_last_bind: seconds,
+        pods_per_second: timeline.bound.len() as f64 / seconds,
+        bind_latency_p50_ms: percentile(&bind, 0.5),
+        bind_latency_p99_ms: percentile(&bind, 0.99),
+        admission_latency_p50_ms: gated.then(|| percentile(&admission, 0.5)),
+        admission_latency_p99_ms: gated.then(|| percentile(&admission, 0.99)),
+        machine_cpu_seconds: machine_cpu_seconds() - machine_before,
+        operator_cpu_seconds: operator
+            .zip(operator_before)
+            .map(|(pid, before)| process_cpu_seconds(pid) - before),
+    };
+    eprintln!("{result:?}");
+    result
+}
+
+/// Deletes every pod of the namespace and waits until they are gone, freeing the GPUs.
+async fn clear(cluster: &ControlPlane, namespace: &str) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace);
+    pods.delete_collection(
+        &DeleteParams::default().grace_period(0),
+        &ListParams::default(),
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "the benchmark's pods to be gone",
+        Duration::from_mins(5),
+        || async {
+            let left = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            if left.items.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{} pods left", left.items.len()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let nodes = env_number("BENCH_NODES", 100);
+    let count = env_number("BENCH_PODS", 1000);
+    let creators = env_number("BENCH_CREATORS", 50);
+    let rounds = env_number("BENCH_ROUNDS", 2);
+    let capacity = nodes * 8;
+    let expected = count.min(capacity);
+    let load = Load {
+        count,
+        expected,
+        creators,
+    };
+
+    let mut config = ControlPlaneConfig::new("bench_admission").with_nodes(
+        (0..nodes)
+            .map(|i| GpuNode::whole_gpus(format!("gpu-node-{i:03}"), 8))
+            .collect(),
+    );
+    // Pods are created directly; no workload controllers needed.
+    config.controller_manager = false;
+    let cluster = ControlPlane::start(config).await.unwrap();
+    eprintln!("control plane up ({})", cluster.startup_summary());
+    let client = cluster.client();
+
+    let plain = cluster.namespace("plain").await.unwrap();
+    let managed = cluster.namespace("managed").await.unwrap();
+    let webhook_port = free_port();
+    let mut operator: Option<Operator> = None;
+    let mut results = Vec::new();
+    for round in 1..=rounds {
+        // kube-scheduler alone: no webhook configuration, no operator.
+        // SIGTERM: the operator releases its Lease, so the next one need not wait it out.
+        if let Some(mut running) = operator.take() {
+            running
+                .process
+                .terminate(Duration::from_secs(10))
+                .await
+                .unwrap();
+        }
+        let webhooks: Api<
+            k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+        > = Api::all(client.clone());
+        let _ = webhooks
+            .delete("gpuqueue-operator", &DeleteParams::default())
+            .await;
+        results.push(run(&cluster, plain.name(), "kube-scheduler", round, load, None).await);
+        clear(&cluster, plain.name()).await;
+
+        // With gpuqueue: the webhook and the operator (release build) in the path.
+        install(&cluster, webhook_port).await;
+        apply_queue(
+            &client,
+            &queue_yaml("bench", &[managed.name()], u32::try_from(count).unwrap(), 0),
+        )
+        .await;
+        let mut options = Options::new(&format!("bench-{round}"), webhook_port);
+        options.release = true;
+        // One debug line per admission pass: how long it took and what it started.
+        "info,gpuqueue_operator::admission=debug".clone_into(&mut options.log_filter);
+        let started = Operator::start(&cluster, options).await;
+        // Ready is not leading: pods created before this replica holds the Lease would measure
+        // the leader election, not admission.
+        wait_for("the operator to lead", Duration::from_mins(1), || async {
+            if started.is_leader().await {
+                Ok(())
+            } else {
+                Err("not the leader yet".to_owned())
+            }
+        })
+        .await
+        .unwrap();
+        let pid = started.process.pid();
+        operator = Some(started);
+        results.push(run(&cluster, managed.name(), "gpuqueue", round, load, Some(pid)).await);
+        clear(&cluster, managed.name()).await;
+    }
+
+    write_report(&results, nodes, count, creators, rounds);
+}
+
+/// Writes `admission.json` and `admission.md` under `e2e/results/` and prints the table.
+fn write_report(results: &[Run], nodes: usize, count: usize, creators: usize, rounds: usize) {
+    use std::fmt::Write as _;
+    let best = |mode: &str| {
+        results
+            .iter()
+            .filter(|r| r.mode == mode)
+            .map(|r| r.pods_per_second)
+            .fold(f64::NAN, f64::max)
+    };
+    let ratio = best("gpuqueue") / best("kube-scheduler");
+    let dir = repo_root().join("e2e/results");
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = json!({
+        "nodes": nodes, "gpus_per_node": 8, "pods": count, "creators": creators, "rounds": rounds,
+        "runs": results, "ratio_gpuqueue_to_scheduler": ratio, "target_ratio": 0.8,
+    });
+    std::fs::write(
+        dir.join("admission.json"),
+        serde_json::to_string_pretty(&json).unwrap(),
+    )
+    .unwrap();
+    let mut table = format!(
+        "# Admission throughput: {count} one-GPU pods on {nodes} KWOK nodes × 8 GPUs\n\n\
+         | mode | round | bound | seconds to last bind | pods/s | bind p50 | bind p99 | admission p50 | admission p99 | machine CPU s | operator CPU s |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    );
+    let ms = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), |v| format!("{v:.0} ms"));
+    for r in results {
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {:.2} | {:.1} | {:.0} ms | {:.0} ms | {} | {} | {:.1} | {} |",
+            r.mode,
+            r.round,
+            r.bound,
+            r.seconds_to_last_bind,
+            r.pods_per_second,
+            r.bind_latency_p50_ms,
+            r.bind_latency_p99_ms,
+            ms(r.admission_latency_p50_ms),
+            ms(r.admission_latency_p99_ms),
+            r.machine_cpu_seconds,
+            r.operator_cpu_seconds
+                .map_or_else(|| "—".to_owned(), |v| format!("{v:.1}")),
+        );
+    }
+    let _ = write!(
+        table,
+        "\nThroughput with gpuqueue / kube-scheduler alone (best round of each): **{ratio:.2}** (target ≥ 0.8).\n\
+         Pods beyond the {} GPUs stay pending in both modes and are not counted.\n",
+        nodes * 8
+    );
+    std::fs::write(dir.join("admission.md"), &table).unwrap();
+    println!("{table}");
+    println!("written to {}", dir.display());
+}

@@ -1,0 +1,380 @@
+//! The operator as the end-to-end tests run it: the real `gpuqueue-operator` binary as a
+//! process against the test's control plane, with its webhook configuration installed from
+//! `config/` (pointed at the process by URL instead of a Service, since nothing runs
+//! in-cluster here).
+
+#![allow(dead_code)] // each test file uses its own part of these helpers
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
+use gpuqueue_e2e::{
+    ControlPlane, DEFAULT_TIMEOUT, ManagedProcess, apply_yaml, describe_pod, install_crds,
+    repo_root, target_dir, wait_for,
+};
+use k8s_openapi::api::core::v1::{Event, Pod, PodSchedulingGate};
+use kube::{
+    Client,
+    api::{Api, ListParams, PostParams},
+};
+use serde_json::json;
+
+/// The operator's namespace, as `config/` installs it.
+pub const OPERATOR_NAMESPACE: &str = "gpuqueue-system";
+
+/// A lease short enough that failover tests finish quickly.
+const LEASE_DURATION: &str = "6s";
+const LEASE_GRACE: &str = "2s";
+
+/// The `gpuqueue-operator` binary, built once per test binary (a no-op when up to date): the
+/// debug build for tests, the release build for benchmarks.
+pub fn operator_binary(release: bool) -> &'static Path {
+    static DEBUG: OnceLock<PathBuf> = OnceLock::new();
+    static RELEASE: OnceLock<PathBuf> = OnceLock::new();
+    let (cell, profile) = if release {
+        (&RELEASE, "release")
+    } else {
+        (&DEBUG, "debug")
+    };
+    cell.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut command = Command::new(cargo);
+        command.args(["build", "--quiet", "--locked", "-p", "gpuqueue-operator"]);
+        if release {
+            command.arg("--release");
+        }
+        let status = command
+            .current_dir(repo_root())
+            .status()
+            .expect("running cargo build for gpuqueue-operator");
+        assert!(status.success(), "building gpuqueue-operator failed");
+        target_dir().join(profile).join("gpuqueue-operator")
+    })
+}
+
+/// A free port on the loopback interface.
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("no free port")
+}
+
+/// Installs what the operator needs before it starts: the CRD, its namespace (from
+/// `config/namespace.yaml`) and its webhook configuration (from `config/`), calling
+/// `https://127.0.0.1:<webhook_port>/mutate-pods`.
+pub async fn install(cluster: &ControlPlane, webhook_port: u16) {
+    let client = cluster.client();
+    install_crds(&client, &repo_root().join("crds"))
+        .await
+        .unwrap();
+    let namespace = std::fs::read_to_string(repo_root().join("config/namespace.yaml")).unwrap();
+    apply_yaml(&client, &namespace, None).await.unwrap();
+    let manifest = repo_root().join("config/webhook/mutating_webhook_configuration.yaml");
+    let mut config: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
+    for webhook in config["webhooks"].as_array_mut().unwrap() {
+        webhook["clientConfig"] =
+            json!({"url": format!("https://127.0.0.1:{webhook_port}/mutate-pods")});
+    }
+    apply_yaml(&client, &serde_yaml::to_string(&config).unwrap(), None)
+        .await
+        .unwrap();
+}
+
+/// How to start one operator process.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Its Lease identity, and the name of its log file.
+    pub identity: String,
+    /// The kubeconfig it uses; the cluster admin's by default.
+    pub kubeconfig: Option<PathBuf>,
+    pub webhook_port: u16,
+    /// Run the release build (benchmarks).
+    pub release: bool,
+    /// The log filter; debug for the operator's own logs by default.
+    pub log_filter: String,
+}
+
+impl Options {
+    pub fn new(identity: &str, webhook_port: u16) -> Self {
+        Self {
+            identity: identity.to_owned(),
+            kubeconfig: None,
+            webhook_port,
+            release: false,
+            log_filter: "info,gpuqueue_operator=debug".to_owned(),
+        }
+    }
+}
+
+/// A running operator process; killed when dropped.
+pub struct Operator {
+    pub process: ManagedProcess,
+    pub metrics: SocketAddr,
+    pub identity: String,
+}
+
+impl Operator {
+    /// Starts the operator and waits until it is ready (stores synced, webhook CA published).
+    pub async fn start(cluster: &ControlPlane, options: Options) -> Self {
+        let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let kubeconfig = options
+            .kubeconfig
+            .clone()
+            .unwrap_or_else(|| cluster.kubeconfig_path().to_owned());
+        let mut command = Command::new(operator_binary(options.release));
+        command
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--namespace={OPERATOR_NAMESPACE}"))
+            .arg(format!("--metrics-addr={metrics}"))
+            .arg(format!("--webhook-addr=127.0.0.1:{}", options.webhook_port))
+            .arg("--webhook-extra-san=127.0.0.1")
+            .arg(format!("--lease-identity={}", options.identity))
+            .arg(format!("--lease-duration={LEASE_DURATION}"))
+            .arg(format!("--lease-grace={LEASE_GRACE}"))
+            .arg(format!("--log-filter={}", options.log_filter))
+            .env_remove("KUBECONFIG")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("POD_NAME");
+        let process = cluster
+            .spawn(&format!("operator-{}", options.identity), command)
+            .unwrap();
+        let mut operator = Self {
+            process,
+            metrics,
+            identity: options.identity,
+        };
+        operator.wait_ready().await;
+        operator
+    }
+
+    /// Waits for `/readyz` to answer 200.
+    pub async fn wait_ready(&mut self) {
+        let url = format!("http://{}/readyz", self.metrics);
+        let log = self.process.log_path().to_owned();
+        wait_for("the operator to be ready", DEFAULT_TIMEOUT, || {
+            let url = url.clone();
+            let log = log.clone();
+            async move {
+                match reqwest::get(&url).await {
+                    Ok(response) if response.status().is_success() => Ok(()),
+                    Ok(response) => Err(response.text().await.unwrap_or_default()),
+                    Err(error) => Err(format!("{error}; log {}", log.display())),
+                }
+            }
+        })
+        .await
+        .unwrap();
+    }
+
+    /// The text of `/metrics`.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://{}/metrics", self.metrics))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
+    /// The value of one metric line, such as `gpuqueue_leader`, if present.
+    pub async fn metric(&self, series: &str) -> Option<f64> {
+        let text = self.metrics().await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|value| value.parse().ok())
+    }
+
+    /// Whether this process acts as the leader.
+    pub async fn is_leader(&self) -> bool {
+        self.metric("gpuqueue_leader").await == Some(1.0)
+    }
+}
+
+/// Applies a GpuQueue from YAML, as an admin would (field manager `kubectl`).
+pub async fn apply_queue(client: &Client, yaml: &str) {
+    apply_yaml(client, yaml, None).await.unwrap();
+}
+
+/// A one-resource queue of `nvidia.com/gpu` claiming `namespaces`.
+pub fn queue_yaml(name: &str, namespaces: &[&str], guaranteed: u32, burstable: u32) -> String {
+    format!(
+        "apiVersion: gpuqueue.io/v1alpha1\nkind: GpuQueue\nmetadata:\n  name: {name}\nspec:\n  namespaces: [{}]\n  resources:\n    - name: nvidia.com/gpu\n      guaranteed: {guaranteed}\n      burstable: {burstable}\n",
+        namespaces.join(", ")
+    )
+}
+
+/// A pod gated by hand, as a tenant's tooling (or a test) may create it.
+pub fn gated(mut pod: Pod) -> Pod {
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.scheduling_gates = Some(vec![PodSchedulingGate {
+            name: ADMISSION_GATE.to_owned(),
+        }]);
+    }
+    pod
+}
+
+/// Creates `pod` in `pods`' namespace.
+pub async fn create(pods: &Api<Pod>, pod: &Pod) {
+    pods.create(&PostParams::default(), pod).await.unwrap();
+}
+
+/// Whether the pod still carries the admission gate.
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.scheduling_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
+}
+
+/// An annotation of the pod.
+pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// Waits until the pod is bound to a node; returns it.
+pub async fn bound(pods: &Api<Pod>, name: &str) -> Pod {
+    wait_for(
+        format!("pod {name} to be bound"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            {
+                Ok(pod)
+            } else {
+                Err(describe_pod(&pod))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Waits until the pod waits with a recorded reason; returns the reason.
+pub async fn waiting_reason(pods: &Api<Pod>, name: &str) -> String {
+    wait_for(
+        format!("pod {name} to say why it waits"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
+            match annotation(&pod, annotations::WAITING_REASON) {
+                Some(reason) if is_gated(&pod) => Ok(reason.to_owned()),
+                _ => Err(describe_pod(&pod)),
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Waits until `count` pods of the namespace are bound and the rest wait with a reason.
+pub async fn settled(pods: &Api<Pod>, bound: usize, waiting: usize) -> Vec<Pod> {
+    wait_for(
+        format!("{bound} pods bound and {waiting} waiting with a reason"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let is_bound = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+            let has_reason =
+                |p: &Pod| is_gated(p) && annotation(p, annotations::WAITING_REASON).is_some();
+            let (b, w) = (
+                list.items.iter().filter(|p| is_bound(p)).count(),
+                list.items.iter().filter(|p| has_reason(p)).count(),
+            );
+            if b == bound && w == waiting && list.items.len() == bound + waiting {
+                Ok(list.items)
+            } else {
+                Err(format!(
+                    "{b} bound, {w} waiting with a reason, {} pods",
+                    list.items.len()
+                ))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Waits until the queue's status satisfies `check`; returns the queue.
+pub async fn queue_status(
+    client: &Client,
+    name: &str,
+    what: &str,
+    check: impl Fn(&GpuQueue) -> bool,
+) -> GpuQueue {
+    let queues: Api<GpuQueue> = Api::all(client.clone());
+    wait_for(format!("queue {name}: {what}"), DEFAULT_TIMEOUT, || async {
+        let queue = queues.get(name).await.map_err(|e| e.to_string())?;
+        if check(&queue) {
+            Ok(queue)
+        } else {
+            Err(format!(
+                "status: {}",
+                serde_json::to_string(&queue.status).unwrap()
+            ))
+        }
+    })
+    .await
+    .unwrap()
+}
+
+/// The first resource row of a queue's status: (allocated, borrowed, lent, pending).
+pub fn numbers(queue: &GpuQueue) -> Option<(i64, i64, i64, i64)> {
+    let row = queue.status.as_ref()?.resources.first()?;
+    Some((row.allocated, row.borrowed, row.lent, row.pending))
+}
+
+/// The status of a condition of a queue, such as `("True", "NamespaceConflict")`.
+pub fn condition(queue: &GpuQueue, type_: &str) -> Option<(String, String)> {
+    queue
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone()))
+}
+
+/// Events about the object `name` in `namespace` with `reason`, as kubectl shows them.
+pub async fn events(client: &Client, namespace: &str, name: &str, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("involvedObject.name={name},reason={reason}");
+    events
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .unwrap()
+        .items
+}
+
+/// Waits until an event with `reason` about `name` exists; returns its message.
+pub async fn event(client: &Client, namespace: &str, name: &str, reason: &str) -> String {
+    wait_for(
+        format!("event {reason} on {name}"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let found = events(client, namespace, name, reason).await;
+            found
+                .first()
+                .and_then(|e| e.message.clone())
+                .ok_or_else(|| "no such event yet".to_owned())
+        },
+    )
+    .await
+    .unwrap()
+}

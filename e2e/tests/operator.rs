@@ -1,0 +1,667 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+//! The operator end to end: the real `gpuqueue-operator` binary against a real control plane
+//! (kube-apiserver, kube-scheduler, kube-controller-manager, KWOK GPU nodes), its webhook
+//! configuration and RBAC from `config/`. Each test starts its own control plane.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{
+    OPERATOR_NAMESPACE, Operator, Options, annotation, apply_queue, bound, condition, create,
+    event, events, free_port, gated, install, is_gated, numbers, queue_status, queue_yaml, settled,
+    waiting_reason,
+};
+use gpuqueue_api::{NVIDIA_GPU, annotations, conditions, v1alpha1::GpuQueue};
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, gpu_pod, repo_root,
+    wait_for,
+};
+use k8s_openapi::api::{
+    admissionregistration::v1::MutatingWebhookConfiguration,
+    authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
+    core::v1::{Pod, Service},
+};
+use kube::{
+    Client,
+    api::{Api, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+
+async fn start(name: &str, nodes: Option<Vec<GpuNode>>) -> ControlPlane {
+    let mut config = ControlPlaneConfig::new(name);
+    if let Some(nodes) = nodes {
+        config = config.with_nodes(nodes);
+    }
+    let cluster = ControlPlane::start(config).await.unwrap();
+    eprintln!("{name}: control plane up ({})", cluster.startup_summary());
+    cluster
+}
+
+/// A Deployment of `replicas` one-GPU pods, written as a tenant writes it: nothing about gates
+/// or queues.
+fn deployment(name: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n          resources:\n            limits: {{nvidia.com/gpu: 1}}\n"
+    )
+}
+
+/// The two-tenant scenario of `examples/two-tenants.yaml` on 32 GPUs: `online` is guaranteed
+/// 24 (lends at most 20), `batch` is guaranteed 8 and may borrow 16. A plain Deployment of 26
+/// batch pods gets 8 guaranteed and 16 borrowed GPUs; two pods wait above the ceiling.
+async fn tenants_borrow_and_wait(cluster: &ControlPlane, client: &Client, operator: &Operator) {
+    let online = cluster.namespace("online").await.unwrap();
+    let batch = cluster.namespace("batch").await.unwrap();
+    apply_queue(
+        client,
+        &format!(
+            "apiVersion: gpuqueue.io/v1alpha1\nkind: GpuQueue\nmetadata:\n  name: online\nspec:\n  namespaces: [{}]\n  resources:\n    - name: nvidia.com/gpu\n      guaranteed: 24\n      lendingLimit: 20\n",
+            online.name()
+        ),
+    )
+    .await;
+    apply_queue(client, &queue_yaml("batch", &[batch.name()], 8, 16)).await;
+
+    apply_yaml(client, &deployment("vllm", 26), Some(batch.name()))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    let all = settled(&pods, 24, 2).await;
+
+    // Every pod went through the gate: the webhook added it, the operator released it.
+    let admitted: Vec<&Pod> = all.iter().filter(|p| !is_gated(p)).collect();
+    let admitted_as = |kind: &str| {
+        admitted
+            .iter()
+            .filter(|p| annotation(p, annotations::ADMITTED_AS) == Some(kind))
+            .count()
+    };
+    assert_eq!(admitted_as("guaranteed"), 8);
+    assert_eq!(admitted_as("borrowed"), 16);
+    for pod in &admitted {
+        assert_eq!(annotation(pod, annotations::QUEUE), Some("batch"));
+        let selector = pod.spec.as_ref().unwrap().node_selector.as_ref().unwrap();
+        assert_eq!(
+            Some(&selector["kubernetes.io/hostname"]),
+            pod.spec.as_ref().unwrap().node_name.as_ref(),
+            "bound where the operator pinned it"
+        );
+    }
+
+    // The two above the ceiling say why, on the pod and in an event naming the numbers.
+    let waiting: Vec<&Pod> = all.iter().filter(|p| is_gated(p)).collect();
+    let reason = annotation(waiting[0], annotations::WAITING_REASON).unwrap();
+    assert!(
+        reason.starts_with("OverCeiling: queue batch: nvidia.com/gpu allocated 24"),
+        "{reason}"
+    );
+    let name = waiting[0].metadata.name.clone().unwrap();
+    let message = event(client, batch.name(), &name, "OverCeiling").await;
+    assert!(
+        message.contains("queue batch")
+            && message.contains("ceiling of 24 (guaranteed 8 + burstable 16)"),
+        "{message}"
+    );
+
+    // kubectl get gq: who has what.
+    let batch_queue = queue_status(
+        client,
+        "batch",
+        "24 allocated, 16 borrowed, 2 pending",
+        |q| numbers(q) == Some((24, 16, 0, 2)),
+    )
+    .await;
+    assert_eq!(
+        condition(&batch_queue, conditions::types::READY),
+        Some(("True".into(), "Admitting".into()))
+    );
+    let summary = batch_queue.status.unwrap().summary.unwrap();
+    assert_eq!(
+        (summary.allocated.as_str(), summary.borrowed.as_str()),
+        ("24", "16")
+    );
+    queue_status(client, "online", "16 of its GPUs lent", |q| {
+        numbers(q) == Some((0, 0, 16, 0))
+    })
+    .await;
+
+    // /metrics tells the same story.
+    let metrics = operator.metrics().await;
+    for line in [
+        r#"gpuqueue_queue_allocated_gpus{queue="batch",resource="nvidia.com/gpu"} 24"#,
+        r#"gpuqueue_queue_borrowed_gpus{queue="batch",resource="nvidia.com/gpu"} 16"#,
+        r#"gpuqueue_queue_lent_gpus{queue="online",resource="nvidia.com/gpu"} 16"#,
+        r#"gpuqueue_queue_guaranteed_gpus{queue="online",resource="nvidia.com/gpu"} 24"#,
+        r#"gpuqueue_queue_pending_gpus{queue="batch",resource="nvidia.com/gpu"} 2"#,
+        r#"gpuqueue_admission_decisions_total{queue="batch",outcome="admitted_borrowed"} 16"#,
+        r#"gpuqueue_webhook_requests_total{result="gated"} 26"#,
+        "gpuqueue_admission_latency_seconds_count 24",
+        "gpuqueue_leader 1",
+    ] {
+        assert!(metrics.contains(line), "missing {line} in\n{metrics}");
+    }
+    assert!(metrics.contains("gpuqueue_node_fragmented_gpus{node=\"gpu-node-0\"}"));
+
+    // A CPU-only pod in the same namespace is never sent to the operator or gated.
+    let cpu: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "web", "image": "nginx"}]},
+    }))
+    .unwrap();
+    create(&pods, &cpu).await;
+    let cpu = bound(&pods, "web").await;
+    assert!(annotation(&cpu, annotations::QUEUE).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_deployment_is_gated_admitted_within_quota_and_the_rest_waits_with_a_reason() {
+    let cluster = start("operator_two_tenants", None).await;
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
+    tenants_borrow_and_wait(&cluster, &cluster.client(), &operator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_needs_no_more_than_the_rbac_in_config() {
+    let cluster = start("operator_rbac", None).await;
+    let admin = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    for file in [
+        "service_account.yaml",
+        "cluster_role.yaml",
+        "cluster_role_binding.yaml",
+        "leader_election_role.yaml",
+        "leader_election_role_binding.yaml",
+    ] {
+        let yaml = std::fs::read_to_string(repo_root().join("config/rbac").join(file)).unwrap();
+        apply_yaml(&admin, &yaml, None).await.unwrap();
+    }
+    let account = cluster
+        .service_account_access(OPERATOR_NAMESPACE, "gpuqueue-operator")
+        .await
+        .unwrap();
+    let mut options = Options::new("rbac", webhook_port);
+    options.kubeconfig = Some(account.kubeconfig.clone());
+    let operator = Operator::start(&cluster, options).await;
+
+    // The same scenario, run by the operator as its ServiceAccount.
+    tenants_borrow_and_wait(&cluster, &admin, &operator).await;
+
+    // And what it must not do, the API server refuses.
+    let reviews: Api<SubjectAccessReview> = Api::all(admin.clone());
+    let may = |verb: &str, resource: &str, subresource: Option<&str>, name: Option<&str>| {
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(account.username.clone()),
+                groups: Some(vec!["system:serviceaccounts".into()]),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.into()),
+                    group: Some(match resource {
+                        "gpuqueues" => "gpuqueue.io".into(),
+                        "mutatingwebhookconfigurations" => "admissionregistration.k8s.io".into(),
+                        _ => String::new(),
+                    }),
+                    resource: Some(resource.into()),
+                    subresource: subresource.map(Into::into),
+                    name: name.map(Into::into),
+                    namespace: Some("default".into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let reviews = reviews.clone();
+        async move {
+            reviews
+                .create(&PostParams::default(), &review)
+                .await
+                .unwrap()
+                .status
+                .unwrap()
+                .allowed
+        }
+    };
+    assert!(may("patch", "pods", None, None).await);
+    assert!(
+        !may("update", "pods", None, None).await,
+        "pods are patched, never updated"
+    );
+    assert!(!may("get", "secrets", None, None).await, "no secrets");
+    assert!(
+        !may("patch", "gpuqueues", None, Some("batch")).await,
+        "spec belongs to admins"
+    );
+    assert!(may("patch", "gpuqueues", Some("status"), Some("batch")).await);
+    assert!(
+        !may(
+            "patch",
+            "mutatingwebhookconfigurations",
+            None,
+            Some("someone-elses")
+        )
+        .await,
+        "only its own webhook configuration"
+    );
+    assert!(
+        may(
+            "patch",
+            "mutatingwebhookconfigurations",
+            None,
+            Some("gpuqueue-operator")
+        )
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmanaged_and_bypassing_gpu_pods_count_as_used_capacity() {
+    // One node of 8 GPUs, so every GPU taken by someone else is visible.
+    let cluster = start(
+        "operator_unmanaged",
+        Some(vec![GpuNode::whole_gpus("gpu-node-0", 8)]),
+    )
+    .await;
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let _operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
+
+    let team = cluster.namespace("team").await.unwrap();
+    let other = cluster.namespace("other").await.unwrap();
+    apply_queue(&client, &queue_yaml("team", &[team.name()], 8, 0)).await;
+
+    // Another scheduler's GPU pod outside any queue: 5 GPUs the operator does not manage.
+    let others: Api<Pod> = Api::namespaced(client.clone(), other.name());
+    create(&others, &gpu_pod("foreign", NVIDIA_GPU, 5)).await;
+    let foreign = bound(&others, "foreign").await;
+    assert!(!is_gated(&foreign) && annotation(&foreign, annotations::QUEUE).is_none());
+
+    // A pod of the team that bypassed the gate (bound at creation): 1 GPU, charged to its queue.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
+    let mut bypass = gpu_pod("bypass", NVIDIA_GPU, 1);
+    bypass.spec.as_mut().unwrap().node_name = Some("gpu-node-0".into());
+    create(&pods, &bypass).await;
+
+    // 4 one-GPU pods, gated by hand: only the 2 GPUs still free are admitted.
+    for i in 0..4 {
+        create(
+            &pods,
+            &gated(gpu_pod(&format!("worker-{i}"), NVIDIA_GPU, 1)),
+        )
+        .await;
+    }
+    let all = settled(&pods, 3, 2).await;
+    let waiting = all.iter().find(|p| is_gated(p)).unwrap();
+    let reason = annotation(waiting, annotations::WAITING_REASON).unwrap();
+    assert!(reason.starts_with("NoRoom: queue team"), "{reason}");
+    queue_status(
+        &client,
+        "team",
+        "3 allocated (one bypassed the gate), 2 pending",
+        |q| numbers(q).is_some_and(|(allocated, _, _, pending)| allocated == 3 && pending == 2),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_claimed_by_two_queues_is_a_conflict_on_both_and_admits_nothing() {
+    let cluster = start("operator_conflict", None).await;
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let _operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
+
+    let shared = cluster.namespace("shared").await.unwrap();
+    apply_queue(&client, &queue_yaml("alpha", &[shared.name()], 4, 0)).await;
+    apply_queue(&client, &queue_yaml("beta", &[shared.name()], 4, 0)).await;
+    for queue in ["alpha", "beta"] {
+        let found = queue_status(&client, queue, "NamespaceConflict=True", |q| {
+            condition(q, conditions::types::NAMESPACE_CONFLICT)
+                == Some((
+                    "True".into(),
+                    conditions::reasons::NAMESPACE_CONFLICT.into(),
+                ))
+        })
+        .await;
+        let message = &found.status.unwrap().conditions;
+        let conflict = message
+            .iter()
+            .find(|c| c.type_ == conditions::types::NAMESPACE_CONFLICT)
+            .unwrap();
+        assert!(
+            conflict.message.contains(shared.name()),
+            "{}",
+            conflict.message
+        );
+    }
+    // Its pods are gated by the webhook and wait, saying why.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), shared.name());
+    create(&pods, &gpu_pod("stuck", NVIDIA_GPU, 1)).await;
+    let reason = waiting_reason(&pods, "stuck").await;
+    assert!(
+        reason.starts_with("NamespaceConflict: namespace"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("alpha") && reason.contains("beta"),
+        "{reason}"
+    );
+    let message = event(&client, shared.name(), "stuck", "NamespaceConflict").await;
+    assert!(message.contains("alpha, beta"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gitops_apply_of_the_spec_is_never_fought_or_reverted() {
+    let cluster = start("operator_gitops", None).await;
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let _operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
+
+    let team = cluster.namespace("team").await.unwrap();
+    let queues: Api<GpuQueue> = Api::all(client.clone());
+    let argo = PatchParams::apply("argocd-controller");
+    let spec = |guaranteed: u32, lending: Option<u32>| {
+        let mut resource =
+            json!({"name": "nvidia.com/gpu", "guaranteed": guaranteed, "burstable": 4});
+        if let Some(lending) = lending {
+            resource["lendingLimit"] = json!(lending);
+        }
+        json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "team"},
+            "spec": {"namespaces": [team.name()], "resources": [resource]},
+        })
+    };
+    queues
+        .patch("team", &argo, &Patch::Apply(spec(8, None)))
+        .await
+        .unwrap();
+    queue_status(&client, "team", "status written for generation 1", |q| {
+        q.status.as_ref().and_then(|s| s.observed_generation) == Some(1)
+    })
+    .await;
+
+    // The same manifest again, without force: no conflict, nothing changes.
+    let again = queues
+        .patch("team", &argo, &Patch::Apply(spec(8, None)))
+        .await
+        .unwrap();
+    assert_eq!(again.metadata.generation, Some(1));
+
+    // The operator owns status and nothing else.
+    let managers = again.metadata.managed_fields.unwrap();
+    let ours: Vec<_> = managers
+        .iter()
+        .filter(|m| m.manager.as_deref() == Some(gpuqueue_api::FIELD_MANAGER))
+        .collect();
+    assert!(!ours.is_empty());
+    for entry in &ours {
+        assert_eq!(entry.subresource.as_deref(), Some("status"), "{entry:?}");
+        let fields = serde_json::to_string(&entry.fields_v1).unwrap();
+        assert!(!fields.contains("f:spec"), "{fields}");
+    }
+
+    // A quota edit through Git: the operator follows it, says so, and keeps the spec as applied.
+    queues
+        .patch("team", &argo, &Patch::Apply(spec(12, None)))
+        .await
+        .unwrap();
+    queue_status(&client, "team", "guaranteed 12 for generation 2", |q| {
+        let status = q.status.as_ref();
+        status.and_then(|s| s.observed_generation) == Some(2)
+            && status
+                .and_then(|s| s.resources.first())
+                .map(|r| r.guaranteed)
+                == Some(12)
+    })
+    .await;
+    let message = event(&client, "default", "team", "QuotaChanged").await;
+    assert!(message.contains("guaranteed 8 → 12"), "{message}");
+    let stored = queues.get("team").await.unwrap();
+    assert_eq!(stored.spec.resources[0].guaranteed, 12);
+    assert_eq!(stored.spec.resources[0].burstable, 4);
+
+    // An invalid edit is refused by the API server, naming the field; status is untouched.
+    let refused = queues
+        .patch("team", &argo, &Patch::Apply(spec(12, Some(20))))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("lendingLimit"), "{refused}");
+    let after = queues.get("team").await.unwrap();
+    assert_eq!(after.metadata.generation, Some(2));
+
+    // Git applies once more, without force, after all of the operator's writes: still no conflict.
+    queues
+        .patch("team", &argo, &Patch::Apply(spec(12, None)))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_operator_admits_nothing_twice_and_loses_nothing() {
+    let cluster = start("operator_restart", None).await;
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let mut operator = Operator::start(&cluster, Options::new("restarting", webhook_port)).await;
+
+    let team = cluster.namespace("team").await.unwrap();
+    apply_queue(&client, &queue_yaml("team", &[team.name()], 8, 0)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
+    for i in 0..4 {
+        create(
+            &pods,
+            &gated(gpu_pod(&format!("before-{i}"), NVIDIA_GPU, 1)),
+        )
+        .await;
+    }
+    let mut admitted_at = BTreeMap::new();
+    for i in 0..4 {
+        let pod = bound(&pods, &format!("before-{i}")).await;
+        admitted_at.insert(
+            pod.metadata.name.clone().unwrap(),
+            annotation(&pod, annotations::ADMITTED_AT)
+                .unwrap()
+                .to_owned(),
+        );
+    }
+
+    // Killed without warning; meanwhile more pods arrive, gated by hand.
+    operator.process.kill();
+    for i in 0..3 {
+        create(
+            &pods,
+            &gated(gpu_pod(&format!("during-{i}"), NVIDIA_GPU, 1)),
+        )
+        .await;
+    }
+    let operator = Operator::start(&cluster, Options::new("restarting", webhook_port)).await;
+    for i in 0..3 {
+        bound(&pods, &format!("during-{i}")).await;
+    }
+    queue_status(&client, "team", "7 allocated", |q| {
+        numbers(q) == Some((7, 0, 0, 0))
+    })
+    .await;
+
+    // The pods admitted before the restart were not admitted again, and each admission was
+    // announced once.
+    for (name, at) in &admitted_at {
+        let pod = pods.get(name).await.unwrap();
+        assert_eq!(
+            annotation(&pod, annotations::ADMITTED_AT),
+            Some(at.as_str()),
+            "{name}"
+        );
+        let admitted = events(&client, team.name(), name, "Admitted").await;
+        assert_eq!(admitted.len(), 1, "{name}: {admitted:?}");
+        assert!(
+            admitted[0].count.unwrap_or(1) <= 1,
+            "{name}: announced more than once"
+        );
+    }
+    let restarted = operator.metrics().await;
+    assert!(
+        restarted.contains(
+            r#"gpuqueue_admission_decisions_total{queue="team",outcome="admitted_guaranteed"} 3"#
+        ),
+        "{restarted}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_when_the_leader_stops_and_never_acts_before() {
+    let cluster = start("operator_failover", None).await;
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let first = Operator::start(&cluster, Options::new("first", webhook_port)).await;
+    // The second replica serves its webhook elsewhere; only leadership matters here.
+    let second = Operator::start(&cluster, Options::new("second", free_port())).await;
+
+    let (mut leader, standby) = wait_for("exactly one leader", DEFAULT_TIMEOUT, || async {
+        match (first.is_leader().await, second.is_leader().await) {
+            (true, false) => Ok(true),
+            (false, true) => Ok(false),
+            both => Err(format!("leader flags {both:?}")),
+        }
+    })
+    .await
+    .map(|first_leads| {
+        if first_leads {
+            (first, second)
+        } else {
+            (second, first)
+        }
+    })
+    .unwrap();
+
+    let team = cluster.namespace("team").await.unwrap();
+    apply_queue(&client, &queue_yaml("team", &[team.name()], 8, 0)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
+    for i in 0..2 {
+        create(&pods, &gated(gpu_pod(&format!("early-{i}"), NVIDIA_GPU, 1))).await;
+        bound(&pods, &format!("early-{i}")).await;
+    }
+    let admitted_by = |name: String| {
+        let client = client.clone();
+        let namespace = team.name().to_owned();
+        async move {
+            let found = events(&client, &namespace, &name, "Admitted").await;
+            assert_eq!(found.len(), 1, "{name}: {found:?}");
+            found[0].reporting_instance.clone().unwrap_or_default()
+        }
+    };
+    assert_eq!(admitted_by("early-0".into()).await, leader.identity);
+    let idle = standby.metrics().await;
+    assert!(
+        !idle.contains("gpuqueue_admission_decisions_total{"),
+        "the standby decided:\n{idle}"
+    );
+    assert!(!standby.is_leader().await);
+
+    // The leader dies without releasing its lease; the standby takes over once it expires.
+    leader.process.kill();
+    for i in 0..2 {
+        create(&pods, &gated(gpu_pod(&format!("late-{i}"), NVIDIA_GPU, 1))).await;
+    }
+    for i in 0..2 {
+        bound(&pods, &format!("late-{i}")).await;
+        assert_eq!(admitted_by(format!("late-{i}")).await, standby.identity);
+    }
+    assert!(standby.is_leader().await);
+    // Nothing admitted before the failover was admitted again.
+    for i in 0..2 {
+        admitted_by(format!("early-{i}")).await;
+    }
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        client.clone(),
+        OPERATOR_NAMESPACE,
+    )
+    .get("gpuqueue-operator")
+    .await
+    .unwrap();
+    assert_eq!(
+        lease.spec.unwrap().holder_identity.as_deref(),
+        Some(standby.identity.as_str())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_restricted() {
+    let cluster = start("operator_install", None).await;
+    let client = cluster.client();
+
+    // Exactly the README's install command, with the kubectl (and built-in kustomize) of v1.36.
+    let applied = cluster
+        .kubectl()
+        .args(["apply", "--server-side", "-k"])
+        .arg(repo_root().join("config"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&applied.stderr);
+    assert!(
+        applied.status.success(),
+        "kubectl apply -k config/: {stderr}"
+    );
+    assert!(!stderr.contains("PodSecurity"), "{stderr}");
+
+    // The ReplicaSet's pods pass Pod Security `restricted` (enforced by the namespace) and run.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
+    wait_for(
+        "both operator replicas to be created and running",
+        DEFAULT_TIMEOUT,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels("app.kubernetes.io/name=gpuqueue-operator"))
+                .await
+                .map_err(|e| e.to_string())?;
+            let running = list
+                .items
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .count();
+            if running == 2 {
+                Ok(())
+            } else {
+                Err(format!("{running} of {} pods running", list.items.len()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // The check is real: a pod that asks for root is refused in that namespace.
+    let privileged: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "root"},
+        "spec": {"containers": [{"name": "root", "image": "busybox",
+            "securityContext": {"runAsUser": 0, "privileged": true}}]},
+    }))
+    .unwrap();
+    let refused = pods
+        .create(&PostParams::default(), &privileged)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("violates PodSecurity"), "{refused}");
+
+    // The webhook configuration calls the Service the manifests created.
+    let webhook = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("gpuqueue-operator")
+        .await
+        .unwrap();
+    let service = webhook.webhooks.unwrap()[0]
+        .client_config
+        .service
+        .clone()
+        .unwrap();
+    Api::<Service>::namespaced(client.clone(), &service.namespace)
+        .get(&service.name)
+        .await
+        .unwrap();
+}
