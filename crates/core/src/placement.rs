@@ -327,9 +327,10 @@ impl Scorer for Fgd {
 /// Alibaba `default` trace at 130% load, 10 seeds, it allocates 95.56% (FGD 95.22%) in the
 /// crate's `trace_replay` benchmark and 95.54% in the simulator's placement study (FGD's
 /// published 95.39%; `crates/sim/results/placement/`), where FGD's score with the same best-fit
-/// ties allocated 95.34%. It costs about twice FGD's scoring time. Comparing the growth exactly
-/// instead of through the levels would leave best fit nothing to decide. Without a workload
-/// mix it is best fit.
+/// ties allocated 95.34%. It is ahead of FGD's published allocation on 9 of the 15 published
+/// pod lists, but behind our own FGD run where multi-GPU tasks abound (`multigpu30`/`40`, by
+/// about 0.5 points). It costs about twice FGD's scoring time. Without a workload mix it is
+/// best fit.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FragmentationAware;
 
