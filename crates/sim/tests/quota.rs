@@ -8,6 +8,7 @@ use std::path::Path;
 use gpuqueue_core::model::{Node, Queue, ResourceQuota};
 use gpuqueue_sim::convert;
 use gpuqueue_sim::quota::{self, OverlayError, QuotaInput, QuotaPolicy, QuotaRun};
+use gpuqueue_sim::quota_metrics::OverBudgetCause;
 use gpuqueue_sim::scenario::Scenario;
 use gpuqueue_sim::workload::Workload;
 
@@ -118,6 +119,26 @@ fn each_policy_keeps_its_rules() {
         "{:?}",
         borrow.metrics.handovers
     );
+    for run in &runs {
+        for (t, tenant) in run.metrics.tenants.iter().enumerate() {
+            assert_eq!(
+                tenant.over_budget_causes.values().sum::<u64>(),
+                tenant.owner_over_budget,
+                "{}: tenant {t}'s over-budget owners each have one cause",
+                run.policy
+            );
+        }
+        if run.policy != QuotaPolicy::Borrow {
+            assert!(
+                !run.metrics
+                    .over_budget_causes()
+                    .keys()
+                    .any(|c| matches!(c, OverBudgetCause::Handover { .. })),
+                "{}: no reclaim, so no handover overruns",
+                run.policy
+            );
+        }
+    }
     let serving = &borrow.metrics.tenants[0];
     assert_eq!(
         serving.evictions, 0,
