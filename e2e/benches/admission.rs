@@ -334,8 +334,13 @@ async fn main() {
     let mut results = Vec::new();
     for round in 1..=rounds {
         // kube-scheduler alone: no webhook configuration, no operator.
+        // SIGTERM: the operator releases its Lease, so the next one need not wait it out.
         if let Some(mut running) = operator.take() {
-            running.process.kill();
+            running
+                .process
+                .terminate(Duration::from_secs(10))
+                .await
+                .unwrap();
         }
         let webhooks: Api<
             k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
@@ -358,6 +363,17 @@ async fn main() {
         // One debug line per admission pass: how long it took and what it started.
         "info,gpuqueue_operator::admission=debug".clone_into(&mut options.log_filter);
         let started = Operator::start(&cluster, options).await;
+        // Ready is not leading: pods created before this replica holds the Lease would measure
+        // the leader election, not admission.
+        wait_for("the operator to lead", Duration::from_mins(1), || async {
+            if started.is_leader().await {
+                Ok(())
+            } else {
+                Err("not the leader yet".to_owned())
+            }
+        })
+        .await
+        .unwrap();
         let pid = started.process.pid();
         operator = Some(started);
         results.push(run(&cluster, managed.name(), "gpuqueue", round, load, Some(pid)).await);

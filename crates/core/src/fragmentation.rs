@@ -281,6 +281,74 @@ impl FragIndex {
         #[allow(clippy::cast_precision_loss)]
         (idle as f64 - usable).max(0.0)
     }
+
+    /// The node's idle GPU capacity the mix cannot fill, milli: [`Self::node_fragmentation`]
+    /// with each fitting class credited only with what copies of it would take, as many whole
+    /// requests as the free devices and the free CPU hold. A device with 1000 free holds two
+    /// 470s (60 stay idle), and a node with 8 free GPUs but CPU for two 11-core tasks holds two
+    /// GPUs of them; `F_n` counts all of both as usable.
+    pub(crate) fn node_unfillable(
+        &self,
+        model: Option<ModelId>,
+        cpu_free: i64,
+        layout: &[PoolLayout],
+        free: &[u16],
+    ) -> f64 {
+        let idle: u64 = free.iter().map(|f| u64::from(*f)).sum();
+        if idle == 0 {
+            return 0.0;
+        }
+        let groups = model.map_or(self.by_model.first(), |m| {
+            self.by_model.get(usize::from(m.0) + 1)
+        });
+        let cpu = u64::try_from(cpu_free).unwrap_or(0);
+        let mut usable = 0.0;
+        for group in groups.into_iter().flatten() {
+            let Some(pool) = layout.iter().find(|p| p.resource == group.resource) else {
+                continue;
+            };
+            let (mut fitting, mut slots) = (0u64, 0u64);
+            for &f in &free[usize::from(pool.start)..usize::from(pool.start + pool.len)] {
+                if f >= group.milli {
+                    fitting += 1;
+                    // Most requests are over half a device: one copy, no division.
+                    slots += if f < 2 * group.milli {
+                        1
+                    } else {
+                        u64::from(f / group.milli)
+                    };
+                }
+            }
+            // A multi-device request takes whole devices: one copy per `count` fitting devices.
+            let copies_by_gpu = if group.count == 1 {
+                slots
+            } else {
+                fitting / u64::from(group.count)
+            };
+            if copies_by_gpu == 0 {
+                continue;
+            }
+            #[allow(clippy::cast_precision_loss)]
+            let milli_per_copy = (u64::from(group.count) * u64::from(group.milli)) as f64;
+            // Classes come by CPU, ascending: the first ones have CPU for as many copies as
+            // the devices take, the next ones for fewer, the last ones for none.
+            let fitting_classes = group
+                .cpu
+                .partition_point(|&c| i128::from(c) <= i128::from(cpu_free));
+            let fed = cpu / copies_by_gpu;
+            let fully_fed = group.cpu[..fitting_classes].partition_point(|&c| c <= fed);
+            #[allow(clippy::cast_precision_loss)]
+            {
+                usable += group.share_up_to[fully_fed] * (copies_by_gpu as f64) * milli_per_copy;
+                for k in fully_fed..fitting_classes {
+                    let share = group.share_up_to[k + 1] - group.share_up_to[k];
+                    usable += share * ((cpu / group.cpu[k]) as f64) * milli_per_copy;
+                }
+            }
+        }
+        #[allow(clippy::cast_precision_loss)]
+        (idle as f64 - usable).max(0.0)
+    }
 }
 
 #[cfg(test)]
@@ -335,6 +403,119 @@ mod tests {
         assert!(
             (no_cpu - 1300.0).abs() < 1e-9,
             "without CPU for the class, all idle GPU is a fragment"
+        );
+    }
+
+    /// One pool of `len` devices of resource 0, the mix compiled for it.
+    fn pool(mix: &WorkloadMix, len: u16) -> (FragIndex, [PoolLayout; 1]) {
+        let gpu = ResourceName::nvidia_gpu();
+        let index = FragIndex::new(mix, &[], |r| (r == &gpu).then_some(ResourceId(0)));
+        let layout = [PoolLayout {
+            resource: ResourceId(0),
+            start: 0,
+            len,
+            memory_mib: None,
+        }];
+        (index, layout)
+    }
+
+    fn assert_milli(got: f64, want: f64, why: &str) {
+        assert!((got - want).abs() < 1e-9, "{why}: want {want}, got {got}");
+    }
+
+    #[test]
+    fn unfillable_counts_leftovers_inside_a_device() {
+        // 470 milli per task: a free device of 1000 holds two (60 stay idle), 300 holds none.
+        let gpu = ResourceName::nvidia_gpu();
+        let mix = WorkloadMix::new(vec![(shape(1000, Some(GpuRequest::shared(gpu, 470))), 1.0)]);
+        let (index, layout) = pool(&mix, 3);
+        let free = [1000u16, 300, 0];
+        assert_milli(
+            index.node_fragmentation(None, 8000, &layout, &free),
+            300.0,
+            "F_n counts only the device too small",
+        );
+        assert_milli(
+            index.node_unfillable(None, 8000, &layout, &free),
+            1300.0 - 940.0,
+            "two copies fill 940 of the 1300 idle",
+        );
+        assert_milli(
+            index.node_unfillable(None, 8000, &layout, &[0, 0, 0]),
+            0.0,
+            "a full node wastes nothing",
+        );
+    }
+
+    #[test]
+    fn unfillable_counts_gpus_whose_cpu_is_gone() {
+        // Whole-GPU tasks with 11 cores each; 8 free GPUs but CPU for two tasks.
+        let gpu = ResourceName::nvidia_gpu();
+        let mix = WorkloadMix::new(vec![(
+            shape(11_000, Some(GpuRequest::devices(gpu, 1))),
+            1.0,
+        )]);
+        let (index, layout) = pool(&mix, 8);
+        let free = [1000u16; 8];
+        assert_milli(
+            index.node_fragmentation(None, 22_000, &layout, &free),
+            0.0,
+            "F_n counts all 8 GPUs as usable once one task fits",
+        );
+        assert_milli(
+            index.node_unfillable(None, 22_000, &layout, &free),
+            6000.0,
+            "two tasks use two GPUs, six are stranded",
+        );
+        assert_milli(
+            index.node_unfillable(None, 10_999, &layout, &free),
+            8000.0,
+            "no CPU for one task: all idle GPU is waste",
+        );
+    }
+
+    #[test]
+    fn unfillable_takes_whole_devices_for_multi_gpu_tasks() {
+        // Two whole GPUs per task: three free devices hold one copy; the half-free one none.
+        let gpu = ResourceName::nvidia_gpu();
+        let mix = WorkloadMix::new(vec![(shape(0, Some(GpuRequest::devices(gpu, 2))), 1.0)]);
+        let (index, layout) = pool(&mix, 4);
+        let free = [1000u16, 1000, 1000, 500];
+        assert_milli(
+            index.node_fragmentation(None, 8000, &layout, &free),
+            500.0,
+            "F_n credits all three fitting devices",
+        );
+        assert_milli(
+            index.node_unfillable(None, 8000, &layout, &free),
+            1500.0,
+            "one copy takes two devices; one whole device and the half stay idle",
+        );
+    }
+
+    #[test]
+    fn unfillable_credits_each_cpu_class_with_the_copies_its_cpu_feeds() {
+        // Whole-GPU tasks at 1, 4 and 16 cores (shares 1/2, 1/4, 1/4); 4 free GPUs, 8 cores.
+        // 1 core: 4 copies (4000); 4 cores: 2 copies (2000); 16 cores: none.
+        // Usable = 0.5·4000 + 0.25·2000 + 0.25·0 = 2500 of 4000 idle.
+        let gpu = ResourceName::nvidia_gpu();
+        let whole = |cpu| shape(cpu, Some(GpuRequest::devices(gpu.clone(), 1)));
+        let mix = WorkloadMix::new(vec![
+            (whole(1000), 0.5),
+            (whole(4000), 0.25),
+            (whole(16_000), 0.25),
+        ]);
+        let (index, layout) = pool(&mix, 4);
+        let free = [1000u16; 4];
+        assert_milli(
+            index.node_unfillable(None, 8000, &layout, &free),
+            1500.0,
+            "classes fed for fewer copies than the devices hold",
+        );
+        assert_milli(
+            index.node_fragmentation(None, 8000, &layout, &free),
+            1000.0,
+            "F_n: the two classes that fit use everything",
         );
     }
 }

@@ -222,6 +222,46 @@ fn fgd_avoids_leaving_a_fragment_the_mix_cannot_use() {
 }
 
 #[test]
+fn ours_keeps_cpu_next_to_free_gpus_where_fgd_sees_no_difference() {
+    // The mix is whole-GPU tasks with 8 cores each. `lean` has 4 free GPUs and 16 cores (CPU
+    // for two of them), `roomy` 4 free GPUs and 64 cores. An 8-core CPU-only pod on `lean`
+    // strands one more GPU; FGD's `F_n` is 0 either way (one task still fits), so it takes the
+    // first node, and so would best fit (less left over); ours takes `roomy`.
+    let mix = WorkloadMix::new(vec![(
+        TaskShape {
+            cpu_milli: 8000,
+            gpu: Some(GpuRequest::devices(GPU, 1)),
+            gpu_models: vec![],
+        },
+        1.0,
+    )]);
+    let (mut snapshot, issues) = Snapshot::builder()
+        .node(Node::new("lean").cpu_milli(16_000).gpus(GPU, 4))
+        .node(Node::new("roomy").cpu_milli(64_000).gpus(GPU, 4))
+        .build();
+    assert!(issues.is_empty(), "{issues:?}");
+    snapshot.set_workload_mix(mix);
+    let cpu_only = Pod::new(
+        PodKey::new("t", "cpu"),
+        Requests {
+            cpu_milli: 8000,
+            memory_bytes: 0,
+            gpus: vec![],
+        },
+        Timestamp::UNIX_EPOCH,
+    );
+    let on = |scorer: &dyn Scorer| {
+        snapshot
+            .find_placement(&cpu_only, scorer, TieBreak::First)
+            .unwrap()
+            .node_name
+    };
+    assert_eq!(on(&Fgd), "lean");
+    assert_eq!(on(&BestFit), "lean");
+    assert_eq!(on(&FragmentationAware), "roomy");
+}
+
+#[test]
 fn gpu_models_taints_and_selectors_filter_nodes() {
     let (snapshot, _) = Snapshot::builder()
         .node(node("t4", 4).gpu_model("T4"))

@@ -25,14 +25,14 @@ use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::CheckpointDriver;
 use gpuqueue_core::Snapshot;
-use gpuqueue_core::admission::{Decision, admission_cycle};
+use gpuqueue_core::admission::{Decision, WaitReason, admission_cycle};
 use gpuqueue_core::fragmentation::WorkloadMix;
 use gpuqueue_core::model::{
     CheckpointSettings, Namespace, Node, Pod, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
 use gpuqueue_core::placement::{FragmentationAware, TieBreak};
 use gpuqueue_core::quantity::Milli;
-use gpuqueue_core::reclaim::ReclaimPlan;
+use gpuqueue_core::reclaim::{NoPlan, ReclaimPlan};
 use gpuqueue_core::snapshot::PodId;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -40,7 +40,7 @@ use rand_distr::{Distribution, LogNormal};
 
 use crate::convert;
 use crate::engine::{EventQueue, SimTime};
-use crate::quota_metrics::{QuotaMetrics, QuotaSummary};
+use crate::quota_metrics::{OverBudgetCause, QuotaMetrics, QuotaSummary};
 use crate::scenario::{HandoverModel, Latency, LoadedScenario, TenantSpec};
 use crate::workload::{Job, Workload, Z99};
 
@@ -308,6 +308,14 @@ enum Stage {
     Bound(SimTime),
 }
 
+impl Live {
+    /// `Some` (with what it would be counted under, over budget) for an owner request.
+    fn owner_cause(&self) -> Option<OverBudgetCause> {
+        self.owner
+            .then(|| self.first.unwrap_or(OverBudgetCause::Undecided))
+    }
+}
+
 impl Stage {
     fn bound_at(self) -> Option<SimTime> {
         match self {
@@ -324,6 +332,8 @@ struct Live {
     attempt: u32,
     created: SimTime,
     owner: bool,
+    /// What the first admission cycle that saw it decided.
+    first: Option<OverBudgetCause>,
     stage: Stage,
     /// Batch: work left when this pod started.
     remaining: Option<Duration>,
@@ -342,6 +352,8 @@ struct Run<'a> {
     remaining: Vec<Option<Duration>>,
     by_pod: HashMap<PodId, usize>,
     held: Vec<u64>,
+    /// Per tenant: GPU milli its pods at the gate ask for.
+    asked: Vec<u64>,
     pass_at: Option<SimTime>,
     rng: ChaCha8Rng,
     metrics: QuotaMetrics,
@@ -369,6 +381,7 @@ pub fn run(input: &QuotaInput, policy: QuotaPolicy) -> QuotaRun {
         remaining: input.jobs.iter().map(|j| j.work).collect(),
         by_pod: HashMap::new(),
         held: vec![0; input.queues.len()],
+        asked: vec![0; input.queues.len()],
         pass_at: None,
         rng,
         metrics: QuotaMetrics::new(input.warmup, capacity_milli, input.queues.len()),
@@ -481,13 +494,18 @@ impl Run<'_> {
             pod,
             attempt,
             created: now,
-            owner: self.held[spec.tenant] + gpu_milli <= self.input.guaranteed_milli(spec.tenant),
+            // The queue admits its pods in order (same priority, then age): the requests
+            // already at the gate come first, so only what fits after them is an owner's.
+            owner: self.held[spec.tenant] + self.asked[spec.tenant] + gpu_milli
+                <= self.input.guaranteed_milli(spec.tenant),
+            first: None,
             stage: Stage::Waiting,
             remaining: self.remaining[job],
             gpu_milli,
             victim: false,
             removed: false,
         });
+        self.asked[spec.tenant] += gpu_milli;
         self.after_change(now);
     }
 
@@ -495,8 +513,10 @@ impl Run<'_> {
         let live = self.live[job].take()?;
         self.by_pod.remove(&live.pod);
         self.snapshot.remove_pod(live.pod);
-        if live.stage != Stage::Waiting {
-            let tenant = self.job(job).tenant;
+        let tenant = self.job(job).tenant;
+        if live.stage == Stage::Waiting {
+            self.asked[tenant] -= live.gpu_milli;
+        } else {
             self.held[tenant] -= live.gpu_milli;
         }
         Some(live)
@@ -516,8 +536,13 @@ impl Run<'_> {
             self.counts.scaled_down += 1;
         } else {
             self.counts.withdrawn += 1;
-            self.metrics
-                .withdrawn(tenant, live.created, now, live.owner, self.budget(tenant));
+            self.metrics.withdrawn(
+                tenant,
+                live.created,
+                now,
+                live.owner_cause(),
+                self.budget(tenant),
+            );
         }
         self.after_change(now);
     }
@@ -531,6 +556,7 @@ impl Run<'_> {
         );
         let mut changed = false;
         for decision in decisions {
+            self.first_decision(&decision);
             match decision {
                 Decision::Admit(admission) => {
                     if let Some(job) = self.admitted(admission.pod) {
@@ -556,12 +582,32 @@ impl Run<'_> {
         }
     }
 
+    /// Records what the first cycle that saw a pod decided for it.
+    fn first_decision(&mut self, decision: &Decision) {
+        let Some(&job) = self.by_pod.get(&decision.pod()) else {
+            return;
+        };
+        let multi_gpu = self.input.jobs[job].shape.gpus > 1;
+        let Some(live) = self.live[job].as_mut() else {
+            return;
+        };
+        live.first.get_or_insert(match decision {
+            Decision::Admit(_) => OverBudgetCause::Binding,
+            Decision::Reclaim(_) => OverBudgetCause::Handover { multi_gpu },
+            Decision::Wait(w) => OverBudgetCause::Waited {
+                reason: wait_label(&w.reason),
+                multi_gpu,
+            },
+        });
+    }
+
     /// Marks the pod's job admitted; returns the job.
     fn admitted(&mut self, pod: PodId) -> Option<usize> {
         let job = *self.by_pod.get(&pod)?;
         let tenant = self.job(job).tenant;
         let live = self.live[job].as_mut()?;
         live.stage = Stage::Admitted;
+        self.asked[tenant] -= live.gpu_milli;
         self.held[tenant] += live.gpu_milli;
         Some(job)
     }
@@ -627,7 +673,7 @@ impl Run<'_> {
             return;
         }
         live.stage = Stage::Bound(now);
-        let (created, owner, remaining) = (live.created, live.owner, live.remaining);
+        let (created, owner, remaining) = (live.created, live.owner_cause(), live.remaining);
         self.counts.bound += 1;
         self.metrics.bound(tenant, created, now, owner, budget);
         if let Some(planned) = planned {
@@ -702,7 +748,7 @@ impl Run<'_> {
                     tenant,
                     live.created,
                     end,
-                    live.owner,
+                    live.owner_cause(),
                     self.budget(tenant),
                 );
             }
@@ -718,6 +764,24 @@ impl Run<'_> {
             counts: self.counts,
             events: self.queue.delivered(),
         }
+    }
+}
+
+/// A wait reason's code; for `NoRoom` within the guarantee, with the reclaim planner's reason.
+fn wait_label(reason: &WaitReason) -> &'static str {
+    match reason {
+        WaitReason::NoRoom {
+            reclaim: Some(no), ..
+        } => match no {
+            NoPlan::NotPendingInAQueue => "NoRoom/NotPendingInAQueue",
+            NoPlan::NotWithinGuarantee { .. } => "NoRoom/NotWithinGuarantee",
+            NoPlan::InProgress { .. } => "NoRoom/InProgress",
+            NoPlan::RoomAvailable { .. } => "NoRoom/RoomAvailable",
+            NoPlan::NoSuitableNode => "NoRoom/NoSuitableNode",
+            NoPlan::NoBorrowers => "NoRoom/NoBorrowers",
+            NoPlan::BorrowersCannotMakeRoom { .. } => "NoRoom/BorrowersCannotMakeRoom",
+        },
+        other => other.code(),
     }
 }
 
@@ -747,7 +811,8 @@ pub struct Handover {
 /// Draws one handover's timeline: intent annotations (one API round trip); each victim's
 /// checkpoint, cut at the plan's checkpoint deadline (a cut or failed checkpoint loses the
 /// victim's work); the eviction call; the victim's exit, at most its grace period; the kubelet
-/// noticing within one relist period; the pod's deletion; then kube-scheduler binding the
+/// noticing it at its next relist (one kubelet per node, so the victims of a plan, all on the
+/// plan's node, share the relist ticks); the pod's deletion; then kube-scheduler binding the
 /// owner once the last victim is gone.
 pub fn sample_handover(
     plan: &ReclaimPlan,
@@ -756,6 +821,19 @@ pub fn sample_handover(
 ) -> Handover {
     let intent = sample_latency(model.api, rng);
     let relist = Duration::from(model.kubelet_relist).as_secs_f64();
+    // The node's first relist tick after the plan; the next ones follow every `relist`.
+    let first_tick = if relist > 0.0 {
+        rng.random_range(0.0..relist)
+    } else {
+        0.0
+    };
+    let noticed_at = |exited: f64| {
+        if relist > 0.0 && exited > first_tick {
+            first_tick + ((exited - first_tick) / relist).ceil() * relist
+        } else {
+            exited.max(first_tick)
+        }
+    };
     let victims: Vec<(Duration, bool)> = plan
         .victims
         .iter()
@@ -770,16 +848,9 @@ pub fn sample_handover(
             };
             let evict = sample_latency(model.api, rng);
             let exit = sample_latency(model.victim_exit, rng).min(victim.grace);
-            let noticed = Duration::from_secs_f64(if relist > 0.0 {
-                rng.random_range(0.0..relist)
-            } else {
-                0.0
-            });
+            let exited = (intent + checkpoint + evict + exit).as_secs_f64();
             let deleted = sample_latency(model.api, rng);
-            (
-                intent + checkpoint + evict + exit + noticed + deleted,
-                saved,
-            )
+            (Duration::from_secs_f64(noticed_at(exited)) + deleted, saved)
         })
         .collect();
     let last = victims

@@ -7,15 +7,64 @@
 //! - **wait**: from a pod's creation until it is bound to a node; pods still waiting at the end
 //!   count with their wait so far (a lower bound) and are also counted as such;
 //! - **owner request**: a pod that fits within its queue's guaranteed quota when it arrives
-//!   (what the queue holds plus this pod ≤ guaranteed); it is **over budget** when its wait
-//!   exceeds its queue's handover budget;
+//!   (what the queue holds, plus what its pods already at the gate ask for, since the queue
+//!   admits them first, plus this pod ≤ guaranteed); it is **over budget** when its wait
+//!   exceeds its queue's handover budget, and then counted under its [`OverBudgetCause`];
 //! - **evicted GPU-hours**: GPUs × time run, summed over evicted pods (the work interrupted);
 //!   **lost GPU-hours**: the part not saved by a checkpoint.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::time::Duration;
 
 use crate::engine::SimTime;
 use crate::stats::{TimeWeighted, percentile, sorted};
+
+/// Why an owner request waited past its budget: what the first admission cycle that saw it
+/// decided. Either a reclaim was planned for it at once (the handover itself overran), or it
+/// was admitted at once (its binding came late), or the core left it waiting, for the reason
+/// the core gave then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OverBudgetCause {
+    /// A reclaim was planned in the first cycle; the handover took longer than the budget.
+    Handover {
+        /// More than one GPU requested (so, as a rule, more than one victim).
+        multi_gpu: bool,
+    },
+    /// Admitted in the first cycle, bound late.
+    Binding,
+    /// Left waiting by the first cycle: the core's reason code (`NoRoom` carries the reclaim
+    /// planner's reason after a slash), and whether the pod asks for more than one GPU.
+    Waited {
+        /// The wait reason.
+        reason: &'static str,
+        /// More than one GPU requested.
+        multi_gpu: bool,
+    },
+    /// Still waiting for its first admission cycle (removed or the run ended first).
+    Undecided,
+}
+
+impl fmt::Display for OverBudgetCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Handover { multi_gpu } => write!(
+                f,
+                "reclaim planned at once; handover overran ({})",
+                gpus(*multi_gpu)
+            ),
+            Self::Binding => f.write_str("admitted at once; bound late"),
+            Self::Waited { reason, multi_gpu } => {
+                write!(f, "waited: {reason} ({})", gpus(*multi_gpu))
+            }
+            Self::Undecided => f.write_str("never decided"),
+        }
+    }
+}
+
+fn gpus(multi_gpu: bool) -> &'static str {
+    if multi_gpu { "multi-GPU" } else { "1 GPU" }
+}
 
 /// Per-tenant measurements.
 #[derive(Clone, Debug, Default)]
@@ -31,6 +80,8 @@ pub struct TenantMetrics {
     pub owner_requests: u64,
     /// Of those, the ones that waited longer than the budget.
     pub owner_over_budget: u64,
+    /// The over-budget ones by cause.
+    pub over_budget_causes: BTreeMap<OverBudgetCause, u64>,
     /// Pods of this tenant evicted by reclaim.
     pub evictions: u64,
     /// GPU-hours those pods had run.
@@ -116,13 +167,14 @@ impl QuotaMetrics {
         at >= self.warmup
     }
 
-    /// A pod created at `arrival` was bound at `now`.
+    /// A pod created at `arrival` was bound at `now`; `owner` is `Some` for an owner request,
+    /// with the cause it is counted under if it waited past its budget.
     pub fn bound(
         &mut self,
         tenant: usize,
         arrival: SimTime,
         now: SimTime,
-        owner: bool,
+        owner: Option<OverBudgetCause>,
         budget: Duration,
     ) {
         if !self.counts(arrival) {
@@ -131,12 +183,24 @@ impl QuotaMetrics {
         let wait = now.since(arrival);
         let metrics = &mut self.tenants[tenant];
         metrics.waits.push(wait.as_secs_f64());
-        if owner {
+        if let Some(cause) = owner {
             metrics.owner_requests += 1;
             if wait > budget {
                 metrics.owner_over_budget += 1;
+                *metrics.over_budget_causes.entry(cause).or_default() += 1;
             }
         }
+    }
+
+    /// Over-budget owner requests by cause, over every tenant.
+    pub fn over_budget_causes(&self) -> BTreeMap<OverBudgetCause, u64> {
+        let mut all = BTreeMap::new();
+        for t in &self.tenants {
+            for (cause, n) in &t.over_budget_causes {
+                *all.entry(*cause).or_default() += n;
+            }
+        }
+        all
     }
 
     /// A pod created at `arrival` is still waiting at the end, `end`.
@@ -145,7 +209,7 @@ impl QuotaMetrics {
         tenant: usize,
         arrival: SimTime,
         end: SimTime,
-        owner: bool,
+        owner: Option<OverBudgetCause>,
         budget: Duration,
     ) {
         if !self.counts(arrival) {
@@ -162,7 +226,7 @@ impl QuotaMetrics {
         tenant: usize,
         arrival: SimTime,
         now: SimTime,
-        owner: bool,
+        owner: Option<OverBudgetCause>,
         budget: Duration,
     ) {
         if !self.counts(arrival) {
@@ -282,15 +346,20 @@ mod tests {
     fn waits_and_owner_budget() {
         let mut m = QuotaMetrics::new(t(100.0), 8000, 2);
         let budget = Duration::from_secs(3);
-        m.bound(0, t(50.0), t(60.0), true, budget); // before warm-up: ignored
-        m.bound(0, t(200.0), t(202.0), true, budget);
-        m.bound(0, t(300.0), t(304.0), true, budget); // over budget
-        m.bound(1, t(300.0), t(900.0), false, budget); // borrower: waits count, no budget
-        m.still_waiting(1, t(950.0), t(1000.0), false, budget);
+        let handover = Some(OverBudgetCause::Handover { multi_gpu: false });
+        m.bound(0, t(50.0), t(60.0), handover, budget); // before warm-up: ignored
+        m.bound(0, t(200.0), t(202.0), handover, budget);
+        m.bound(0, t(300.0), t(304.0), handover, budget); // over budget
+        m.bound(1, t(300.0), t(900.0), None, budget); // borrower: waits count, no budget
+        m.still_waiting(1, t(950.0), t(1000.0), None, budget);
         assert_eq!(m.tenants[0].waits, vec![2.0, 4.0]);
         assert_eq!(
             (m.tenants[0].owner_requests, m.tenants[0].owner_over_budget),
             (2, 1)
+        );
+        assert_eq!(
+            m.over_budget_causes().into_iter().collect::<Vec<_>>(),
+            vec![(OverBudgetCause::Handover { multi_gpu: false }, 1)]
         );
         assert_eq!(m.tenants[1].still_pending, 1);
         assert_eq!(m.tenants[1].wait_percentile(99.0), Some(600.0));

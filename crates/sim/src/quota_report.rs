@@ -145,6 +145,52 @@ pub fn seeds_table(runs: &[Labelled]) -> Table {
     table
 }
 
+/// Over-budget owner requests by cause (see [`crate::quota_metrics::OverBudgetCause`]), one
+/// column per label, summed over seeds; `None` when no run has any.
+pub fn causes_table(runs: &[Labelled]) -> Option<Table> {
+    let mut labels: Vec<&str> = Vec::new();
+    let mut causes = std::collections::BTreeSet::new();
+    for r in runs {
+        if !labels.contains(&r.label.as_str()) {
+            labels.push(&r.label);
+        }
+        causes.extend(r.run.metrics.over_budget_causes().into_keys());
+    }
+    if causes.is_empty() {
+        return None;
+    }
+    let headers: Vec<String> = std::iter::once("cause".to_owned())
+        .chain(labels.iter().map(|l| format!("{l}>")))
+        .collect();
+    let mut table = Table::new(&headers);
+    for cause in causes {
+        let mut row = vec![cause.to_string()];
+        for label in &labels {
+            let n: u64 = runs
+                .iter()
+                .filter(|r| r.label == *label)
+                .filter_map(|r| r.run.metrics.over_budget_causes().get(&cause).copied())
+                .sum();
+            row.push(n.to_string());
+        }
+        table.row(row);
+    }
+    Some(table)
+}
+
+/// The over-budget causes table with what it counts, when any owner went over budget.
+fn causes_paragraph(out: &mut String, runs: &[Labelled]) {
+    if let Some(causes) = causes_table(runs) {
+        let _ = writeln!(
+            out,
+            "Owner requests over budget by cause, over every seed: what the first admission cycle \
+             that saw the pod decided (a reclaim or an admission at once, else the core's wait \
+             reason; for `NoRoom`, the reclaim planner's reason after the slash).\n\n{}",
+            causes.to_markdown()
+        );
+    }
+}
+
 /// One row per (tenant, run): quota, waits and evictions.
 pub fn tenant_table(input: &QuotaInput, runs: &[Labelled]) -> Table {
     let mut table = Table::new(&[
@@ -296,7 +342,8 @@ pub fn markdown(
         "Definitions: utilisation is allocated GPUs ÷ capacity, time-averaged (peak: its maximum); a \
          pod's wait runs from its creation to its binding (pods still waiting at the end count with \
          their wait so far); an owner request is a pod that fits within its tenant's guarantee when \
-         it arrives, over budget when it waits longer than its queue's handover budget; evicted \
+         it arrives, after what the tenant holds and what its pods already waiting ask for \
+         (the queue admits those first), over budget when it waits longer than its queue's handover budget; evicted \
          GPU-hours are GPUs × run time of evicted pods, lost GPU-hours the part no checkpoint saved; \
          fragmentation is the FGD measure against the scenario's own pod shapes (95% popularity).\n"
     );
@@ -314,7 +361,9 @@ pub fn markdown(
     if single > 0.9 {
         let _ = writeln!(
             out,
-            "The fragmentation measure's typical pods are {} shapes, {:.0}% of them one whole GPU, which              any free GPU can host: the measure stays near zero here, and multi-GPU pods blocked for              want of a whole node show in their owners' waits instead.\n",
+            "The fragmentation measure's typical pods are {} shapes, {:.0}% of them one whole GPU, which \
+             any free GPU can host: the measure stays near zero here, and multi-GPU pods blocked \
+             for want of a whole node show in their owners' waits instead.\n",
             classes.len(),
             100.0 * single
         );
@@ -330,6 +379,7 @@ pub fn markdown(
             "Borrow-and-reclaim keeps {ratio:.2}x the utilisation of static quotas.\n"
         );
     }
+    causes_paragraph(&mut out, runs);
     let first_seed = seeds.iter().next().copied().unwrap_or_default();
     let first: Vec<Labelled> = runs
         .iter()

@@ -290,7 +290,8 @@ pub struct HandoverModel {
     /// p99 1s.
     #[serde(default = "default_exit")]
     pub victim_exit: Latency,
-    /// Kubelet's generic PLEG relist period: the exit is noticed after U(0, this). Default 1s.
+    /// Kubelet's generic PLEG relist period: an exit is noticed at the node's next relist,
+    /// one every this, at a random phase per handover. Default 1s.
     #[serde(default = "one_second")]
     pub kubelet_relist: GoDuration,
 }

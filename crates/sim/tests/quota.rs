@@ -5,11 +5,20 @@
 
 use std::path::Path;
 
-use gpuqueue_core::model::{Node, Queue, ResourceQuota};
+use std::time::Duration;
+
+use gpuqueue_core::Snapshot;
+use gpuqueue_core::model::{
+    Assignment, GpuRequest, Namespace, Node, Pod, PodKey, PodState, Queue, Requests, ResourceQuota,
+};
+use gpuqueue_core::reclaim::plan_reclaim;
 use gpuqueue_sim::convert;
 use gpuqueue_sim::quota::{self, OverlayError, QuotaInput, QuotaPolicy, QuotaRun};
-use gpuqueue_sim::scenario::Scenario;
+use gpuqueue_sim::quota_metrics::OverBudgetCause;
+use gpuqueue_sim::scenario::{HandoverModel, Latency, Scenario};
 use gpuqueue_sim::workload::Workload;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
 
 fn input(seed: u64) -> QuotaInput {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/sim/quickstart.yaml");
@@ -118,6 +127,26 @@ fn each_policy_keeps_its_rules() {
         "{:?}",
         borrow.metrics.handovers
     );
+    for run in &runs {
+        for (t, tenant) in run.metrics.tenants.iter().enumerate() {
+            assert_eq!(
+                tenant.over_budget_causes.values().sum::<u64>(),
+                tenant.owner_over_budget,
+                "{}: tenant {t}'s over-budget owners each have one cause",
+                run.policy
+            );
+        }
+        if run.policy != QuotaPolicy::Borrow {
+            assert!(
+                !run.metrics
+                    .over_budget_causes()
+                    .keys()
+                    .any(|c| matches!(c, OverBudgetCause::Handover { .. })),
+                "{}: no reclaim, so no handover overruns",
+                run.policy
+            );
+        }
+    }
     let serving = &borrow.metrics.tenants[0];
     assert_eq!(
         serving.evictions, 0,
@@ -214,4 +243,77 @@ fn handover_timeline_respects_its_steps() {
         "{within} of {}",
         run.metrics.handovers.len()
     );
+}
+
+#[test]
+fn victims_on_one_node_share_its_kubelet_relist() {
+    // Two 1-GPU borrowers fill a 2-GPU node; a 2-GPU owner evicts both. With instant API calls
+    // and no checkpoint, each victim is gone at the node's first relist after its exit: the two
+    // differ by whole relist periods, never by a fraction of one.
+    let gpu = convert::gpu_resource();
+    let pod = |ns: &str, name: &str, gpus| {
+        Pod::new(
+            PodKey::new(ns, name),
+            Requests {
+                cpu_milli: 1000,
+                memory_bytes: 0,
+                gpus: vec![GpuRequest::devices(gpu.clone(), gpus)],
+            },
+            jiff::Timestamp::UNIX_EPOCH,
+        )
+    };
+    let running = |name: &str| {
+        let mut p = pod("batch", name, 1);
+        p.state = PodState::Admitted(Assignment {
+            node: Some("n1".into()),
+            bound: true,
+            terminating: false,
+        });
+        p
+    };
+    let (mut snapshot, issues) = Snapshot::builder()
+        .queues([
+            Queue::new("owner")
+                .namespace("owner")
+                .quota(ResourceQuota::devices(gpu.clone(), 2, 0)),
+            Queue::new("batch")
+                .namespace("batch")
+                .quota(ResourceQuota::devices(gpu.clone(), 0, 2)),
+        ])
+        .namespaces([Namespace::new("owner"), Namespace::new("batch")])
+        .nodes([Node::new("n1").cpu_milli(8000).gpus(gpu.clone(), 2)])
+        .pods([running("b1"), running("b2")])
+        .build();
+    assert!(issues.is_empty(), "{issues:?}");
+    let owner = snapshot.add_pod(pod("owner", "o", 2)).unwrap();
+    let plan = plan_reclaim(
+        &snapshot,
+        owner,
+        jiff::Timestamp::from_second(3600).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(plan.victims.len(), 2);
+    let instant = Latency {
+        median: Duration::ZERO.into(),
+        p99: Duration::ZERO.into(),
+    };
+    let model = HandoverModel {
+        api: instant,
+        checkpoint: instant,
+        checkpoint_failure: 0.0,
+        ..HandoverModel::default()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    for _ in 0..200 {
+        let handover = quota::sample_handover(&plan, &model, &mut rng);
+        let (a, b) = (
+            handover.victims[0].0.as_secs_f64(),
+            handover.victims[1].0.as_secs_f64(),
+        );
+        let apart = (a - b).abs();
+        assert!(
+            (apart - apart.round()).abs() < 1e-6,
+            "gone at {a} and {b}: not on the same relist ticks"
+        );
+    }
 }
