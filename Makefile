@@ -8,7 +8,7 @@ CARGO ?= cargo
 # not in the repository (research-use licence): $GPUQUEUE_DATA_DIR, else a shared/data folder
 # beside the checkout or its parent, else where the team's machines and CI keep it. Core and
 # simulator tests read it and fail loudly when it is missing.
-export GPUQUEUE_DATA_DIR ?= $(firstword $(wildcard ../shared/data ../../shared/data /work/shared/data))
+export GPUQUEUE_DATA_DIR ?= $(abspath $(firstword $(wildcard ../shared/data ../../shared/data /work/shared/data)))
 # Crates that must stay free of I/O: no async runtime, no HTTP, no Kubernetes client.
 PURE_CRATES := gpuqueue-api gpuqueue-core
 IO_CRATES := tokio hyper kube-client kube-runtime

@@ -100,4 +100,6 @@ step "" "Handover metrics (http://127.0.0.1:$METRICS_PORT/metrics):"
 curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" \
     | grep -E '^gpuqueue_(handover_seconds_(sum|count)|checkpoints_total|evictions_total|reclaims_per_minute)' \
     | sed 's/^/   /'
-step "" "stop the fake vLLM with the rest:  make demo-down"
+say "Done. The cluster, the operator and the fake vLLM are still running"
+step "look around:  eval \"\$(make -s cluster-env)\"; kubectl get gq; kubectl get pods -A" \
+     "stop them:    make demo-down"

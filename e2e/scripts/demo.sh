@@ -108,6 +108,4 @@ step "     ..."
 say "Every queue's numbers are also Prometheus metrics (http://127.0.0.1:$METRICS_PORT/metrics)"
 curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^gpuqueue_queue_(allocated|borrowed|lent)_gpus' | sed 's/^/   /'
 
-say "Done. The cluster and the operator are still running"
-step "look around:  eval \"\$(make -s cluster-env)\"; kubectl get gq; kubectl get pods -A" \
-     "stop both:    make demo-down"
+say "The cluster and the operator keep running (make demo goes on with the reclaim; make demo-down stops them)"

@@ -560,8 +560,8 @@ async fn check_handovers(ctx: &Ctx<'_>) {
         "error: GpuQueue nope not found\n"
     );
 
-    // Handovers. The operator on this branch admits but does not reclaim yet, so the records
-    // are written here as the reclaim path writes them: one per queue, the owner's and the
+    // Handovers. A real reclaim is exercised by e2e/tests/reclaim.rs; here the records are
+    // written as the reclaim path writes them, so the output can be compared exactly: one per queue, the owner's and the
     // victim's, into `status.lastHandovers`, which the operator's own status writes carry over.
     let record = |role: &str| {
         json!({

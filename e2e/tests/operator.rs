@@ -552,7 +552,17 @@ async fn a_standby_takes_over_when_the_leader_stops_and_never_acts_before() {
         let client = client.clone();
         let namespace = team.name().to_owned();
         async move {
-            let found = events(&client, &namespace, &name, "Admitted").await;
+            // Events are published in the background after the gate is released: wait for it.
+            let found = wait_for("the Admitted event", DEFAULT_TIMEOUT, || async {
+                let found = events(&client, &namespace, &name, "Admitted").await;
+                if found.is_empty() {
+                    Err(format!("{name}: no Admitted event yet"))
+                } else {
+                    Ok(found)
+                }
+            })
+            .await
+            .unwrap();
             assert_eq!(found.len(), 1, "{name}: {found:?}");
             found[0].reporting_instance.clone().unwrap_or_default()
         }
