@@ -37,7 +37,7 @@ pub use control_plane::{
 pub use error::{Error, Result};
 pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
 pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};
-pub use pods::{describe_pod, gpu_pod, pod_condition};
+pub use pods::{bound_pod, describe_pod, gpu_pod, pod_condition};
 pub use process::ManagedProcess;
 pub use slot::SLOTS;
 pub use wait::{DEFAULT_TIMEOUT, wait_for};

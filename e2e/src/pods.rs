@@ -1,10 +1,13 @@
-//! Pods as tests write them, and one-line descriptions of pods for wait messages.
+//! Pods as tests write them, one-line descriptions of pods for wait messages, and waiting for a
+//! pod to be bound.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::ObjectMeta;
+use kube::api::{Api, ObjectMeta};
+
+use crate::{DEFAULT_TIMEOUT, Result, wait_for};
 
 /// A pod asking for `count` of GPU resource `resource` (such as `nvidia.com/gpu` or a MIG
 /// profile). Extended resources go in limits (requests default to them). KWOK never pulls
@@ -76,4 +79,29 @@ pub fn pod_condition<'a>(
         .as_ref()?
         .iter()
         .find(|c| c.type_ == type_)
+}
+
+/// Waits until the pod is bound to a node (by kube-scheduler or anyone); returns it.
+///
+/// # Errors
+/// When it is not bound within [`DEFAULT_TIMEOUT`]; the error describes the pod as last seen.
+pub async fn bound_pod(pods: &Api<Pod>, name: &str) -> Result<Pod> {
+    wait_for(
+        format!("pod {name} to be bound"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            {
+                Ok(pod)
+            } else {
+                Err(describe_pod(&pod))
+            }
+        },
+    )
+    .await
 }

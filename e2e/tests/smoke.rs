@@ -7,8 +7,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use gpuqueue_api::{ADMISSION_GATE, NVIDIA_GPU};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, MIG_3G_40GB, describe_pod, gpu_pod,
-    pod_condition, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, MIG_3G_40GB, bound_pod, describe_pod,
+    gpu_pod, pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod, PodSchedulingGate};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -34,28 +34,6 @@ async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
             let status = pod.status.as_ref();
             let running = status.and_then(|s| s.phase.as_deref()) == Some("Running");
             if running && status.and_then(|s| s.pod_ip.as_ref()).is_some() {
-                Ok(pod)
-            } else {
-                Err(describe_pod(&pod))
-            }
-        },
-    )
-    .await
-    .unwrap()
-}
-
-async fn bound_pod(pods: &Api<Pod>, name: &str) -> Pod {
-    wait_for(
-        format!("pod {name} to be bound to a node"),
-        DEFAULT_TIMEOUT,
-        || async {
-            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
-            if pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some()
-            {
                 Ok(pod)
             } else {
                 Err(describe_pod(&pod))
@@ -206,7 +184,7 @@ async fn gated_pod_waits_for_its_gate_and_takes_a_node_selector_meanwhile() {
 
     // The ungated twin, created after it, is bound: the scheduler has seen both and skipped the
     // gated one (no fixed sleep needed to show that it "stays" unscheduled).
-    bound_pod(&pods, "ungated").await;
+    bound_pod(&pods, "ungated").await.unwrap();
     let pod = pods.get("gated").await.unwrap();
     assert_eq!(
         pod.spec.as_ref().and_then(|s| s.node_name.as_ref()),
@@ -239,7 +217,7 @@ async fn gated_pod_waits_for_its_gate_and_takes_a_node_selector_meanwhile() {
     pods.patch("gated", &PatchParams::default(), &Patch::Merge(&ungate))
         .await
         .unwrap();
-    let pod = bound_pod(&pods, "gated").await;
+    let pod = bound_pod(&pods, "gated").await.unwrap();
     assert_eq!(
         pod.spec.and_then(|s| s.node_name).as_deref(),
         Some("gpu-node-2")

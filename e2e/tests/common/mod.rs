@@ -246,25 +246,7 @@ pub fn annotation<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
 
 /// Waits until the pod is bound to a node; returns it.
 pub async fn bound(pods: &Api<Pod>, name: &str) -> Pod {
-    wait_for(
-        format!("pod {name} to be bound"),
-        DEFAULT_TIMEOUT,
-        || async {
-            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
-            if pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some()
-            {
-                Ok(pod)
-            } else {
-                Err(describe_pod(&pod))
-            }
-        },
-    )
-    .await
-    .unwrap()
+    gpuqueue_e2e::bound_pod(pods, name).await.unwrap()
 }
 
 /// Waits until the pod waits with a recorded reason; returns the reason.
