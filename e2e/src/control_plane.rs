@@ -440,6 +440,12 @@ impl ControlPlane {
         &self.log_dir
     }
 
+    /// The component processes (etcd, kube-apiserver, kube-scheduler, …), for benchmarks that
+    /// tell where CPU time goes.
+    pub fn components(&self) -> &[ManagedProcess] {
+        &self.components
+    }
+
     /// The nodes the cluster was started with.
     pub fn nodes(&self) -> &[GpuNode] {
         &self.nodes
