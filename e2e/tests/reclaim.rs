@@ -1072,3 +1072,89 @@ async fn a_queue_that_may_not_borrow_never_has_a_pod_reclaimed() {
         stuck.metadata.annotations
     );
 }
+
+/// An admin deletes the owner's queue while its handover runs: the handover still ends (the
+/// record goes on the queue that remains, the intent is cleared) and is counted once, instead
+/// of retrying a record nobody can hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_counted_once() {
+    let world = World::start(
+        "reclaim_owner_queue_deleted",
+        vec![GpuNode::whole_gpus("gpu-node-0", 2)],
+    )
+    .await;
+    let client = &world.client;
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    apply_queue(client, &queue("online", online.name(), 2, 0, None)).await;
+    apply_queue(
+        client,
+        &queue("batch", batch.name(), 0, 2, Some(&vllm_checkpoint("2s"))),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for name in ["borrower-0", "borrower-1"] {
+        create(&pods, &gpu_pod(name, NVIDIA_GPU, 1)).await;
+    }
+    let mut servers = Vec::new();
+    for pod in all_running(&pods, 2).await {
+        // A slow checkpoint: the queue is deleted while the handover waits on it.
+        servers.push(fake_vllm(&pod, vllm(Duration::from_millis(1500))).await);
+    }
+
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 2)).await;
+    wait_for("the reclaim to start", DEFAULT_TIMEOUT, || async {
+        let owner = owners.get("owner").await.map_err(|e| e.to_string())?;
+        annotation(&owner, annotations::RECLAIM_ID)
+            .map(drop)
+            .ok_or_else(|| describe_pod(&owner))
+    })
+    .await
+    .unwrap();
+    let queues: Api<GpuQueue> = Api::all(client.clone());
+    queues
+        .delete("online", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // The victims go, the owner binds, the victims' queue holds the record, and the owner's
+    // intent is cleared: the handover is over, not retried.
+    let owner_key = format!("{}/owner", online.name());
+    let record = handover_record(client, "batch", "victim", &owner_key).await;
+    assert_eq!(record.victims.len(), 2, "{record:?}");
+    bound(&owners, "owner").await;
+    wait_for(
+        "the owner's intent to be cleared",
+        DEFAULT_TIMEOUT,
+        || async {
+            let owner = owners.get("owner").await.map_err(|e| e.to_string())?;
+            match annotation(&owner, annotations::RECLAIM_ID) {
+                None => Ok(()),
+                Some(id) => Err(format!("still marked with reclaim {id}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let finished = count(
+        &world.operator,
+        &format!(
+            r#"gpuqueue_reclaims_finished_total{{outcome="{}"}}"#,
+            if record.outcome == "Completed" {
+                "completed"
+            } else {
+                "incomplete"
+            }
+        ),
+    )
+    .await;
+    assert_eq!(finished, 1, "{record:?}");
+    assert_eq!(
+        events(client, online.name(), "owner", "ReclaimResumed")
+            .await
+            .len(),
+        0,
+        "this operator never stopped, so nothing was resumed"
+    );
+}

@@ -139,6 +139,9 @@ pub struct Handover {
     pub timeline: Timeline,
     /// Found in intent annotations by a later process, not started by this one.
     pub resumed: bool,
+    /// This process already counted the handover's end in the metrics and announced it; only
+    /// writing its records (or clearing the intent) failed and is being retried.
+    pub counted: bool,
     /// A victim was younger than its queue's `minBorrowDuration`, but no plan spared it.
     pub overrides_min_borrow: bool,
 }
@@ -186,9 +189,11 @@ impl BeginError {
 #[derive(Debug)]
 pub struct Finished {
     pub id: String,
-    /// Recorded and cleared; `false` when it stopped early (leadership lost) and a later pass
-    /// or leader has to resume it.
+    /// Recorded and cleared; `false` when it stopped early (leadership lost, a write failed)
+    /// and a later pass or leader has to resume it.
     pub done: bool,
+    /// Its end is counted in the metrics and announced: a retry must not do it again.
+    pub counted: bool,
 }
 
 /// A queue's checkpoint settings as the driver takes them.
@@ -302,6 +307,7 @@ impl Reclaimer {
             victims,
             timeline,
             resumed: false,
+            counted: false,
             overrides_min_borrow: plan.overrides_min_borrow,
         };
         self.metrics.started(Instant::now());
@@ -345,7 +351,11 @@ impl Reclaimer {
             .any(|o| matches!(o.eviction, Eviction::NotLeader))
         {
             tracing::warn!(reclaim = %id, "leadership lost during the handover; the next leader resumes it");
-            return Finished { id, done: false };
+            return Finished {
+                id,
+                done: false,
+                counted: handover.counted,
+            };
         }
         if let Some(at) = outcomes.iter().filter_map(|o| o.checkpointed_at).max() {
             handover.timeline.end(Phase::Checkpoint, at);
@@ -366,7 +376,11 @@ impl Reclaimer {
             .settle(&term, &mut handover, deadline + grace + SETTLE_LIMIT)
             .await;
         let Some(settled) = settled else {
-            return Finished { id, done: false };
+            return Finished {
+                id,
+                done: false,
+                counted: handover.counted,
+            };
         };
 
         let outcome = outcome(&settled, &outcomes);
@@ -569,7 +583,11 @@ impl Reclaimer {
         let victim_queues: BTreeSet<&str> =
             handover.victims.iter().map(|v| v.queue.as_str()).collect();
         if !term.is_current() {
-            return Finished { id, done: false };
+            return Finished {
+                id,
+                done: false,
+                counted: handover.counted,
+            };
         }
         let queues: Api<GpuQueue> = Api::all(self.client.clone());
         let mut writes = vec![(handover.owner_queue.as_str(), record("owner"))];
@@ -586,20 +604,26 @@ impl Reclaimer {
             tracing::warn!(%error, "writing a handover record failed");
         }
 
-        for phase in Phase::ALL {
-            if let Some(at) = timeline.at(phase) {
-                self.metrics.phase(phase, at);
+        if !handover.counted {
+            for phase in Phase::ALL {
+                if let Some(at) = timeline.at(phase) {
+                    self.metrics.phase(phase, at);
+                }
             }
+            let completed = outcome == COMPLETED;
+            self.metrics
+                .finished(if completed { "completed" } else { "incomplete" });
+            self.announce_finish(handover, outcome, &victim_queues);
+            tracing::info!(reclaim = %id, outcome, resumed = handover.resumed, timeline = %timeline.summary(), "handover finished");
         }
-        let completed = outcome == COMPLETED;
-        self.metrics
-            .finished(if completed { "completed" } else { "incomplete" });
-        self.announce_finish(handover, outcome, &victim_queues);
-        tracing::info!(reclaim = %id, outcome, resumed = handover.resumed, timeline = %timeline.summary(), "handover finished");
 
         // The owner's intent goes last: it is what makes the next leader finish this handover.
         if !recorded || !term.is_current() {
-            return Finished { id, done: false };
+            return Finished {
+                id,
+                done: false,
+                counted: true,
+            };
         }
         if let Some(owner) = self.stored(&handover.owner) {
             let cleared = match intent::clear_patch(&owner, &id) {
@@ -610,10 +634,18 @@ impl Reclaimer {
                 && !error.is_stale()
             {
                 tracing::warn!(reclaim = %id, %error, "clearing the owner's intent failed; retried");
-                return Finished { id, done: false };
+                return Finished {
+                    id,
+                    done: false,
+                    counted: true,
+                };
             }
         }
-        Finished { id, done: true }
+        Finished {
+            id,
+            done: true,
+            counted: true,
+        }
     }
 
     /// `Some(pod)` if the store holds the target (same uid).

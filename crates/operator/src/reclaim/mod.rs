@@ -129,6 +129,9 @@ pub struct Handovers {
     /// Reclaims this process finished whose intent the store still shows (its watch lags the
     /// clearing write, or a victim is still terminating): never resumed a second time.
     finished: HashSet<String>,
+    /// Reclaims this process ran to the end (counted in the metrics, announced) whose records
+    /// or intent clearing failed: the retry writes those only.
+    counted: HashSet<String>,
     /// Queues reclaimed from by this process, with the start of the newest reclaim: their
     /// borrowing cool-down holds before their `lastHandovers` show it.
     reclaimed_from: HashMap<String, Timestamp>,
@@ -153,6 +156,7 @@ impl Handovers {
             by_task: HashMap::new(),
             retry: HashMap::new(),
             finished: HashSet::new(),
+            counted: HashSet::new(),
             reclaimed_from: HashMap::new(),
         }
     }
@@ -192,19 +196,23 @@ impl Handovers {
     /// Forgets finished tasks; one that stopped early is looked at again after a while.
     fn reap(&mut self, now: Instant) {
         while let Some(joined) = self.tasks.try_join_next_with_id() {
-            let (task, done) = match joined {
-                Ok((task, finished)) => (task, finished.done),
+            let (task, done, counted) = match joined {
+                Ok((task, finished)) => (task, finished.done, finished.counted),
                 Err(error) => {
                     tracing::error!(%error, "a handover task failed");
-                    (error.id(), false)
+                    (error.id(), false, false)
                 }
             };
             if let Some(id) = self.by_task.remove(&task) {
                 self.running.remove(&id);
                 if done {
                     self.retry.remove(&id);
+                    self.counted.remove(&id);
                     self.finished.insert(id);
                 } else {
+                    if counted {
+                        self.counted.insert(id.clone());
+                    }
                     self.retry.insert(id, now + RETRY_AFTER);
                 }
             }
@@ -223,6 +231,7 @@ impl Handovers {
             .filter_map(|pod| Mark::read(pod).map(|mark| mark.id))
             .collect();
         self.finished.retain(|id| marked.contains(id));
+        self.counted.retain(|id| marked.contains(id));
         let found = resume::scan(
             &pods,
             |id| {
@@ -236,7 +245,14 @@ impl Handovers {
         for recovery in found {
             match recovery {
                 Recovery::Resume { id, owner, victims } => {
-                    let handover = self.reclaimer.rebuild(&id, &owner, &victims, instant, now);
+                    let mut handover = self.reclaimer.rebuild(&id, &owner, &victims, instant, now);
+                    if self.counted.contains(&id) {
+                        // This process ran it to the end; only its records are missing.
+                        handover.counted = true;
+                        tracing::info!(reclaim = %id, "writing the records of a finished handover again");
+                        self.spawn(term, handover);
+                        continue;
+                    }
                     tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
                     self.reclaimer.events.send(
                         handover.owner.reference.clone(),

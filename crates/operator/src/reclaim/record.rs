@@ -55,7 +55,8 @@ pub fn upsert(records: &[HandoverRecord], record: HandoverRecord) -> Vec<Handove
     next
 }
 
-/// Writes `record` into queue `name`'s `status.lastHandovers`.
+/// Writes `record` into queue `name`'s `status.lastHandovers`. A queue that no longer exists
+/// has nothing to record on: that is not an error (retrying would never end).
 pub async fn write(
     api: &Api<GpuQueue>,
     name: &str,
@@ -73,7 +74,11 @@ pub async fn write(
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let queue = api.get_status(name).await.map_err(error)?;
+        let queue = match api.get_status(name).await {
+            Ok(queue) => queue,
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(source) => return Err(error(source)),
+        };
         let current = queue
             .status
             .as_ref()
@@ -85,6 +90,7 @@ pub async fn write(
         });
         match api.patch_status(name, &params, &Patch::Merge(&body)).await {
             Ok(_) => return Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
             Err(source) => return Err(error(source)),
         }

@@ -165,6 +165,7 @@ impl Reclaimer {
             victims: rebuilt,
             timeline: Timeline::resumed(started_at, budget, now, now_at),
             resumed: true,
+            counted: false,
             overrides_min_borrow: false,
         }
     }
