@@ -68,7 +68,8 @@ async fn tenants_borrow_and_wait(cluster: &ControlPlane, client: &Client, operat
     let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
     let all = settled(&pods, 24, 2).await;
 
-    // Every pod went through the gate: the webhook added it, the operator released it.
+    // Every pod was admitted by the operator: at its creation while nothing waited, through
+    // the gate once pods had to wait.
     let admitted: Vec<&Pod> = all.iter().filter(|p| !is_gated(p)).collect();
     let admitted_as = |kind: &str| {
         admitted
@@ -134,13 +135,21 @@ async fn tenants_borrow_and_wait(cluster: &ControlPlane, client: &Client, operat
         r#"gpuqueue_queue_guaranteed_gpus{queue="online",resource="nvidia.com/gpu"} 24"#,
         r#"gpuqueue_queue_pending_gpus{queue="batch",resource="nvidia.com/gpu"} 2"#,
         r#"gpuqueue_admission_decisions_total{queue="batch",outcome="admitted_borrowed"} 16"#,
-        r#"gpuqueue_webhook_requests_total{result="gated"} 26"#,
         "gpuqueue_admission_latency_seconds_count 24",
         "gpuqueue_leader 1",
     ] {
         assert!(metrics.contains(line), "missing {line} in\n{metrics}");
     }
     assert!(metrics.contains("gpuqueue_node_fragmented_gpus{node=\"gpu-node-0\"}"));
+    let webhook = |result: &str| {
+        let series = format!(r#"gpuqueue_webhook_requests_total{{result="{result}"}} "#);
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix(series.as_str())?.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(webhook("admitted") + webhook("gated"), 26, "{metrics}");
+    assert!(webhook("gated") >= 2, "the two that wait were gated");
 
     // A CPU-only pod in the same namespace is never sent to the operator or gated.
     let cpu: Pod = serde_json::from_value(json!({
@@ -154,12 +163,76 @@ async fn tenants_borrow_and_wait(cluster: &ControlPlane, client: &Client, operat
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_deployment_is_gated_admitted_within_quota_and_the_rest_waits_with_a_reason() {
+async fn a_plain_deployment_is_admitted_within_quota_and_the_rest_waits_with_a_reason() {
     let cluster = start("operator_two_tenants", None).await;
     let webhook_port = free_port();
     install(&cluster, webhook_port).await;
     let operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
     tenants_borrow_and_wait(&cluster, &cluster.client(), &operator).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_pod_is_admitted_at_creation_and_once_one_waits_the_next_goes_to_the_gate() {
+    let cluster = start("operator_at_creation", None).await;
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
+    let team = cluster.namespace("team").await.unwrap();
+    apply_queue(&client, &queue_yaml("team", &[team.name()], 2, 0)).await;
+    // A status means the leader has run a pass over this queue: it can admit at creation.
+    queue_status(&client, "team", "a first status", |q| numbers(q).is_some()).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
+    let create_pod = |name: &'static str, gpus: u32| {
+        let pods = pods.clone();
+        async move {
+            pods.create(&PostParams::default(), &gpu_pod(name, NVIDIA_GPU, gpus))
+                .await
+                .unwrap()
+        }
+    };
+
+    // Nothing waits and it fits: the API server stores it pinned and admitted, never gated.
+    let first = create_pod("first", 1).await;
+    assert!(!is_gated(&first));
+    assert_eq!(annotation(&first, annotations::QUEUE), Some("team"));
+    assert_eq!(
+        annotation(&first, annotations::ADMITTED_AS),
+        Some("guaranteed")
+    );
+    assert!(annotation(&first, annotations::ADMITTED_AT_CREATION).is_some());
+    let first = bound(&pods, "first").await;
+    let pin =
+        &first.spec.as_ref().unwrap().node_selector.as_ref().unwrap()["kubernetes.io/hostname"];
+    assert_eq!(Some(pin), first.spec.as_ref().unwrap().node_name.as_ref());
+    let note = event(&client, team.name(), "first", "Admitted").await;
+    assert!(note.contains("at its creation"), "{note}");
+
+    // Too big for what is left: it goes to the gate and waits, with its reason.
+    assert!(is_gated(&create_pod("big", 2).await));
+    let reason = waiting_reason(&pods, "big").await;
+    assert!(reason.starts_with("OverCeiling"), "{reason}");
+    // This one would fit, but a pod waits: the gate, where the fair order decides (it is
+    // admitted there, since the waiting pod cannot use the room).
+    assert!(is_gated(&create_pod("small", 1).await));
+    let small = bound(&pods, "small").await;
+    assert!(annotation(&small, annotations::ADMITTED_AT_CREATION).is_none());
+    assert_eq!(
+        annotation(&small, annotations::ADMITTED_AS),
+        Some("guaranteed")
+    );
+    assert_eq!(
+        operator
+            .metric(r#"gpuqueue_webhook_requests_total{result="admitted"}"#)
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        operator
+            .metric(r#"gpuqueue_webhook_requests_total{result="gated"}"#)
+            .await,
+        Some(2.0)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

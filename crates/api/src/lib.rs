@@ -26,6 +26,9 @@ pub mod annotations {
     pub const ADMITTED_AT: &str = "gpuqueue.io/admitted-at";
     /// `guaranteed` or `borrowed`: the quota the pod was admitted against.
     pub const ADMITTED_AS: &str = "gpuqueue.io/admitted-as";
+    /// On a pod the webhook admitted at its creation (never gated): the token of the capacity
+    /// the leader reserved for it until its pod store shows the pod.
+    pub const ADMITTED_AT_CREATION: &str = "gpuqueue.io/admitted-at-creation";
     /// Why a gated pod is still waiting, in one human-readable line (`kubectl gpuqueue explain`).
     pub const WAITING_REASON: &str = "gpuqueue.io/waiting-reason";
     /// A user's hint of how much work a checkpoint of this pod saves (bigger: evict later).

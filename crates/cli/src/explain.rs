@@ -82,6 +82,8 @@ pub struct Admission {
     /// `guaranteed` or `borrowed`.
     pub admitted_as: Option<String>,
     pub admitted_at: Option<String>,
+    /// Admitted by the webhook as it was created, never gated.
+    pub at_creation: bool,
 }
 
 /// Where the pod runs or will run.
@@ -265,6 +267,7 @@ pub fn explain(observed: &Observed, max_events: usize) -> Explanation {
         queue: annotation(pod, annotations::QUEUE).map(str::to_owned),
         admitted_as: annotation(pod, annotations::ADMITTED_AS).map(str::to_owned),
         admitted_at: annotation(pod, annotations::ADMITTED_AT).map(str::to_owned),
+        at_creation: annotation(pod, annotations::ADMITTED_AT_CREATION).is_some(),
     });
     let node = node_of(pod);
 
@@ -542,6 +545,9 @@ fn fields(e: &Explanation, now: Timestamp) -> Vec<(&'static str, String)> {
             if let Ok(t) = at.parse::<Timestamp>() {
                 let _ = write!(line, " ({} ago)", render::age(t, now));
             }
+        }
+        if a.at_creation {
+            line.push_str(", at its creation (never gated)");
         }
         fields.push(("Admitted", line));
     }
@@ -1099,6 +1105,22 @@ Events from gpuqueue-operator:
         let e = explain(&obs, 1);
         assert_eq!(e.events.len(), 1);
         assert_eq!(e.events[0].reason, "OverCeiling");
+    }
+
+    #[test]
+    fn a_pod_admitted_at_its_creation_says_so() {
+        let p = pod(
+            "batch",
+            "vllm-0",
+            "  annotations:\n    gpuqueue.io/queue: batch\n    gpuqueue.io/admitted-as: guaranteed\n    gpuqueue.io/admitted-at: '2026-01-10T11:58:00Z'\n    gpuqueue.io/admitted-at-creation: 5f3a",
+            "  nodeName: gpu-node-1",
+            "  phase: Running",
+        );
+        let text = render(&explain(&observed(p, vec![batch_queue(true)]), 10), now());
+        assert!(
+            text.contains("Admitted:  guaranteed, queue batch, at 2026-01-10T11:58:00Z (2m ago), at its creation (never gated)\n"),
+            "{text}"
+        );
     }
 
     #[test]

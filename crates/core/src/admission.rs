@@ -579,6 +579,48 @@ pub fn admission_cycle(
     decisions
 }
 
+/// Why a pod is not admitted at its creation (it goes to the gate and the next cycle decides).
+#[derive(Clone, Debug, PartialEq)]
+pub enum NotAtCreation {
+    /// Other pods wait: the fair order of [`admission_cycle`] must choose among them and it.
+    OthersWait,
+    /// The pod does not fit as it is: it would wait or need a reclaim.
+    Decided(Box<Decision>),
+    /// The snapshot refused the pod (a duplicate key, an invalid request).
+    Refused(String),
+}
+
+/// Admission at creation: decides a pod the API server is about to create. It is admitted only
+/// when no pod waits, so it overtakes no one (the fair order has nobody to put before it), and
+/// only if it fits as it is: the snapshot then holds it as admitted. Otherwise the snapshot is
+/// left as it was and the pod goes to the gate like any other.
+pub fn admit_at_creation(
+    snapshot: &mut Snapshot,
+    pod: crate::model::Pod,
+    scorer: &dyn Scorer,
+    tie: TieBreak,
+    now: Timestamp,
+) -> Result<Admission, NotAtCreation> {
+    if snapshot.pending_pods().next().is_some() {
+        return Err(NotAtCreation::OthersWait);
+    }
+    let id = snapshot
+        .add_pod(pod)
+        .map_err(|error| NotAtCreation::Refused(error.to_string()))?;
+    // Only an admission is applied: a reclaim would mark victims, a wait changes nothing.
+    let decision = match decide(snapshot, id, scorer, tie, now) {
+        admit @ Decision::Admit(_) => apply(snapshot, admit, now),
+        other => other,
+    };
+    match decision {
+        Decision::Admit(admission) => Ok(admission),
+        other => {
+            snapshot.remove_pod(id);
+            Err(NotAtCreation::Decided(Box::new(other)))
+        }
+    }
+}
+
 /// Fair order of queue heads (lowest first): pods within their guarantee, then by the queue's
 /// weighted borrowing share, pod priority (highest first), age, key.
 type HeadRank = (u8, f64, i64, Timestamp, PodKey);

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use common::world::{GPU, at, build, node, pending, queue, running};
 use gpuqueue_core::Snapshot;
-use gpuqueue_core::admission::{Decision, admission_cycle, decide};
+use gpuqueue_core::admission::{
+    Decision, NotAtCreation, admission_cycle, admit_at_creation, decide,
+};
 use gpuqueue_core::model::{
     AdmittedAs, GpuRequest, Namespace, Node, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
@@ -818,4 +820,98 @@ fn a_checkpoint_gets_its_timeout_unless_the_budget_leaves_less() {
     // A spent budget leaves nothing (a handover resumed after a restart).
     assert_eq!(checkpoint_allowance(s(3), s(2), s(2)), Duration::ZERO);
     assert_eq!(checkpoint_allowance(s(3), s(2), s(10)), Duration::ZERO);
+}
+
+/// a: guaranteed 4 on one node of 4, b: burstable 4; `pods` already there.
+fn one_node(pods: Vec<gpuqueue_core::model::Pod>) -> Snapshot {
+    build(
+        vec![queue("a", 4, 0), queue("b", 0, 4)],
+        vec![node("n1", 4)],
+        pods,
+    )
+}
+
+fn at_creation(snapshot: &mut Snapshot, key: &str, gpus: u32) -> Result<AdmittedAs, NotAtCreation> {
+    admit_at_creation(
+        snapshot,
+        pending(key, gpus, 100),
+        &FragmentationAware,
+        TieBreak::First,
+        at(100),
+    )
+    .map(|admission| {
+        assert_eq!(admission.placement.node_name, "n1");
+        admission.admitted_as
+    })
+}
+
+#[test]
+fn a_pod_that_fits_when_nothing_waits_is_admitted_at_creation_and_holds_its_room() {
+    let mut snapshot = one_node(vec![running("a/a0", 1, "n1", 0)]);
+    assert_eq!(
+        at_creation(&mut snapshot, "a/a1", 2),
+        Ok(AdmittedAs::Guaranteed)
+    );
+    // The room it took is gone for the next one: 3 of 4 in use, 2 more do not fit.
+    assert!(matches!(
+        at_creation(&mut snapshot, "a/a2", 2),
+        Err(NotAtCreation::Decided(d)) if matches!(*d, Decision::Wait(_))
+    ));
+    assert_eq!(
+        at_creation(&mut snapshot, "a/a2", 1),
+        Ok(AdmittedAs::Guaranteed)
+    );
+    assert_eq!(snapshot.pending_pods().count(), 0);
+}
+
+#[test]
+fn a_borrower_is_admitted_at_creation_from_idle_capacity() {
+    let mut snapshot = one_node(Vec::new());
+    assert_eq!(
+        at_creation(&mut snapshot, "b/b0", 3),
+        Ok(AdmittedAs::Borrowed)
+    );
+}
+
+#[test]
+fn nothing_is_admitted_at_creation_while_another_pod_waits() {
+    // b0 waits (b may borrow only 4 and holds them); a pod of a, which would fit, must not
+    // overtake it: the cycle decides both.
+    let mut snapshot = build(
+        vec![queue("a", 2, 0), queue("b", 0, 2)],
+        vec![node("n1", 4)],
+        vec![
+            running("b/b1", 1, "n1", 0),
+            running("b/b2", 1, "n1", 0),
+            pending("b/b0", 1, 50),
+        ],
+    );
+    let before = snapshot.pending_pods().count();
+    assert_eq!(
+        at_creation(&mut snapshot, "a/a0", 1),
+        Err(NotAtCreation::OthersWait)
+    );
+    assert_eq!(snapshot.pending_pods().count(), before);
+}
+
+#[test]
+fn a_pod_that_needs_a_reclaim_is_not_admitted_at_creation_and_nothing_is_marked() {
+    // b borrows all 4 GPUs of a's guarantee; a's new pod needs a reclaim, which is the
+    // cycle's business: the snapshot is left exactly as it was.
+    let mut snapshot = one_node(
+        (0..4)
+            .map(|i| running(&format!("b/b{i}"), 1, "n1", i))
+            .collect(),
+    );
+    let reports_before = format!("{:?}", queue_reports(&snapshot));
+    assert!(matches!(
+        at_creation(&mut snapshot, "a/a0", 1),
+        Err(NotAtCreation::Decided(d)) if matches!(*d, Decision::Reclaim(_))
+    ));
+    assert_eq!(format!("{:?}", queue_reports(&snapshot)), reports_before);
+    assert_eq!(snapshot.pending_pods().count(), 0);
+    // A cycle over the same world plans nothing: no victim was left marked.
+    assert!(
+        admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(100)).is_empty()
+    );
 }

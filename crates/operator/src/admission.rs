@@ -54,6 +54,7 @@ use tokio::{
 
 use crate::{
     assumed::Assumed,
+    at_creation::{AtCreation, Settled},
     clock,
     debounce::Debounce,
     events::{Events, Notice},
@@ -89,6 +90,8 @@ pub struct Context {
     pub debounce: Debounce,
     /// The reclaim executor.
     pub reclaimer: Reclaimer,
+    /// The live snapshot this loop shares with the webhook.
+    pub at_creation: AtCreation,
 }
 
 impl std::fmt::Debug for Context {
@@ -161,6 +164,8 @@ pub async fn run(context: Context, term: Term) {
         return;
     }
     tracing::info!(term = term.number(), "admission loop started");
+    // However the term ends (this future is aborted), the webhook stops admitting at creation.
+    let _withdraw = Withdraw(context.at_creation.clone());
     let mut changes = context.stores.changes();
     changes.borrow_and_update();
     let shared = Shared {
@@ -190,6 +195,15 @@ pub async fn run(context: Context, term: Term) {
             () = shared.retry.notified() => {}
             () = timer => {}
         }
+    }
+}
+
+/// Withdraws the live snapshot from the webhook when dropped.
+struct Withdraw(AtCreation);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        self.0.withdraw();
     }
 }
 
@@ -263,13 +277,23 @@ fn run_pass(
     now: Timestamp,
 ) -> Decided {
     let context = &shared.context;
+    // Held to the end of the pass: the webhook admits at creation on this pass's result only.
+    let mut creation = context.at_creation.pass();
 
     // 1. observe
-    let observed = {
+    let (observed, settled) = {
         let mut assumed = shared.assumed();
-        assumed.settle(context.stores.pods.state().iter().map(AsRef::as_ref));
-        Observed::read(&context.stores, &assumed)
+        let stored = context.stores.pods.state();
+        assumed.settle(stored.iter().map(AsRef::as_ref));
+        let settled = creation.settle(&stored, now);
+        let mut observed = Observed::read(&context.stores, &assumed);
+        // Pods admitted at creation that the store does not show yet hold their room.
+        observed.pods.extend(creation.reserved_pods());
+        (observed, settled)
     };
+    for settled in settled {
+        admitted_at_creation(context, &settled);
+    }
     for problem in &observed.problems {
         tracing::debug!(%problem, "object left out of the snapshot");
     }
@@ -301,6 +325,8 @@ fn run_pass(
         admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
     let wake = earliest_cooldown(&decisions);
     let planned = tokio::time::Instant::now();
+    let left_waiting = !observed.unreadable_pods.is_empty()
+        || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
 
     // 3. apply
     let (mut admitted, mut waiting) = (0_usize, 0_usize);
@@ -344,6 +370,7 @@ fn run_pass(
         status_time,
     );
     publish_fragmentation(context, &snapshot);
+    creation.publish(shared.term.clone(), snapshot, left_waiting, now);
     let took = started.elapsed();
     context.metrics.admission.pass_took(took.as_secs_f64());
     tracing::debug!(
@@ -488,6 +515,26 @@ fn admitted(context: &Context, pod: &Pod, admission: &admission::Admission, now:
             action: "Admit",
             note: format!(
                 "queue {} admitted the pod ({}) on node {}",
+                admission.queue, admission.admitted_as, admission.placement.node_name
+            ),
+        },
+    );
+}
+
+/// Announces a pod the webhook admitted at its creation, now that it exists.
+fn admitted_at_creation(context: &Context, settled: &Settled) {
+    let admission = &settled.reservation.admission;
+    let pod = &settled.pod;
+    tracing::info!(pod = %format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or_default(), pod.metadata.name.as_deref().unwrap_or_default()),
+        queue = %admission.queue, node = %admission.placement.node_name, "admitted at creation seen");
+    context.events.send(
+        pod.object_ref(&()),
+        Notice {
+            warning: false,
+            reason: "Admitted",
+            action: "Admit",
+            note: format!(
+                "queue {} admitted the pod ({}) on node {} at its creation",
                 admission.queue, admission.admitted_as, admission.placement.node_name
             ),
         },

@@ -123,6 +123,11 @@ pub struct AdmissionArgs {
     /// The longest a steady stream of changes may hold a decision back.
     #[arg(long, default_value = "100ms", value_parser = parse_duration)]
     pub debounce_max: Duration,
+
+    /// Admit a pod that fits in the webhook, at its creation, while no pod waits (it is pinned
+    /// to its node and never gated). `false` gates every managed pod.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub admit_at_creation: bool,
 }
 
 /// Logs.

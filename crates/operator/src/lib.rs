@@ -19,6 +19,7 @@
 pub mod admission;
 pub mod args;
 pub mod assumed;
+pub mod at_creation;
 pub mod checkpoint;
 pub mod clock;
 pub mod debounce;

@@ -442,6 +442,8 @@ impl Collector for FragmentationGauges {
 /// What the webhook did with one admission request.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum WebhookResult {
+    /// The pod was admitted at its creation: pinned to a node, never gated.
+    Admitted,
     /// The pod was given the admission gate.
     Gated,
     /// The pod already carried the gate.
@@ -456,6 +458,7 @@ impl WebhookResult {
     /// The label value.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Admitted => "admitted",
             Self::Gated => "gated",
             Self::AlreadyGated => "already_gated",
             Self::NotManaged => "not_managed",

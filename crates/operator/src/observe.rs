@@ -8,14 +8,17 @@ use std::sync::Arc;
 use gpuqueue_api::v1alpha1::{GpuQueue, GpuQueueStatus};
 use gpuqueue_core::{
     Snapshot,
-    model::{self, FieldError, QueueError},
+    model::{self, AdmittedAs, FieldError, QueueError},
     snapshot::Attribution,
 };
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{ResourceExt, runtime::reflector::ObjectRef};
 
 use crate::{
     assumed::Assumed,
+    at_creation::{AtCreation, CreationAdmission},
+    clock,
+    metrics::{AdmissionMetrics, Outcome},
     stores::{PodFilter, Stores},
     webhook::mutate::GatePolicy,
 };
@@ -125,15 +128,22 @@ fn unreadable(invalid: &kube::core::error_boundary::InvalidObject) -> InvalidQue
 
 /// The webhook's policy, answered from the stores by the core's rules: a pod is managed when
 /// the core models it as a GPU pod and a queue claims its namespace. A namespace that several
-/// queues claim is managed too (its pods wait until the conflict is resolved).
+/// queues claim is managed too (its pods wait until the conflict is resolved). Managed pods
+/// are admitted at creation when the leader can ([`AtCreation`]), gated otherwise.
 #[derive(Debug, Clone)]
 pub struct StoreGatePolicy {
     stores: Stores,
+    at_creation: AtCreation,
+    metrics: AdmissionMetrics,
 }
 
 impl StoreGatePolicy {
-    pub fn new(stores: Stores) -> Self {
-        Self { stores }
+    pub fn new(stores: Stores, at_creation: AtCreation, metrics: AdmissionMetrics) -> Self {
+        Self {
+            stores,
+            at_creation,
+            metrics,
+        }
     }
 }
 
@@ -162,6 +172,24 @@ impl GatePolicy for StoreGatePolicy {
             Attribution::Conflict { queues, .. } => Some(queues.join(",")),
             Attribution::Unclaimed => None,
         }
+    }
+
+    fn admit_at_creation(&self, pod: &Pod) -> Option<CreationAdmission> {
+        let mut pod = pod.clone();
+        let now = clock::now();
+        pod.metadata.creation_timestamp = Some(Time(now));
+        let admitted = self.at_creation.admit(&pod, now)?;
+        let outcome = if admitted.admitted_as == AdmittedAs::Borrowed.as_str() {
+            Outcome::AdmittedBorrowed
+        } else {
+            Outcome::AdmittedGuaranteed
+        };
+        self.metrics.decided(&admitted.queue, outcome);
+        self.metrics.admitted_after(0.0);
+        tracing::info!(namespace = pod.metadata.namespace.as_deref().unwrap_or_default(),
+            queue = %admitted.queue, node = %admitted.node_pin, admitted_as = admitted.admitted_as,
+            token = %admitted.token, "admitted at creation");
+        Some(admitted)
     }
 }
 
@@ -224,9 +252,15 @@ mod tests {
         assert!(!keep_pod(&finished));
     }
 
+    /// The policy of a standby (it never admits at creation).
+    fn policy(stores: Stores) -> StoreGatePolicy {
+        let metrics = crate::metrics::Metrics::register(&mut crate::metrics::registry());
+        StoreGatePolicy::new(stores, AtCreation::new(true), metrics.admission)
+    }
+
     #[test]
     fn a_gpu_pod_in_a_claimed_namespace_is_managed_by_its_queue() {
-        let policy = StoreGatePolicy::new(stores().stores);
+        let policy = policy(stores().stores);
         assert_eq!(
             policy.managing_queue(&pod("online", Some(1))).as_deref(),
             Some("online")
@@ -239,14 +273,14 @@ mod tests {
 
     #[test]
     fn cpu_pods_and_unclaimed_namespaces_are_left_alone() {
-        let policy = StoreGatePolicy::new(stores().stores);
+        let policy = policy(stores().stores);
         assert_eq!(policy.managing_queue(&pod("online", None)), None);
         assert_eq!(policy.managing_queue(&pod("elsewhere", Some(1))), None);
     }
 
     #[test]
     fn a_namespace_claimed_twice_is_gated_under_both_names() {
-        let policy = StoreGatePolicy::new(stores().stores);
+        let policy = policy(stores().stores);
         assert_eq!(
             policy.managing_queue(&pod("shared", Some(1))).as_deref(),
             Some("batch,labs")

@@ -6,7 +6,7 @@
 //! watches → stores ──────────────────▶  admission loop: decide, release gates, record
 //! /metrics /healthz /readyz              waits, write queue status, publish events;
 //!                                        reclaims: checkpoint, evict, hand over
-//! webhook (after the stores synced)
+//! webhook (after the stores synced) ◀──  its live snapshot: admit at creation
 //! leader election
 //! ```
 //!
@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     Args,
     admission::{self, Context},
+    at_creation::AtCreation,
     checkpoint::CheckpointClient,
     debounce::Debounce,
     events::Events,
@@ -101,6 +102,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         shutdown.clone(),
     ));
 
+    let at_creation = AtCreation::new(args.admission.admit_at_creation);
     // The webhook answers from the stores, so it starts once they hold their initial lists.
     tokio::select! {
         synced = stores.synced() => if synced.is_ok() {
@@ -110,19 +112,13 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         () = shutdown.cancelled() => return Ok(()),
     }
     let webhook = tokio::spawn(webhook::run(
-        WebhookConfig {
-            addr: args.webhook.webhook_addr,
-            names: args.webhook.certificate_names(&args.namespace),
-            config_name: args.webhook.webhook_config_name.clone(),
-            rotation: RotationPolicy {
-                cert_validity: args.webhook.webhook_cert_validity,
-                renew_before: args.webhook.webhook_cert_renew_before,
-                ca_validity: args.webhook.webhook_ca_validity,
-            },
-            identity: identity.clone(),
-        },
+        webhook_config(&args, &identity),
         client.clone(),
-        Arc::new(StoreGatePolicy::new(stores.clone())),
+        Arc::new(StoreGatePolicy::new(
+            stores.clone(),
+            at_creation.clone(),
+            metrics.admission.clone(),
+        )),
         metrics.webhook.clone(),
         readiness.clone(),
         shutdown.clone(),
@@ -157,6 +153,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         metrics,
         events,
         reclaimer,
+        at_creation,
         debounce: Debounce {
             quiet: args.admission.debounce,
             max: args.admission.debounce_max,
@@ -177,6 +174,20 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let _ = election.await;
     tracing::info!("stopped");
     result
+}
+
+fn webhook_config(args: &Args, identity: &str) -> WebhookConfig {
+    WebhookConfig {
+        addr: args.webhook.webhook_addr,
+        names: args.webhook.certificate_names(&args.namespace),
+        config_name: args.webhook.webhook_config_name.clone(),
+        rotation: RotationPolicy {
+            cert_validity: args.webhook.webhook_cert_validity,
+            renew_before: args.webhook.webhook_cert_renew_before,
+            ca_validity: args.webhook.webhook_ca_validity,
+        },
+        identity: identity.to_owned(),
+    }
 }
 
 fn flatten<E>(

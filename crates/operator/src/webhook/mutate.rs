@@ -1,4 +1,6 @@
-//! The mutation: add the scheduling gate `gpuqueue.io/admission` to a pod that a queue manages.
+//! The mutation: add the scheduling gate `gpuqueue.io/admission` to a pod that a queue manages,
+//! or, when the leader can admit it at once ([`crate::at_creation`]), pin it to its node and
+//! annotate it as admitted instead, so it never waits at the gate.
 //!
 //! Which pods are managed is not decided here: a [`GatePolicy`] answers it from the stores by
 //! the core's rules (a GPU request, in a namespace one queue claims). This module only turns
@@ -9,7 +11,7 @@
 //! refuses scheduling gates on it, so it is never gated; like any pod that bypassed the gate it
 //! is counted as used capacity.
 
-use gpuqueue_api::ADMISSION_GATE;
+use gpuqueue_api::{ADMISSION_GATE, annotations};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
@@ -17,13 +19,23 @@ use kube::core::{
 };
 use serde_json::json;
 
-use crate::metrics::WebhookResult;
+use crate::{
+    at_creation::CreationAdmission,
+    metrics::WebhookResult,
+    patch::{PIN_LABEL, escape},
+};
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {
     /// The queue that manages `pod`, or `None` when the operator leaves it alone. The pod's
     /// namespace is set, even when the creator left it to the request.
     fn managing_queue(&self, pod: &Pod) -> Option<String>;
+
+    /// Admits a managed pod at its creation instead of gating it, when the leader can decide
+    /// it at once; `None` sends it to the gate.
+    fn admit_at_creation(&self, _pod: &Pod) -> Option<CreationAdmission> {
+        None
+    }
 }
 
 /// The answer to one admission review: the response body, and what was done for metrics.
@@ -80,15 +92,20 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
     if gates.is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE)) {
         return allow(WebhookResult::AlreadyGated);
     }
-    let operation = match gates {
-        Some(_) => json!({
-            "op": "add", "path": "/spec/schedulingGates/-", "value": {"name": ADMISSION_GATE},
-        }),
-        None => json!({
-            "op": "add", "path": "/spec/schedulingGates", "value": [{"name": ADMISSION_GATE}],
-        }),
+    // A dry run creates nothing, so it must reserve nothing: it sees the gate.
+    let at_creation = if request.dry_run {
+        None
+    } else {
+        policy.admit_at_creation(&pod)
     };
-    let patched = serde_json::from_value::<json_patch::Patch>(json!([operation]))
+    let (operations, result) = match at_creation {
+        Some(admitted) => (
+            admission_operations(&pod, &admitted),
+            WebhookResult::Admitted,
+        ),
+        None => (vec![gate_operation(gates.is_some())], WebhookResult::Gated),
+    };
+    let patched = serde_json::from_value::<json_patch::Patch>(serde_json::Value::Array(operations))
         .map_err(|error| error.to_string())
         .and_then(|patch| {
             AdmissionResponse::from(request)
@@ -98,15 +115,61 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
     match patched {
         Ok(response) => Answer {
             review: response.into_review(),
-            result: WebhookResult::Gated,
+            result,
             queue: Some(queue),
         },
         // Unreachable in practice (a fixed, valid patch); never block the pod over it.
         Err(error) => {
-            tracing::error!(%error, "building the gate patch failed; pod admitted ungated");
+            tracing::error!(%error, "building the patch failed; pod admitted ungated");
             allow(WebhookResult::Invalid)
         }
     }
+}
+
+/// Adds our gate, after any others.
+fn gate_operation(has_gates: bool) -> serde_json::Value {
+    if has_gates {
+        json!({"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": ADMISSION_GATE}})
+    } else {
+        json!({"op": "add", "path": "/spec/schedulingGates", "value": [{"name": ADMISSION_GATE}]})
+    }
+}
+
+/// Pins the pod to its node and records the admission, as releasing the gate would have.
+fn admission_operations(pod: &Pod, admitted: &CreationAdmission) -> Vec<serde_json::Value> {
+    let mut operations = Vec::new();
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.node_selector.as_ref())
+        .is_some()
+    {
+        operations.push(json!({
+            "op": "add", "path": format!("/spec/nodeSelector/{}", escape(PIN_LABEL)), "value": admitted.node_pin,
+        }));
+    } else {
+        operations.push(json!({"op": "add", "path": "/spec/nodeSelector", "value": {PIN_LABEL: admitted.node_pin}}));
+    }
+    let notes = [
+        (annotations::QUEUE, admitted.queue.clone()),
+        (annotations::ADMITTED_AS, admitted.admitted_as.to_owned()),
+        (annotations::ADMITTED_AT, admitted.at.to_string()),
+        (annotations::ADMITTED_AT_CREATION, admitted.token.clone()),
+    ];
+    if pod.metadata.annotations.is_some() {
+        for (key, value) in notes {
+            operations.push(json!({
+                "op": "add", "path": format!("/metadata/annotations/{}", escape(key)), "value": value,
+            }));
+        }
+    } else {
+        let notes: serde_json::Map<String, serde_json::Value> = notes
+            .into_iter()
+            .map(|(key, value)| (key.to_owned(), value.into()))
+            .collect();
+        operations.push(json!({"op": "add", "path": "/metadata/annotations", "value": notes}));
+    }
+    operations
 }
 
 #[cfg(test)]
@@ -201,6 +264,87 @@ mod tests {
             json!([{"op": "add", "path": "/spec/schedulingGates",
                     "value": [{"name": "gpuqueue.io/admission"}]}])
         );
+    }
+
+    /// Like [`TenantPolicy`], but the leader admits every managed pod at creation.
+    struct AdmittingPolicy;
+
+    impl GatePolicy for AdmittingPolicy {
+        fn managing_queue(&self, pod: &Pod) -> Option<String> {
+            TenantPolicy.managing_queue(pod)
+        }
+
+        fn admit_at_creation(&self, _pod: &Pod) -> Option<CreationAdmission> {
+            Some(CreationAdmission {
+                queue: "tenant-queue".into(),
+                node_pin: "gpu-node-3".into(),
+                admitted_as: "borrowed",
+                at: "2026-11-29T12:00:00Z".parse().unwrap(),
+                token: "00ff".into(),
+            })
+        }
+    }
+
+    #[test]
+    fn a_pod_admitted_at_creation_is_pinned_and_annotated_not_gated() {
+        let answer = review(
+            &review_body("CREATE", "tenant", &gpu_spec(None)),
+            &AdmittingPolicy,
+        )
+        .unwrap();
+        assert_eq!(answer.result, WebhookResult::Admitted);
+        assert_eq!(
+            patch_of(&answer).unwrap(),
+            json!([
+                {"op": "add", "path": "/spec/nodeSelector",
+                 "value": {"kubernetes.io/hostname": "gpu-node-3"}},
+                {"op": "add", "path": "/metadata/annotations", "value": {
+                    "gpuqueue.io/queue": "tenant-queue",
+                    "gpuqueue.io/admitted-as": "borrowed",
+                    "gpuqueue.io/admitted-at": "2026-11-29T12:00:00Z",
+                    "gpuqueue.io/admitted-at-creation": "00ff",
+                }},
+            ])
+        );
+    }
+
+    #[test]
+    fn admission_at_creation_keeps_the_pods_own_selector_and_annotations() {
+        let mut spec = gpu_spec(None);
+        spec["nodeSelector"] = json!({"nvidia.com/gpu.product": "H100"});
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&review_body("CREATE", "tenant", &spec)).unwrap();
+        body["request"]["object"]["metadata"]["annotations"] = json!({"team": "search"});
+        let answer = review(&serde_json::to_vec(&body).unwrap(), &AdmittingPolicy).unwrap();
+        let patch = patch_of(&answer).unwrap();
+        assert_eq!(
+            patch[0],
+            json!({"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname",
+                   "value": "gpu-node-3"})
+        );
+        assert_eq!(
+            patch[4],
+            json!({"op": "add", "path": "/metadata/annotations/gpuqueue.io~1admitted-at-creation",
+                   "value": "00ff"})
+        );
+        assert_eq!(patch.as_array().unwrap().len(), 5);
+    }
+
+    #[test]
+    fn a_dry_run_is_never_admitted_at_creation() {
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&review_body("CREATE", "tenant", &gpu_spec(None))).unwrap();
+        body["request"]["dryRun"] = json!(true);
+        let answer = review(&serde_json::to_vec(&body).unwrap(), &AdmittingPolicy).unwrap();
+        assert_eq!(answer.result, WebhookResult::Gated);
+    }
+
+    #[test]
+    fn a_pod_gated_by_hand_is_never_admitted_at_creation() {
+        let spec = gpu_spec(Some(json!([{"name": "gpuqueue.io/admission"}])));
+        let answer = review(&review_body("CREATE", "tenant", &spec), &AdmittingPolicy).unwrap();
+        assert_eq!(answer.result, WebhookResult::AlreadyGated);
+        assert_eq!(patch_of(&answer), None);
     }
 
     #[test]

@@ -1,0 +1,418 @@
+//! Admission at creation: when no pod waits, the webhook admits a new GPU pod that fits at once
+//! (pins it to a node instead of gating it), so an uncontended pod costs no gate release: no
+//! patch, no second watch event, no round trip through the admission loop.
+//!
+//! The decision is the core's [`admit_at_creation`] on the leader's live snapshot: the one its
+//! last admission pass ended with, plus every pod admitted at creation since. Each pass builds
+//! its snapshot and publishes it while holding this lock, so the webhook and the loop never
+//! decide on the same capacity twice. A pod admitted here is *reserved* (its capacity counted
+//! by every pass) until the pod store shows it, found by the token the webhook annotates it
+//! with; a creation that failed after the webhook answered (another admission plugin refused
+//! the pod) holds its reservation until [`RESERVATION_TTL`], the API server's request timeout.
+//!
+//! Only the leader admits at creation, and only while nothing waits: once a pod is gated (it
+//! did not fit, or another pod waits), every new pod goes to the gate until a pass has seen the
+//! gated ones and found nothing waiting, so the fair order of the admission cycle decides
+//! whenever there is contention. A standby, or a leader before its first pass, gates.
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use gpuqueue_api::annotations;
+use gpuqueue_core::{
+    Snapshot,
+    admission::{Admission, admit_at_creation},
+    model::{self, Assignment, PodState},
+    placement::{FragmentationAware, TieBreak},
+};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::leader::Term;
+
+/// How long a reservation waits for its pod: kube-apiserver's default `--request-timeout`, the
+/// longest a create can still complete after the webhook answered.
+pub const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(60);
+
+/// After the webhook gated a pod, how long until a pass may consider it seen: the pod reaches
+/// the store within milliseconds of its creation, so a pass that starts this much later and
+/// finds nothing waiting has decided it.
+const GATED_SETTLE: SignedDuration = SignedDuration::from_secs(1);
+
+/// The shared state; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AtCreation {
+    enabled: bool,
+    state: Arc<Mutex<State>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    live: Option<Live>,
+    reservations: Vec<Reservation>,
+    /// When the webhook last sent a managed pod to the gate.
+    last_gated: Option<Timestamp>,
+}
+
+/// The leader's snapshot after its last pass, with the pods admitted at creation since.
+#[derive(Debug)]
+struct Live {
+    term: Term,
+    snapshot: Snapshot,
+    /// A pod waits (or may: one was gated since the pass): admit nothing at creation.
+    contended: bool,
+}
+
+/// Capacity held for a pod admitted at creation that the pod store has not shown yet.
+#[derive(Debug, Clone)]
+pub struct Reservation {
+    pub token: String,
+    pub admission: Admission,
+    /// The pod as the core holds it (admitted, pinned).
+    pub pod: model::Pod,
+    pub made_at: Timestamp,
+}
+
+/// What the webhook writes on a pod admitted at its creation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreationAdmission {
+    pub queue: String,
+    /// Value of the pin label of the chosen node.
+    pub node_pin: String,
+    /// `guaranteed` or `borrowed`.
+    pub admitted_as: &'static str,
+    pub at: Timestamp,
+    pub token: String,
+}
+
+impl AtCreation {
+    /// `enabled: false` (`--admit-at-creation=false`) gates every managed pod.
+    pub fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            state: Arc::default(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts an admission pass: the webhook waits until [`Pass::publish`] (or the end of the
+    /// pass) so that it decides on the pass's result, never beside it.
+    pub fn pass(&self) -> Pass<'_> {
+        Pass {
+            state: self.lock(),
+            enabled: self.enabled,
+        }
+    }
+
+    /// The term ended: admit nothing at creation until the next leader's first pass.
+    pub fn withdraw(&self) {
+        self.lock().live = None;
+    }
+
+    /// Decides a managed pod about to be created: `Some` admits it (the webhook pins it),
+    /// `None` sends it to the gate.
+    pub fn admit(&self, pod: &Pod, now: Timestamp) -> Option<CreationAdmission> {
+        let mut state = self.lock();
+        let admitted = self.try_admit(&mut state, pod, now);
+        if admitted.is_none() {
+            state.last_gated = Some(now);
+            if let Some(live) = state.live.as_mut() {
+                live.contended = true;
+            }
+        }
+        admitted
+    }
+
+    fn try_admit(&self, state: &mut State, pod: &Pod, now: Timestamp) -> Option<CreationAdmission> {
+        if !self.enabled {
+            return None;
+        }
+        let live = state.live.as_mut()?;
+        if live.contended || !live.term.is_current() {
+            return None;
+        }
+        let token = format!("{:016x}", rand::random::<u64>());
+        let mut pod = pod.clone();
+        // A controller's pod has no name until the API server generates it after admission.
+        if pod.metadata.name.as_deref().unwrap_or_default().is_empty() {
+            let prefix = pod.metadata.generate_name.clone().unwrap_or_default();
+            pod.metadata.name = Some(format!("{prefix}{token}"));
+        }
+        let mut modelled = model::Pod::from_k8s(&pod).ok()??.value;
+        // Not gated yet, so read as admitted; it is to be decided.
+        modelled.state = PodState::Pending;
+        let admission = admit_at_creation(
+            &mut live.snapshot,
+            modelled.clone(),
+            &FragmentationAware,
+            TieBreak::First,
+            now,
+        )
+        .ok()?;
+        modelled.state = PodState::Admitted(Assignment {
+            node: Some(admission.placement.pin.clone()),
+            bound: false,
+            terminating: false,
+        });
+        modelled.admitted_at = Some(now);
+        let admitted = CreationAdmission {
+            queue: admission.queue.clone(),
+            node_pin: admission.placement.pin.clone(),
+            admitted_as: admission.admitted_as.as_str(),
+            at: now,
+            token: token.clone(),
+        };
+        state.reservations.push(Reservation {
+            token,
+            admission,
+            pod: modelled,
+            made_at: now,
+        });
+        Some(admitted)
+    }
+}
+
+/// One admission pass's hold on the state.
+#[derive(Debug)]
+pub struct Pass<'a> {
+    state: MutexGuard<'a, State>,
+    enabled: bool,
+}
+
+/// A reservation whose pod the store now shows.
+#[derive(Debug)]
+pub struct Settled {
+    pub reservation: Reservation,
+    pub pod: Arc<Pod>,
+}
+
+impl Pass<'_> {
+    /// Drops the reservations whose pod the store shows (returned, to announce) and those past
+    /// [`RESERVATION_TTL`] (their creation failed).
+    pub fn settle(&mut self, stored: &[Arc<Pod>], now: Timestamp) -> Vec<Settled> {
+        if self.state.reservations.is_empty() {
+            return Vec::new();
+        }
+        let mut by_token: std::collections::HashMap<&str, &Arc<Pod>> = stored
+            .iter()
+            .filter_map(|pod| {
+                let token = pod
+                    .metadata
+                    .annotations
+                    .as_ref()?
+                    .get(annotations::ADMITTED_AT_CREATION)?;
+                Some((token.as_str(), pod))
+            })
+            .collect();
+        let mut settled = Vec::new();
+        let mut kept = Vec::new();
+        for reservation in std::mem::take(&mut self.state.reservations) {
+            if let Some(pod) = by_token.remove(reservation.token.as_str()) {
+                settled.push(Settled {
+                    reservation,
+                    pod: pod.clone(),
+                });
+            } else if now.duration_since(reservation.made_at) < RESERVATION_TTL {
+                kept.push(reservation);
+            } else {
+                tracing::warn!(token = %reservation.token, queue = %reservation.admission.queue,
+                    "a pod admitted at creation never appeared; its reservation is released");
+            }
+        }
+        self.state.reservations = kept;
+        settled
+    }
+
+    /// The pods reserved at creation that the store does not show yet, as the core holds them.
+    pub fn reserved_pods(&self) -> impl Iterator<Item = model::Pod> + '_ {
+        let mut keys = HashSet::new();
+        self.state
+            .reservations
+            .iter()
+            .filter(move |r| keys.insert(r.pod.key.clone()))
+            .map(|r| r.pod.clone())
+    }
+
+    /// Publishes the pass's snapshot (after its decisions) for the webhook. `waiting`: the pass
+    /// left a pod at the gate. `started`: when the pass read the stores.
+    pub fn publish(mut self, term: Term, snapshot: Snapshot, waiting: bool, started: Timestamp) {
+        if !self.enabled {
+            return;
+        }
+        let gated_unseen = self
+            .state
+            .last_gated
+            .is_some_and(|gated| started < gated + GATED_SETTLE);
+        self.state.live = Some(Live {
+            term,
+            snapshot,
+            contended: waiting || gated_unseen,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuqueue_core::model::{Node, Queue, ResourceQuota};
+    use serde_json::json;
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::{
+        clock,
+        leader::{LeaderState, Leadership},
+    };
+
+    const GPU: &str = "nvidia.com/gpu";
+
+    /// A term that lasts the test (the sender must stay alive).
+    async fn term() -> (Term, watch::Sender<LeaderState>) {
+        let (state, receiver) = watch::channel(LeaderState {
+            term: 1,
+            acting_until: Some(clock::now() + SignedDuration::from_mins(10)),
+        });
+        let term = Leadership::new(receiver).acquired().await.unwrap();
+        (term, state)
+    }
+
+    /// Queue `online` (namespace `online`) guaranteed 4 GPUs, on one node of 4.
+    fn snapshot() -> Snapshot {
+        let (snapshot, issues) = Snapshot::builder()
+            .queue(
+                Queue::new("online")
+                    .namespace("online")
+                    .quota(ResourceQuota::devices(GPU, 4, 0)),
+            )
+            .node(
+                Node::new("gpu-node-0")
+                    .cpu_milli(64_000)
+                    .memory_bytes(1 << 38)
+                    .gpus(GPU, 4),
+            )
+            .build();
+        assert!(issues.is_empty(), "{issues:?}");
+        snapshot
+    }
+
+    /// A pod of a Deployment (no name yet) asking for `gpus` GPUs.
+    fn new_pod(gpus: u32) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"generateName": "vllm-7d9f-", "namespace": "online",
+                         "creationTimestamp": "2026-11-29T12:00:00Z"},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai",
+                     "resources": {"limits": {GPU: gpus.to_string()}}}]},
+        }))
+        .unwrap()
+    }
+
+    /// The pod as the store later shows it: named, with the webhook's token.
+    fn stored(token: &str) -> Arc<Pod> {
+        let mut pod = new_pod(1);
+        pod.metadata.name = Some("vllm-7d9f-x2x9q".into());
+        pod.metadata.annotations = Some(
+            [(
+                annotations::ADMITTED_AT_CREATION.to_owned(),
+                token.to_owned(),
+            )]
+            .into(),
+        );
+        Arc::new(pod)
+    }
+
+    fn at(seconds: i64) -> Timestamp {
+        Timestamp::from_second(1_795_000_000 + seconds).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_leader_admits_at_creation_after_its_first_pass_and_holds_the_room_until_the_store_shows_the_pod()
+     {
+        let (term, _state) = term().await;
+        let at_creation = AtCreation::new(true);
+        assert_eq!(at_creation.admit(&new_pod(1), at(0)), None, "no pass yet");
+
+        at_creation
+            .pass()
+            .publish(term.clone(), snapshot(), false, at(10));
+        let admitted = at_creation.admit(&new_pod(3), at(11)).unwrap();
+        assert_eq!(admitted.queue, "online");
+        assert_eq!(admitted.node_pin, "gpu-node-0");
+        assert_eq!(admitted.admitted_as, "guaranteed");
+        // 3 of 4 GPUs are held: a pod of 2 no longer fits, and goes to the gate.
+        assert_eq!(at_creation.admit(&new_pod(2), at(12)), None);
+
+        // The next pass counts the reservation until the store shows the pod.
+        let mut pass = at_creation.pass();
+        assert!(pass.settle(&[], at(13)).is_empty());
+        let reserved: Vec<model::Pod> = pass.reserved_pods().collect();
+        assert_eq!(reserved.len(), 1);
+        assert!(reserved[0].is_admitted());
+        let settled = pass.settle(&[stored(&admitted.token)], at(14));
+        assert_eq!(settled.len(), 1);
+        assert_eq!(settled[0].reservation.token, admitted.token);
+        assert_eq!(pass.reserved_pods().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn after_a_pod_went_to_the_gate_nothing_is_admitted_at_creation_until_a_pass_has_seen_it()
+    {
+        let (term, _state) = term().await;
+        let at_creation = AtCreation::new(true);
+        at_creation
+            .pass()
+            .publish(term.clone(), snapshot(), false, at(0));
+        assert_eq!(at_creation.admit(&new_pod(8), at(1)), None, "does not fit");
+        assert_eq!(
+            at_creation.admit(&new_pod(1), at(2)),
+            None,
+            "it would overtake"
+        );
+        // A pass that may have started before the gated pod reached the store decides nothing.
+        at_creation
+            .pass()
+            .publish(term.clone(), snapshot(), false, at(1));
+        assert_eq!(at_creation.admit(&new_pod(1), at(3)), None);
+        // One that found pods waiting neither.
+        at_creation
+            .pass()
+            .publish(term.clone(), snapshot(), true, at(5));
+        assert_eq!(at_creation.admit(&new_pod(1), at(6)), None);
+        // One that saw everything decided and nothing waiting re-opens admission at creation.
+        at_creation.pass().publish(term, snapshot(), false, at(7));
+        assert!(at_creation.admit(&new_pod(1), at(8)).is_some());
+    }
+
+    #[tokio::test]
+    async fn a_reservation_whose_pod_never_appears_is_released_after_the_request_timeout() {
+        let (term, _state) = term().await;
+        let at_creation = AtCreation::new(true);
+        at_creation.pass().publish(term, snapshot(), false, at(0));
+        assert!(at_creation.admit(&new_pod(4), at(1)).is_some());
+        let mut pass = at_creation.pass();
+        pass.settle(&[], at(1) + RESERVATION_TTL - SignedDuration::from_secs(1));
+        assert_eq!(pass.reserved_pods().count(), 1, "still within the timeout");
+        pass.settle(&[], at(1) + RESERVATION_TTL);
+        assert_eq!(pass.reserved_pods().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_withdrawn_or_disabled_replica_gates_every_pod() {
+        let (term, _state) = term().await;
+        let at_creation = AtCreation::new(true);
+        at_creation
+            .pass()
+            .publish(term.clone(), snapshot(), false, at(0));
+        at_creation.withdraw();
+        assert_eq!(at_creation.admit(&new_pod(1), at(1)), None);
+
+        let disabled = AtCreation::new(false);
+        disabled.pass().publish(term, snapshot(), false, at(0));
+        assert_eq!(disabled.admit(&new_pod(1), at(1)), None);
+    }
+}
