@@ -507,6 +507,11 @@ fn admitted(context: &Context, pod: &Pod, admission: &admission::Admission, now:
     }
     tracing::info!(pod = %admission.key, queue = %admission.queue,
         node = %admission.placement.node_name, admitted_as = %admission.admitted_as, "admitted");
+    announce_admitted(context, pod, admission, "");
+}
+
+/// The `Admitted` event on the pod; `how` ends its note.
+fn announce_admitted(context: &Context, pod: &Pod, admission: &admission::Admission, how: &str) {
     context.events.send(
         pod.object_ref(&()),
         Notice {
@@ -514,7 +519,7 @@ fn admitted(context: &Context, pod: &Pod, admission: &admission::Admission, now:
             reason: "Admitted",
             action: "Admit",
             note: format!(
-                "queue {} admitted the pod ({}) on node {}",
+                "queue {} admitted the pod ({}) on node {}{how}",
                 admission.queue, admission.admitted_as, admission.placement.node_name
             ),
         },
@@ -527,18 +532,7 @@ fn admitted_at_creation(context: &Context, settled: &Settled) {
     let pod = &settled.pod;
     tracing::info!(pod = %format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or_default(), pod.metadata.name.as_deref().unwrap_or_default()),
         queue = %admission.queue, node = %admission.placement.node_name, "admitted at creation seen");
-    context.events.send(
-        pod.object_ref(&()),
-        Notice {
-            warning: false,
-            reason: "Admitted",
-            action: "Admit",
-            note: format!(
-                "queue {} admitted the pod ({}) on node {} at its creation",
-                admission.queue, admission.admitted_as, admission.placement.node_name
-            ),
-        },
-    );
+    announce_admitted(context, pod, admission, " at its creation");
 }
 
 /// What this process knows of a pod's recorded waiting reason.
