@@ -286,7 +286,9 @@ fn run_pass(
         let stored = context.stores.pods.state();
         assumed.settle(stored.iter().map(AsRef::as_ref));
         let settled = creation.settle(&stored, now);
-        let mut observed = Observed::read(&context.stores, &assumed);
+        // One read of the pod store for all three, so that a pod arriving meanwhile is not
+        // counted both as itself and as its reservation.
+        let mut observed = Observed::read(&context.stores, &stored, &assumed);
         // Pods admitted at creation that the store does not show yet hold their room.
         observed.pods.extend(creation.reserved_pods());
         (observed, settled)

@@ -59,9 +59,11 @@ pub struct Observed {
 }
 
 impl Observed {
-    /// Reads every store. Pods are seen through `assumed`, so admissions the store has not
-    /// shown yet already hold their GPUs.
-    pub fn read(stores: &Stores, assumed: &Assumed) -> Self {
+    /// Reads every store; the pods are `pods`, the pod store's state the caller read once for
+    /// the whole pass (a second read could show a pod the caller's bookkeeping has not seen).
+    /// Pods are seen through `assumed`, so admissions the store has not shown yet already hold
+    /// their GPUs.
+    pub fn read(stores: &Stores, pods: &[Arc<Pod>], assumed: &Assumed) -> Self {
         let mut observed = Self::default();
         for stored in stores.queues.state() {
             match &stored.0 {
@@ -92,8 +94,8 @@ impl Observed {
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
-        for stored in stores.pods.state() {
-            match model::Pod::from_k8s(assumed.view(&stored)) {
+        for stored in pods {
+            match model::Pod::from_k8s(assumed.view(stored)) {
                 Ok(Some(converted)) => {
                     observed.problems.extend(converted.warnings);
                     observed.pods.push(converted.value);
@@ -304,7 +306,11 @@ mod tests {
             "metadata": {"name": "gpu-node-1", "labels": {"kubernetes.io/hostname": "gpu-node-1"}},
             "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"}},
         }));
-        let observed = Observed::read(&stores.stores, &Assumed::default());
+        let observed = Observed::read(
+            &stores.stores,
+            &stores.stores.pods.state(),
+            &Assumed::default(),
+        );
         assert_eq!(observed.nodes.len(), 1);
         assert_eq!(observed.queues.len(), 3);
         assert_eq!(observed.pods.len(), 1);
