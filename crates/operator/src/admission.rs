@@ -39,7 +39,7 @@ use gpuqueue_core::{
     Snapshot,
     admission::{self, Decision, WaitReason},
     fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
-    model::{AdmittedAs, PodKey},
+    model::PodKey,
     placement::{FragmentationAware, TieBreak},
     reclaim::ReclaimPlan,
     status::{QueueReport, invalid_spec_status, queue_reports},
@@ -495,11 +495,10 @@ fn start_admission(
 
 /// Counts, logs and announces a released gate.
 fn admitted(context: &Context, pod: &Pod, admission: &admission::Admission, now: Timestamp) {
-    let outcome = match admission.admitted_as {
-        AdmittedAs::Guaranteed => Outcome::AdmittedGuaranteed,
-        AdmittedAs::Borrowed => Outcome::AdmittedBorrowed,
-    };
-    context.metrics.admission.decided(&admission.queue, outcome);
+    context
+        .metrics
+        .admission
+        .decided(&admission.queue, Outcome::admitted(admission.admitted_as));
     if let Some(created) = &pod.metadata.creation_timestamp {
         let waited = now.duration_since(created.0);
         context

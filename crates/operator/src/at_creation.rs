@@ -24,11 +24,11 @@ use gpuqueue_api::annotations;
 use gpuqueue_core::{
     Snapshot,
     admission::{Admission, admit_at_creation},
-    model::{self, Assignment, PodState},
+    model::{self, AdmittedAs, Assignment, PodState},
     placement::{FragmentationAware, TieBreak},
 };
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
 
 use crate::leader::Term;
 
@@ -81,8 +81,7 @@ pub struct CreationAdmission {
     pub queue: String,
     /// Value of the pin label of the chosen node.
     pub node_pin: String,
-    /// `guaranteed` or `borrowed`.
-    pub admitted_as: &'static str,
+    pub admitted_as: AdmittedAs,
     pub at: Timestamp,
     pub token: String,
 }
@@ -140,7 +139,9 @@ impl AtCreation {
         }
         let token = format!("{:016x}", rand::random::<u64>());
         let mut pod = pod.clone();
-        // A controller's pod has no name until the API server generates it after admission.
+        // Neither is set before the API server stores the pod: a controller's pod gets its
+        // name generated after admission.
+        pod.metadata.creation_timestamp = Some(Time(now));
         if pod.metadata.name.as_deref().unwrap_or_default().is_empty() {
             let prefix = pod.metadata.generate_name.clone().unwrap_or_default();
             pod.metadata.name = Some(format!("{prefix}{token}"));
@@ -165,7 +166,7 @@ impl AtCreation {
         let admitted = CreationAdmission {
             queue: admission.queue.clone(),
             node_pin: admission.placement.pin.clone(),
-            admitted_as: admission.admitted_as.as_str(),
+            admitted_as: admission.admitted_as,
             at: now,
             token: token.clone(),
         };
@@ -343,7 +344,7 @@ mod tests {
         let admitted = at_creation.admit(&new_pod(3), at(11)).unwrap();
         assert_eq!(admitted.queue, "online");
         assert_eq!(admitted.node_pin, "gpu-node-0");
-        assert_eq!(admitted.admitted_as, "guaranteed");
+        assert_eq!(admitted.admitted_as, AdmittedAs::Guaranteed);
         // 3 of 4 GPUs are held: a pod of 2 no longer fits, and goes to the gate.
         assert_eq!(at_creation.admit(&new_pod(2), at(12)), None);
 

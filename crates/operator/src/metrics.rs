@@ -13,6 +13,7 @@
 use std::sync::{Arc, RwLock};
 
 use gpuqueue_api::v1alpha1::ResourceStatus;
+use gpuqueue_core::model::AdmittedAs;
 use prometheus_client::{
     collector::Collector,
     encoding::{
@@ -86,6 +87,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// An admission against the quota the pod was admitted as.
+    pub fn admitted(admitted_as: AdmittedAs) -> Self {
+        match admitted_as {
+            AdmittedAs::Guaranteed => Self::AdmittedGuaranteed,
+            AdmittedAs::Borrowed => Self::AdmittedBorrowed,
+        }
+    }
+
     /// The label value: snake case, as Prometheus conventions ask.
     pub fn as_str(self) -> &'static str {
         match self {

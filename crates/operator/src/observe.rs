@@ -8,10 +8,10 @@ use std::sync::Arc;
 use gpuqueue_api::v1alpha1::{GpuQueue, GpuQueueStatus};
 use gpuqueue_core::{
     Snapshot,
-    model::{self, AdmittedAs, FieldError, QueueError},
+    model::{self, FieldError, QueueError},
     snapshot::Attribution,
 };
-use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
+use k8s_openapi::api::core::v1::Pod;
 use kube::{ResourceExt, runtime::reflector::ObjectRef};
 
 use crate::{
@@ -177,19 +177,12 @@ impl GatePolicy for StoreGatePolicy {
     }
 
     fn admit_at_creation(&self, pod: &Pod) -> Option<CreationAdmission> {
-        let mut pod = pod.clone();
-        let now = clock::now();
-        pod.metadata.creation_timestamp = Some(Time(now));
-        let admitted = self.at_creation.admit(&pod, now)?;
-        let outcome = if admitted.admitted_as == AdmittedAs::Borrowed.as_str() {
-            Outcome::AdmittedBorrowed
-        } else {
-            Outcome::AdmittedGuaranteed
-        };
-        self.metrics.decided(&admitted.queue, outcome);
+        let admitted = self.at_creation.admit(pod, clock::now())?;
+        self.metrics
+            .decided(&admitted.queue, Outcome::admitted(admitted.admitted_as));
         self.metrics.admitted_after(0.0);
         tracing::info!(namespace = pod.metadata.namespace.as_deref().unwrap_or_default(),
-            queue = %admitted.queue, node = %admitted.node_pin, admitted_as = admitted.admitted_as,
+            queue = %admitted.queue, node = %admitted.node_pin, admitted_as = %admitted.admitted_as,
             token = %admitted.token, "admitted at creation");
         Some(admitted)
     }

@@ -86,22 +86,40 @@ pub fn admission_patch(
         json!({"op": "test", "path": format!("/spec/schedulingGates/{gate_index}/name"), "value": ADMISSION_GATE}),
         json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate_index}")}),
     ];
-    if spec.and_then(|spec| spec.node_selector.as_ref()).is_some() {
-        operations.push(json!({
-            "op": "add", "path": format!("/spec/nodeSelector/{}", escape(PIN_LABEL)), "value": admission.node_pin,
-        }));
-    } else {
-        operations.push(json!({
-            "op": "add", "path": "/spec/nodeSelector", "value": {PIN_LABEL: admission.node_pin},
-        }));
-    }
     let notes = BTreeMap::from([
         (annotations::QUEUE, admission.queue.to_owned()),
         (annotations::ADMITTED_AS, admission.admitted_as.to_owned()),
         (annotations::ADMITTED_AT, admission.at.to_string()),
     ]);
-    let existing = pod.metadata.annotations.as_ref();
-    match existing {
+    operations.extend(pin_and_annotate(pod, admission.node_pin, notes));
+    serde_json::from_value(Value::Array(operations))
+        .map_err(|source| PatchError::Encode { pod: name, source })
+}
+
+/// The operations that pin `pod` to the node with `node_pin` and write `notes` as annotations
+/// (dropping a waiting reason): what an admission writes besides releasing the gate, and all
+/// that an admission at creation writes.
+pub(crate) fn pin_and_annotate(
+    pod: &Pod,
+    node_pin: &str,
+    notes: BTreeMap<&str, String>,
+) -> Vec<Value> {
+    let mut operations = Vec::new();
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.node_selector.as_ref())
+        .is_some()
+    {
+        operations.push(json!({
+            "op": "add", "path": format!("/spec/nodeSelector/{}", escape(PIN_LABEL)), "value": node_pin,
+        }));
+    } else {
+        operations.push(json!({
+            "op": "add", "path": "/spec/nodeSelector", "value": {PIN_LABEL: node_pin},
+        }));
+    }
+    match pod.metadata.annotations.as_ref() {
         None => {
             operations.push(json!({"op": "add", "path": "/metadata/annotations", "value": notes}));
         }
@@ -119,8 +137,7 @@ pub fn admission_patch(
             }
         }
     }
-    serde_json::from_value(Value::Array(operations))
-        .map_err(|source| PatchError::Encode { pod: name, source })
+    operations
 }
 
 /// Releases the gate of `pod` on the chosen node. Returns the pod as the API server wrote it.
@@ -214,7 +231,7 @@ pub fn describe(pod: &Pod) -> String {
 }
 
 /// Escapes a map key for a JSON pointer (RFC 6901): `~` as `~0`, `/` as `~1`.
-pub(crate) fn escape(key: &str) -> String {
+fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 

@@ -11,6 +11,8 @@
 //! refuses scheduling gates on it, so it is never gated; like any pod that bypassed the gate it
 //! is counted as used capacity.
 
+use std::collections::BTreeMap;
+
 use gpuqueue_api::{ADMISSION_GATE, annotations};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
@@ -19,11 +21,7 @@ use kube::core::{
 };
 use serde_json::json;
 
-use crate::{
-    at_creation::CreationAdmission,
-    metrics::WebhookResult,
-    patch::{PIN_LABEL, escape},
-};
+use crate::{at_creation::CreationAdmission, metrics::WebhookResult, patch::pin_and_annotate};
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {
@@ -135,41 +133,19 @@ fn gate_operation(has_gates: bool) -> serde_json::Value {
     }
 }
 
-/// Pins the pod to its node and records the admission, as releasing the gate would have.
+/// Pins the pod to its node and records the admission, as releasing the gate would have, with
+/// the token of its reservation.
 fn admission_operations(pod: &Pod, admitted: &CreationAdmission) -> Vec<serde_json::Value> {
-    let mut operations = Vec::new();
-    if pod
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.node_selector.as_ref())
-        .is_some()
-    {
-        operations.push(json!({
-            "op": "add", "path": format!("/spec/nodeSelector/{}", escape(PIN_LABEL)), "value": admitted.node_pin,
-        }));
-    } else {
-        operations.push(json!({"op": "add", "path": "/spec/nodeSelector", "value": {PIN_LABEL: admitted.node_pin}}));
-    }
-    let notes = [
+    let notes = BTreeMap::from([
         (annotations::QUEUE, admitted.queue.clone()),
-        (annotations::ADMITTED_AS, admitted.admitted_as.to_owned()),
+        (
+            annotations::ADMITTED_AS,
+            admitted.admitted_as.as_str().to_owned(),
+        ),
         (annotations::ADMITTED_AT, admitted.at.to_string()),
         (annotations::ADMITTED_AT_CREATION, admitted.token.clone()),
-    ];
-    if pod.metadata.annotations.is_some() {
-        for (key, value) in notes {
-            operations.push(json!({
-                "op": "add", "path": format!("/metadata/annotations/{}", escape(key)), "value": value,
-            }));
-        }
-    } else {
-        let notes: serde_json::Map<String, serde_json::Value> = notes
-            .into_iter()
-            .map(|(key, value)| (key.to_owned(), value.into()))
-            .collect();
-        operations.push(json!({"op": "add", "path": "/metadata/annotations", "value": notes}));
-    }
-    operations
+    ]);
+    pin_and_annotate(pod, &admitted.node_pin, notes)
 }
 
 #[cfg(test)]
@@ -278,7 +254,7 @@ mod tests {
             Some(CreationAdmission {
                 queue: "tenant-queue".into(),
                 node_pin: "gpu-node-3".into(),
-                admitted_as: "borrowed",
+                admitted_as: gpuqueue_core::model::AdmittedAs::Borrowed,
                 at: "2026-11-29T12:00:00Z".parse().unwrap(),
                 token: "00ff".into(),
             })
@@ -322,10 +298,12 @@ mod tests {
             json!({"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname",
                    "value": "gpu-node-3"})
         );
-        assert_eq!(
-            patch[4],
-            json!({"op": "add", "path": "/metadata/annotations/gpuqueue.io~1admitted-at-creation",
-                   "value": "00ff"})
+        assert!(
+            patch.as_array().unwrap().contains(
+                &json!({"op": "add", "path": "/metadata/annotations/gpuqueue.io~1admitted-at-creation",
+                        "value": "00ff"})
+            ),
+            "{patch}"
         );
         assert_eq!(patch.as_array().unwrap().len(), 5);
     }
