@@ -22,8 +22,8 @@ use gpuqueue_api::{
     v1alpha1::{GpuQueue, HandoverRecord},
 };
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod, gpu_pod,
-    wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
+    describe_pod, gpu_pod, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm, FaultAction, Phase};
 use k8s_openapi::api::core::v1::Pod;
@@ -578,26 +578,48 @@ async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
     replacement_waits_behind_the_owner(&world, &pods, &borrowers, &owners).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_checkpoint_that_hangs_fails_or_is_refused_never_holds_the_eviction_back() {
-    let world = World::start(
-        "reclaim_checkpoint_faults",
-        vec![GpuNode::whole_gpus("gpu-node-0", 4)],
-    )
-    .await;
+/// One node whose GPUs are all `online`'s guarantee, each borrowed by a one-GPU pod of `batch`
+/// (named `borrowers`) whose vLLM is checkpointed within `timeout`. The pods are created, not
+/// yet running.
+async fn borrowed_node(
+    name: &str,
+    borrowers: &[&str],
+    timeout: &str,
+) -> (World, TempNamespace, TempNamespace) {
+    let gpus = u32::try_from(borrowers.len()).unwrap();
+    let world = World::start(name, vec![GpuNode::whole_gpus("gpu-node-0", gpus)]).await;
     let client = &world.client;
     let online = world.cluster.namespace("online").await.unwrap();
     let batch = world.cluster.namespace("batch").await.unwrap();
-    apply_queue(client, &queue("online", online.name(), 4, 0, None)).await;
+    apply_queue(client, &queue("online", online.name(), gpus, 0, None)).await;
     apply_queue(
         client,
-        &queue("batch", batch.name(), 0, 4, Some(&vllm_checkpoint("1s"))),
+        &queue(
+            "batch",
+            batch.name(),
+            0,
+            gpus,
+            Some(&vllm_checkpoint(timeout)),
+        ),
     )
     .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
-    for name in ["hangs", "fails", "refuses", "healthy"] {
-        create(&pods, &gpu_pod(name, NVIDIA_GPU, 1)).await;
+    for borrower in borrowers {
+        create(&pods, &gpu_pod(borrower, NVIDIA_GPU, 1)).await;
     }
+    (world, online, batch)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_that_hangs_fails_or_is_refused_never_holds_the_eviction_back() {
+    let (world, online, batch) = borrowed_node(
+        "reclaim_checkpoint_faults",
+        &["hangs", "fails", "refuses", "healthy"],
+        "1s",
+    )
+    .await;
+    let client = &world.client;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
     let borrowers = all_running(&pods, 4).await;
     let mut servers = HashMap::new();
     for pod in &borrowers {
@@ -1078,24 +1100,14 @@ async fn a_queue_that_may_not_borrow_never_has_a_pod_reclaimed() {
 /// of retrying a record nobody can hold.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_counted_once() {
-    let world = World::start(
+    let (world, online, batch) = borrowed_node(
         "reclaim_owner_queue_deleted",
-        vec![GpuNode::whole_gpus("gpu-node-0", 2)],
+        &["borrower-0", "borrower-1"],
+        "2s",
     )
     .await;
     let client = &world.client;
-    let online = world.cluster.namespace("online").await.unwrap();
-    let batch = world.cluster.namespace("batch").await.unwrap();
-    apply_queue(client, &queue("online", online.name(), 2, 0, None)).await;
-    apply_queue(
-        client,
-        &queue("batch", batch.name(), 0, 2, Some(&vllm_checkpoint("2s"))),
-    )
-    .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
-    for name in ["borrower-0", "borrower-1"] {
-        create(&pods, &gpu_pod(name, NVIDIA_GPU, 1)).await;
-    }
     let mut servers = Vec::new();
     for pod in all_running(&pods, 2).await {
         // A slow checkpoint: the queue is deleted while the handover waits on it.
