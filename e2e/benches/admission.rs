@@ -89,6 +89,40 @@ struct Run {
     process_cpu_seconds: BTreeMap<String, f64>,
     /// The operator's admission passes during the run, from its `/metrics`.
     admission_passes: Option<Passes>,
+    /// Write requests the API server answered during the run, by verb and resource (from its
+    /// `apiserver_request_total`): what each mode asks of it beyond the pods themselves.
+    api_writes: BTreeMap<String, f64>,
+}
+
+/// The API server's write requests so far, by `VERB resource[/subresource]`.
+async fn api_writes(client: &kube::Client) -> BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = client.request_text(request).await.unwrap_or_default();
+    let mut writes = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
+                .map_or("", |v| v.trim_end_matches('"'))
+        };
+        let verb = label("verb");
+        if !matches!(verb, "POST" | "PATCH" | "PUT" | "DELETE" | "APPLY") {
+            continue;
+        }
+        let mut key = format!("{verb} {}", label("resource"));
+        if !label("subresource").is_empty() {
+            key = format!("{key}/{}", label("subresource"));
+        }
+        *writes.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    }
+    writes
 }
 
 /// How many admission passes the operator ran and how long they took in all.
@@ -276,6 +310,7 @@ async fn run(
         .map(|(_, pid)| process_cpu_seconds(*pid))
         .collect();
     let machine_before = machine_cpu_seconds();
+    let writes_before = api_writes(&cluster.client()).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace);
     let timeline = Arc::new(Mutex::new(Timeline::default()));
     let (watch, listed) = follow(pods.clone(), timeline.clone(), expected);
@@ -306,6 +341,7 @@ async fn run(
         .expect("pods were not all bound within 10 minutes")
         .unwrap();
 
+    let writes_after = api_writes(&cluster.client()).await;
     let passes = match (operator, passes_before) {
         (Some(operator), Some(before)) => Some(Passes::read(operator).await.since(&before)),
         _ => None,
@@ -330,6 +366,14 @@ async fn run(
         admission_latency_p99_ms: gated.then(|| percentile(&admission, 0.99)),
         machine_cpu_seconds: machine_cpu_seconds() - machine_before,
         admission_passes: passes,
+        api_writes: writes_after
+            .into_iter()
+            .map(|(key, after)| {
+                let during = after - writes_before.get(&key).copied().unwrap_or(0.0);
+                (key, during)
+            })
+            .filter(|(_, during)| *during > 0.0)
+            .collect(),
         process_cpu_seconds: processes
             .iter()
             .zip(processes_before)
@@ -539,6 +583,22 @@ fn write_report(results: &[Run], nodes: usize, count: usize, creators: usize, ro
                 Some(seconds) => _ = write!(table, " {seconds:.2} |"),
                 None => table.push_str(" — |"),
             }
+        }
+    }
+    table.push('\n');
+    let writes: std::collections::BTreeSet<&String> =
+        results.iter().flat_map(|r| r.api_writes.keys()).collect();
+    table.push_str("\nWrite requests the API server answered during each run:\n\n| mode | round |");
+    for key in &writes {
+        let _ = write!(table, " {key} |");
+    }
+    table.push_str("\n| --- | --- |");
+    table.push_str(&" --- |".repeat(writes.len()));
+    for r in results {
+        let _ = write!(table, "\n| {} | {} |", r.mode, r.round);
+        for key in &writes {
+            let count = r.api_writes.get(*key).copied().unwrap_or(0.0);
+            let _ = write!(table, " {count:.0} |");
         }
     }
     table.push('\n');
