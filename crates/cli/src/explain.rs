@@ -455,7 +455,7 @@ fn summary(facts: &Facts<'_>) -> String {
                 Claim::Unclaimed { namespace } => format!(
                     "waiting at the gate, but no queue claims namespace {namespace}: the pod is not managed and nothing will release it"
                 ),
-                _ => "waiting at the gate; the operator has not recorded a reason yet".to_owned(),
+                _ => "waiting at the gate; no reason recorded yet (the operator writes one once a pod has waited a second)".to_owned(),
             },
         };
     }
@@ -868,7 +868,7 @@ mod tests {
                     pod("batch", "p", "", GATE, "  phase: Pending"),
                     vec![batch_queue(false)],
                 ),
-                "waiting at the gate; the operator has not recorded a reason yet",
+                "waiting at the gate; no reason recorded yet (the operator writes one once a pod has waited a second)",
             ),
             (
                 "unclaimed namespace",

@@ -4,8 +4,9 @@
 //! 1. **observe**: read the stores into the core's model (pods seen through [`Assumed`]).
 //! 2. **decide**: `gpuqueue_core::admission::admission_cycle` orders the waiting pods fairly and
 //!    decides each: admit (node and quota), reclaim, or wait with a reason.
-//! 3. **apply**: release the gate on the chosen node (JSON patch that tests the gate), or
-//!    record why the pod waits (annotation, and an event when the cause changes).
+//! 3. **apply**: release the gate on the chosen node (JSON patch that tests the gate), or,
+//!    once the pod has waited [`FIRST_REASON_AFTER`], record why it waits (annotation, and an
+//!    event when the cause changes).
 //! 4. **report**: queue status by server-side apply when it changed, events for quota edits and
 //!    condition changes, and the queue and fragmentation gauges.
 //!
@@ -60,7 +61,7 @@ use crate::{
     events::{Events, Notice},
     leader::Term,
     metrics::{FragmentationReport, Metrics, Outcome, QueueRow},
-    observe::{InvalidQueue, Observed},
+    observe::{InvalidQueue, Observed, PodModels},
     patch::{self, PatchError},
     reclaim::{Found, Handovers, Reclaimer, Started},
     status,
@@ -75,6 +76,11 @@ pub const WRITE_CONCURRENCY: usize = 32;
 /// numbers change (capacity filling up around it), at most this often: a burst of pods that do
 /// not fit must not cost one write per pod per pass.
 const REASON_REFRESH: SignedDuration = SignedDuration::from_secs(30);
+
+/// A pod's first waiting reason is written once it has waited this long (by this process's
+/// count): a pod admitted sooner never needs one, so a burst of pods that briefly wait costs no
+/// reason written and removed again, and the writes that admit pods go first.
+const FIRST_REASON_AFTER: SignedDuration = SignedDuration::from_secs(1);
 
 /// After a write failed for a reason other than the object moving on (which brings its own
 /// watch event), the next pass runs this much later.
@@ -178,9 +184,10 @@ pub async fn run(context: Context, term: Term) {
     let mut tasks = JoinSet::new();
     // Dropped (aborting every handover task) when the term ends and this future is aborted.
     let mut handovers = Handovers::new(shared.context.reclaimer.clone());
+    let mut carried = Carried::default();
     loop {
         while tasks.try_join_next().is_some() {}
-        let wake = pass(&shared, &mut tasks, &mut handovers).await;
+        let wake = pass(&shared, &mut tasks, &mut handovers, &mut carried).await;
         let timer = async {
             match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
                 Some(wait) => tokio::time::sleep(wait).await,
@@ -215,11 +222,12 @@ async fn pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
     handovers: &mut Handovers,
+    carried: &mut Carried,
 ) -> Option<Timestamp> {
     let started = tokio::time::Instant::now();
     let now = clock::now();
     let recovered = handovers.recover(&shared.term, now).await;
-    let decided = run_pass(shared, tasks, handovers, started, now);
+    let decided = run_pass(shared, tasks, handovers, carried, started, now);
     let found = Found {
         started,
         started_at: now,
@@ -273,6 +281,7 @@ fn run_pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
     handovers: &Handovers,
+    carried: &mut Carried,
     started: tokio::time::Instant,
     now: Timestamp,
 ) -> Decided {
@@ -288,7 +297,8 @@ fn run_pass(
         let settled = creation.settle(&stored, now);
         // One read of the pod store for all three, so that a pod arriving meanwhile is not
         // counted both as itself and as its reservation.
-        let mut observed = Observed::read(&context.stores, &stored, &assumed);
+        let mut observed =
+            Observed::read(&context.stores, &stored, &assumed, &mut carried.pod_models);
         // Pods admitted at creation that the store does not show yet hold their room.
         observed.pods.extend(creation.reserved_pods());
         (observed, settled)
@@ -325,41 +335,20 @@ fn run_pass(
     // 2. decide
     let decisions =
         admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
-    let wake = earliest_cooldown(&decisions);
+    let cooldown = earliest_cooldown(&decisions);
     let planned = tokio::time::Instant::now();
     let left_waiting = !observed.unreadable_pods.is_empty()
         || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
 
     // 3. apply
-    let (mut admitted, mut waiting) = (0_usize, 0_usize);
-    let mut reclaims = Vec::new();
-    for decision in decisions {
-        let Some(pod) = stored_pod(&context.stores, decision.key()) else {
-            continue;
-        };
-        match decision {
-            Decision::Admit(admission) => {
-                admitted += usize::from(start_admission(shared, tasks, &pod, admission, now));
-            }
-            Decision::Wait(wait) => {
-                let line = WaitLine {
-                    queue: wait.queue.clone(),
-                    code: wait.reason.code(),
-                    line: format!("{}: {}", wait.reason.code(), wait.reason),
-                };
-                waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
-            }
-            Decision::Reclaim(plan) => reclaims.push((pod, plan)),
-        }
-    }
-    for (pod, error) in observed.unreadable_pods {
-        let line = WaitLine {
-            queue: None,
-            code: "InvalidRequest",
-            line: format!("InvalidRequest: {error}"),
-        };
-        waiting += usize::from(start_wait(shared, tasks, &pod, line, now));
-    }
+    let applied = apply(
+        shared,
+        tasks,
+        decisions,
+        observed.unreadable_pods,
+        &mut carried.waiting_since,
+        now,
+    );
 
     // 4. report
     let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
@@ -377,17 +366,88 @@ fn run_pass(
     context.metrics.admission.pass_took(took.as_secs_f64());
     tracing::debug!(
         ?took,
-        admitted,
-        waiting,
-        reclaims = reclaims.len(),
+        admitted = applied.admitted,
+        waiting = applied.waiting,
+        reclaims = applied.reclaims.len(),
         statuses,
         "admission pass"
     );
     Decided {
-        wake,
+        wake: earliest(cooldown, applied.first_reason_due),
         planned,
-        reclaims,
+        reclaims: applied.reclaims,
     }
+}
+
+/// What [`apply`] started.
+struct Applied {
+    /// Gate releases started.
+    admitted: usize,
+    /// Waiting reasons being written.
+    waiting: usize,
+    /// Owners to reclaim GPUs for, with their plans.
+    reclaims: Vec<(Arc<Pod>, ReclaimPlan)>,
+    /// When the next pod's first waiting reason is due.
+    first_reason_due: Option<Timestamp>,
+}
+
+/// Starts the writes the decisions (and the pods the core could not read) call for: gate
+/// releases and waiting reasons; reclaims are returned to be started.
+fn apply(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    decisions: Vec<Decision>,
+    unreadable_pods: Vec<(Arc<Pod>, String)>,
+    waiting_since: &mut WaitingSince,
+    now: Timestamp,
+) -> Applied {
+    let mut applied = Applied {
+        admitted: 0,
+        waiting: 0,
+        reclaims: Vec::new(),
+        first_reason_due: None,
+    };
+    let mut still_waiting = waiting_since.next_pass();
+    let mut record = |tasks: &mut JoinSet<()>, applied: &mut Applied, pod: &Pod, line| {
+        let since = still_waiting.since(pod, now);
+        match start_wait(shared, tasks, pod, line, since, now) {
+            Recording::Started => applied.waiting += 1,
+            Recording::Unchanged => {}
+            Recording::After(at) => {
+                applied.first_reason_due = earliest(applied.first_reason_due, Some(at));
+            }
+        }
+    };
+    for decision in decisions {
+        let Some(pod) = stored_pod(&shared.context.stores, decision.key()) else {
+            continue;
+        };
+        match decision {
+            Decision::Admit(admission) => {
+                applied.admitted +=
+                    usize::from(start_admission(shared, tasks, &pod, admission, now));
+            }
+            Decision::Wait(wait) => {
+                let line = WaitLine {
+                    queue: wait.queue.clone(),
+                    code: wait.reason.code(),
+                    line: format!("{}: {}", wait.reason.code(), wait.reason),
+                };
+                record(tasks, &mut applied, &pod, line);
+            }
+            Decision::Reclaim(plan) => applied.reclaims.push((pod, plan)),
+        }
+    }
+    for (pod, error) in unreadable_pods {
+        let line = WaitLine {
+            queue: None,
+            code: "InvalidRequest",
+            line: format!("InvalidRequest: {error}"),
+        };
+        record(tasks, &mut applied, &pod, line);
+    }
+    *waiting_since = still_waiting.into();
+    applied
 }
 
 /// What became of starting one reclaim.
@@ -536,29 +596,92 @@ fn admitted_at_creation(context: &Context, settled: &Settled) {
     announce_admitted(context, pod, admission, " at its creation");
 }
 
+/// What a pass leaves to the next (this term's only).
+#[derive(Debug, Default)]
+struct Carried {
+    waiting_since: WaitingSince,
+    pod_models: PodModels,
+}
+
+/// When this process first saw each waiting pod wait (by uid), kept from pass to pass for the
+/// pods that still wait.
+#[derive(Debug, Default)]
+struct WaitingSince(HashMap<String, Timestamp>);
+
+impl WaitingSince {
+    /// An empty record for the next pass, which takes over the times of the pods it still sees
+    /// waiting; pods that no longer wait are forgotten with this one.
+    fn next_pass(&self) -> StillWaiting<'_> {
+        StillWaiting {
+            before: self,
+            now: Self::default(),
+        }
+    }
+}
+
+/// [`WaitingSince`] being carried over to the next pass.
+struct StillWaiting<'a> {
+    before: &'a WaitingSince,
+    now: WaitingSince,
+}
+
+impl StillWaiting<'_> {
+    /// When the pod began to wait: as recorded before, or `now` for a pod seen waiting first.
+    fn since(&mut self, pod: &Pod, now: Timestamp) -> Timestamp {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return now;
+        };
+        let since = self.before.0.get(&uid).copied().unwrap_or(now);
+        self.now.0.insert(uid, since);
+        since
+    }
+}
+
+impl From<StillWaiting<'_>> for WaitingSince {
+    fn from(still: StillWaiting<'_>) -> Self {
+        still.now
+    }
+}
+
 /// What this process knows of a pod's recorded waiting reason.
 #[derive(Debug, Clone, Copy)]
 struct Known<'a> {
     reason: Option<&'a str>,
     written_at: Option<Timestamp>,
+    /// When this process first saw the pod wait.
+    waiting_since: Timestamp,
     now: Timestamp,
 }
 
+/// Whether a waiting reason is to be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    Now,
+    Not,
+    /// At this time, if the pod still waits then.
+    At(Timestamp),
+}
+
 impl Known<'_> {
-    /// Whether `line` (with cause `code`) should replace the recorded reason: always when the
-    /// cause changed, and for new numbers only once the recorded line is [`REASON_REFRESH`]
-    /// old.
-    fn needs_update(&self, code: &str, line: &str) -> bool {
+    /// Whether `line` (with cause `code`) should replace the recorded reason: a first reason
+    /// once the pod has waited [`FIRST_REASON_AFTER`]; then always when the cause changed, and
+    /// for new numbers only once the recorded line is [`REASON_REFRESH`] old.
+    fn due(&self, code: &str, line: &str) -> Due {
         let Some(reason) = self.reason else {
-            return true;
+            let at = self.waiting_since + FIRST_REASON_AFTER;
+            return if self.now < at { Due::At(at) } else { Due::Now };
         };
         if reason == line {
-            return false;
+            return Due::Not;
         }
         let fresh = self
             .written_at
             .is_some_and(|at| self.now.duration_since(at) < REASON_REFRESH);
-        self.cause_changed(code) || !fresh
+        if self.cause_changed(code) || !fresh {
+            Due::Now
+        } else {
+            Due::Not
+        }
     }
 
     /// Whether the recorded cause differs from `code` (then an event is due).
@@ -578,32 +701,49 @@ struct WaitLine {
     line: String,
 }
 
-/// Starts recording why the pod waits, when [`Known::needs_update`] says so; an event follows
-/// when the cause changed. Returns whether a write was started.
+/// What [`start_wait`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recording {
+    Started,
+    Unchanged,
+    /// Nothing yet: the reason is due then.
+    After(Timestamp),
+}
+
+/// Starts recording why the pod waits (it has since `waiting_since`), when [`Known::due`] says
+/// so; an event follows when the cause changed.
 fn start_wait(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
     stored: &Pod,
     wait: WaitLine,
+    waiting_since: Timestamp,
     now: Timestamp,
-) -> bool {
+) -> Recording {
     let Some(uid) = stored.metadata.uid.clone() else {
-        return false;
+        return Recording::Unchanged;
     };
     let (pod, cause_changed) = {
         let mut assumed = shared.assumed();
-        let pod = assumed.view(stored).clone();
+        let pod = assumed.view(stored);
+        if !is_gated(pod) {
+            return Recording::Unchanged;
+        }
         let known = Known {
             reason: assumed.waiting_reason(stored),
             written_at: assumed.reason_written_at(stored),
+            waiting_since,
             now,
         };
-        if !is_gated(&pod) || !known.needs_update(wait.code, &wait.line) {
-            return false;
+        match known.due(wait.code, &wait.line) {
+            Due::Now => {}
+            Due::Not => return Recording::Unchanged,
+            Due::At(at) => return Recording::After(at),
         }
         let cause_changed = known.cause_changed(wait.code);
+        let pod = pod.clone();
         if !assumed.begin(&uid) {
-            return false;
+            return Recording::Unchanged;
         }
         assumed.reason_recorded(&uid, Some(wait.line.clone()), now);
         (pod, cause_changed)
@@ -626,7 +766,7 @@ fn start_wait(
             }
         }
     });
-    true
+    Recording::Started
 }
 
 /// Counts, logs and announces a new cause of waiting.
@@ -1018,29 +1158,36 @@ mod tests {
         assert!(drain(&mut receiver).is_empty());
     }
 
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
     #[test]
     fn a_waiting_reason_is_rewritten_when_its_cause_changes_and_refreshed_when_stale() {
-        let at = |s: &str| s.parse::<Timestamp>().unwrap();
         let recorded = "NoRoom: queue team: ... (the most free on one suitable node is 2)";
         let known = |written: &str, now: &str| Known {
             reason: Some(recorded),
             written_at: Some(at(written)),
+            waiting_since: at("2026-01-01T00:00:00Z"),
             now: at(now),
         };
         let fresh = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z");
         let stale = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:31Z");
         let new_numbers = "NoRoom: queue team: ... (the most free on one suitable node is 1)";
-        assert!(!fresh.needs_update("NoRoom", recorded), "unchanged");
-        assert!(
-            !fresh.needs_update("NoRoom", new_numbers),
+        assert_eq!(fresh.due("NoRoom", recorded), Due::Not, "unchanged");
+        assert_eq!(
+            fresh.due("NoRoom", new_numbers),
+            Due::Not,
             "same cause, recent: not yet"
         );
-        assert!(
-            stale.needs_update("NoRoom", new_numbers),
+        assert_eq!(
+            stale.due("NoRoom", new_numbers),
+            Due::Now,
             "same cause, stale: refreshed"
         );
-        assert!(
-            fresh.needs_update("OverCeiling", "OverCeiling: queue team: ..."),
+        assert_eq!(
+            fresh.due("OverCeiling", "OverCeiling: queue team: ..."),
+            Due::Now,
             "new cause"
         );
         assert!(fresh.cause_changed("OverCeiling") && !fresh.cause_changed("NoRoom"));
@@ -1048,15 +1195,58 @@ mod tests {
         let inherited = Known {
             reason: Some(recorded),
             written_at: None,
+            waiting_since: at("2026-01-01T00:00:00Z"),
             now: at("2026-01-01T00:00:00Z"),
         };
-        assert!(inherited.needs_update("NoRoom", new_numbers));
-        let first = Known {
+        assert_eq!(inherited.due("NoRoom", new_numbers), Due::Now);
+    }
+
+    #[test]
+    fn a_first_reason_is_written_once_the_pod_has_waited_a_second() {
+        let recorded = "NoRoom: queue team: ...";
+        let first = |now: &str| Known {
             reason: None,
             written_at: None,
-            now: at("2026-01-01T00:00:00Z"),
+            waiting_since: at("2026-01-01T00:00:00Z"),
+            now: at(now),
         };
-        assert!(first.needs_update("NoRoom", recorded) && first.cause_changed("NoRoom"));
+        assert_eq!(
+            first("2026-01-01T00:00:00.300Z").due("NoRoom", recorded),
+            Due::At(at("2026-01-01T00:00:01Z")),
+            "a pod admitted within the second never gets one"
+        );
+        assert_eq!(
+            first("2026-01-01T00:00:01Z").due("NoRoom", recorded),
+            Due::Now
+        );
+        assert!(first("2026-01-01T00:00:01Z").cause_changed("NoRoom"));
+    }
+
+    #[test]
+    fn a_pod_keeps_its_waiting_time_while_it_waits_and_loses_it_when_it_stops() {
+        let pod = |uid: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": uid, "uid": uid}}))
+                .unwrap()
+        };
+        let (first, second, third) = (
+            at("2026-01-01T00:00:00Z"),
+            at("2026-01-01T00:00:00.500Z"),
+            at("2026-01-01T00:00:01Z"),
+        );
+        let mut record = WaitingSince::default();
+        let mut pass = record.next_pass();
+        assert_eq!(pass.since(&pod("a"), first), first);
+        record = pass.into();
+        let mut pass = record.next_pass();
+        assert_eq!(pass.since(&pod("a"), second), first, "still waiting");
+        assert_eq!(pass.since(&pod("b"), second), second, "new");
+        record = pass.into();
+        // "a" was admitted: not seen waiting in this pass, so forgotten.
+        let mut pass = record.next_pass();
+        assert_eq!(pass.since(&pod("b"), third), second);
+        record = pass.into();
+        let mut pass = record.next_pass();
+        assert_eq!(pass.since(&pod("a"), third), third, "waits again: anew");
     }
 
     #[test]

@@ -3,12 +3,12 @@
 //! (what a GPU pod is, which queue claims a namespace, what a valid queue is); this module only
 //! gathers the objects and converts them.
 
-use std::sync::Arc;
+use std::{collections::HashMap, sync::Arc};
 
 use gpuqueue_api::v1alpha1::{GpuQueue, GpuQueueStatus};
 use gpuqueue_core::{
     Snapshot,
-    model::{self, FieldError, QueueError},
+    model::{self, Converted, FieldError, PodError, QueueError},
     snapshot::Attribution,
 };
 use k8s_openapi::api::core::v1::Pod;
@@ -58,12 +58,46 @@ pub struct Observed {
     pub problems: Vec<String>,
 }
 
+/// What reading one pod gave.
+type PodModel = Result<Option<Converted<model::Pod>>, PodError>;
+
+/// Pods as the core models them, kept from pass to pass: every pass reads every pod, but in a
+/// burst each pass finds only a few changed, and converting them all again was most of a
+/// pass's time. An entry is reused while the store holds the very same object (the reflector
+/// stores a new one for every change); pods seen through [`Assumed`] are converted afresh.
+#[derive(Debug, Default)]
+pub struct PodModels(HashMap<String, (Arc<Pod>, PodModel)>);
+
+impl PodModels {
+    /// Reads `stored` as `view` shows it, from the last pass's entry when it is the same object.
+    /// `next` collects the entries the next pass may reuse.
+    fn read(&mut self, next: &mut Self, stored: &Arc<Pod>, view: &Pod) -> PodModel {
+        let uid = stored.metadata.uid.as_ref();
+        if !std::ptr::eq(view, stored.as_ref()) || uid.is_none() {
+            return model::Pod::from_k8s(view);
+        }
+        let uid = uid.cloned().unwrap_or_default();
+        let entry = match self.0.remove(&uid) {
+            Some(entry) if Arc::ptr_eq(&entry.0, stored) => entry,
+            _ => (stored.clone(), model::Pod::from_k8s(stored)),
+        };
+        let model = entry.1.clone();
+        next.0.insert(uid, entry);
+        model
+    }
+}
+
 impl Observed {
     /// Reads every store; the pods are `pods`, the pod store's state the caller read once for
     /// the whole pass (a second read could show a pod the caller's bookkeeping has not seen).
     /// Pods are seen through `assumed`, so admissions the store has not shown yet already hold
-    /// their GPUs.
-    pub fn read(stores: &Stores, pods: &[Arc<Pod>], assumed: &Assumed) -> Self {
+    /// their GPUs. `models` are the last pass's conversions, replaced by this pass's.
+    pub fn read(
+        stores: &Stores,
+        pods: &[Arc<Pod>],
+        assumed: &Assumed,
+        models: &mut PodModels,
+    ) -> Self {
         let mut observed = Self::default();
         for stored in stores.queues.state() {
             match &stored.0 {
@@ -94,8 +128,9 @@ impl Observed {
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
+        let mut next = PodModels::default();
         for stored in pods {
-            match model::Pod::from_k8s(assumed.view(stored)) {
+            match models.read(&mut next, stored, assumed.view(stored)) {
                 Ok(Some(converted)) => {
                     observed.problems.extend(converted.warnings);
                     observed.pods.push(converted.value);
@@ -106,6 +141,7 @@ impl Observed {
                     .push((stored.clone(), error.to_string())),
             }
         }
+        *models = next;
         observed
     }
 }
@@ -283,6 +319,52 @@ mod tests {
     }
 
     #[test]
+    fn a_pod_is_converted_again_only_when_the_store_holds_a_new_object() {
+        let gpus = |pod: &PodModel| {
+            pod.as_ref()
+                .unwrap()
+                .as_ref()
+                .unwrap()
+                .value
+                .requests
+                .gpus
+                .clone()
+        };
+        let first = Arc::new(pod("batch", Some(1)));
+        let mut models = PodModels::default();
+        let mut next = PodModels::default();
+        let read = models.read(&mut next, &first, &first);
+        assert_eq!(read, model::Pod::from_k8s(&first));
+        models = next;
+
+        // The same object: the entry is reused (shown by planting a different one).
+        let planted = model::Pod::from_k8s(&pod("batch", Some(3)));
+        models.0.get_mut("u").unwrap().1 = planted.clone();
+        let mut next = PodModels::default();
+        assert_eq!(
+            gpus(&models.read(&mut next, &first, &first)),
+            gpus(&planted)
+        );
+        models = next;
+
+        // A new object for the same pod (the store saw a change): converted again.
+        let changed = Arc::new(pod("batch", Some(2)));
+        let mut next = PodModels::default();
+        let read = models.read(&mut next, &changed, &changed);
+        assert_eq!(read, model::Pod::from_k8s(&changed));
+        // Seen through an assumed admission: the view is read, and nothing is kept.
+        let mut kept = PodModels::default();
+        let view = pod("batch", Some(4));
+        assert_eq!(
+            models.read(&mut kept, &changed, &view),
+            model::Pod::from_k8s(&view)
+        );
+        assert!(kept.0.is_empty());
+        // Only the pods of this pass are carried to the next.
+        assert_eq!(next.0.len(), 1);
+    }
+
+    #[test]
     fn observed_reports_invalid_queues_and_keeps_the_rest() {
         let mut stores = stores();
         stores.add_queue(json!({
@@ -303,6 +385,7 @@ mod tests {
             &stores.stores,
             &stores.stores.pods.state(),
             &Assumed::default(),
+            &mut PodModels::default(),
         );
         assert_eq!(observed.nodes.len(), 1);
         assert_eq!(observed.queues.len(), 3);
