@@ -1,5 +1,6 @@
 //! The admission loop: the leader's work. Each pass is a short pipeline, run when the stores
-//! change (debounced) and never on a timer unless a decision names a time:
+//! change (debounced; while no pod waits, a change that calls for no decision is taken in
+//! within [`BOOKKEEPING`]) and never on a timer unless a decision names a time:
 //!
 //! 1. **observe**: read the stores into the core's model (pods seen through [`Assumed`]).
 //! 2. **decide**: `gpuqueue_core::admission::admission_cycle` orders the waiting pods fairly and
@@ -81,6 +82,14 @@ const REASON_REFRESH: SignedDuration = SignedDuration::from_secs(30);
 /// count): a pod admitted sooner never needs one, so a burst of pods that briefly wait costs no
 /// reason written and removed again, and the writes that admit pods go first.
 const FIRST_REASON_AFTER: SignedDuration = SignedDuration::from_secs(1);
+
+/// How soon a change that calls for no decision (see `Stores::urgent_changes`) reaches the
+/// queue status and the gauges while no pod waits: in a burst of pods admitted at their
+/// creation, a pass every few milliseconds would only count them again.
+const BOOKKEEPING: Debounce = Debounce {
+    quiet: Duration::from_millis(500),
+    max: Duration::from_millis(500),
+};
 
 /// After a write failed for a reason other than the object moving on (which brings its own
 /// watch event), the next pass runs this much later.
@@ -173,7 +182,7 @@ pub async fn run(context: Context, term: Term) {
     // However the term ends (this future is aborted), the webhook stops admitting at creation.
     let _withdraw = Withdraw(context.at_creation.clone());
     let mut changes = context.stores.changes();
-    changes.borrow_and_update();
+    let mut urgent_changes = context.stores.urgent_changes();
     let shared = Shared {
         context,
         term,
@@ -187,7 +196,17 @@ pub async fn run(context: Context, term: Term) {
     let mut carried = Carried::default();
     loop {
         while tasks.try_join_next().is_some() {}
-        let wake = pass(&shared, &mut tasks, &mut handovers, &mut carried).await;
+        // The pass reads everything: what changed until now is in it.
+        changes.borrow_and_update();
+        urgent_changes.borrow_and_update();
+        let Next { wake, waiting } = pass(&shared, &mut tasks, &mut handovers, &mut carried).await;
+        // While pods wait, any change may let one in; otherwise only the urgent ones call for
+        // a decision, and the rest is taken in within [`BOOKKEEPING`].
+        let bookkeeping = if waiting {
+            shared.context.debounce
+        } else {
+            BOOKKEEPING
+        };
         let timer = async {
             match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
                 Some(wait) => tokio::time::sleep(wait).await,
@@ -198,7 +217,8 @@ pub async fn run(context: Context, term: Term) {
         // Every branch leads to a pass, which reads everything: a change consumed by an
         // interrupted debounce is not lost.
         tokio::select! {
-            more = shared.context.debounce.next_burst(&mut changes) => if !more { return },
+            more = shared.context.debounce.next_burst(&mut urgent_changes) => if !more { return },
+            more = bookkeeping.next_burst(&mut changes) => if !more { return },
             () = shared.retry.notified() => {}
             () = timer => {}
         }
@@ -214,16 +234,23 @@ impl Drop for Withdraw {
     }
 }
 
+/// What the next pass waits for.
+struct Next {
+    /// When it must run even without a change.
+    wake: Option<Timestamp>,
+    /// Whether pods were left waiting (then any change may let one in).
+    waiting: bool,
+}
+
 /// One pass with its reclaims: handovers an earlier leader left half done are resumed or
 /// abandoned first, then [`run_pass`] decides, and the reclaims it planned are started (intent
-/// written, owner released) before the next pass. Returns when the next pass must run even
-/// without a change.
+/// written, owner released) before the next pass.
 async fn pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
     handovers: &mut Handovers,
     carried: &mut Carried,
-) -> Option<Timestamp> {
+) -> Next {
     let started = tokio::time::Instant::now();
     let now = clock::now();
     let recovered = handovers.recover(&shared.term, now).await;
@@ -263,12 +290,17 @@ async fn pass(
             retry.notify_one();
         });
     }
-    earliest(decided.wake, recovered.wake)
+    Next {
+        wake: earliest(decided.wake, recovered.wake),
+        waiting: decided.waiting,
+    }
 }
 
 /// What [`run_pass`] leaves to the async part of the pass.
 struct Decided {
     wake: Option<Timestamp>,
+    /// Whether pods were left waiting.
+    waiting: bool,
     /// When the decisions were ready: the end of a handover's `plan` phase.
     planned: tokio::time::Instant,
     /// Owners to reclaim GPUs for, with their plans.
@@ -361,7 +393,7 @@ fn run_pass(
         status_time,
     );
     publish_fragmentation(context, &snapshot);
-    creation.publish(shared.term.clone(), snapshot, left_waiting, now);
+    let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
     let took = started.elapsed();
     context.metrics.admission.pass_took(took.as_secs_f64());
     tracing::debug!(
@@ -373,7 +405,8 @@ fn run_pass(
         "admission pass"
     );
     Decided {
-        wake: earliest(cooldown, applied.first_reason_due),
+        wake: earliest(earliest(cooldown, applied.first_reason_due), reopen),
+        waiting: left_waiting,
         planned,
         reclaims: applied.reclaims,
     }

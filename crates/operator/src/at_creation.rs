@@ -242,20 +242,30 @@ impl Pass<'_> {
     }
 
     /// Publishes the pass's snapshot (after its decisions) for the webhook. `waiting`: the pass
-    /// left a pod at the gate. `started`: when the pass read the stores.
-    pub fn publish(mut self, term: Term, snapshot: Snapshot, waiting: bool, started: Timestamp) {
+    /// left a pod at the gate. `started`: when the pass read the stores. Returns when a pass
+    /// may reopen admission at creation that this one kept closed only because a pod went to
+    /// the gate too recently (with nothing waiting, no change may come to run that pass).
+    pub fn publish(
+        mut self,
+        term: Term,
+        snapshot: Snapshot,
+        waiting: bool,
+        started: Timestamp,
+    ) -> Option<Timestamp> {
         if !self.enabled {
-            return;
+            return None;
         }
-        let gated_unseen = self
+        let reopen = self
             .state
             .last_gated
-            .is_some_and(|gated| started < gated + GATED_SETTLE);
+            .map(|gated| gated + GATED_SETTLE)
+            .filter(|reopen| started < *reopen);
         self.state.live = Some(Live {
             term,
             snapshot,
-            contended: waiting || gated_unseen,
+            contended: waiting || reopen.is_some(),
         });
+        reopen.filter(|_| !waiting)
     }
 }
 
@@ -374,18 +384,28 @@ mod tests {
             None,
             "it would overtake"
         );
-        // A pass that may have started before the gated pod reached the store decides nothing.
-        at_creation
+        // A pass that may have started before the gated pod reached the store decides nothing,
+        // and asks for a pass once the gated pod must have been seen.
+        let reopen = at_creation
             .pass()
             .publish(term.clone(), snapshot(), false, at(1));
+        assert_eq!(
+            reopen,
+            Some(at(3)),
+            "a second after the last pod went to the gate"
+        );
         assert_eq!(at_creation.admit(&new_pod(1), at(3)), None);
-        // One that found pods waiting neither.
-        at_creation
+        // One that found pods waiting neither (the pods' own changes bring the next pass).
+        let reopen = at_creation
             .pass()
             .publish(term.clone(), snapshot(), true, at(5));
-        assert_eq!(at_creation.admit(&new_pod(1), at(6)), None);
+        assert_eq!(
+            (reopen, at_creation.admit(&new_pod(1), at(6))),
+            (None, None)
+        );
         // One that saw everything decided and nothing waiting re-opens admission at creation.
-        at_creation.pass().publish(term, snapshot(), false, at(7));
+        let reopen = at_creation.pass().publish(term, snapshot(), false, at(7));
+        assert_eq!(reopen, None);
         assert!(at_creation.admit(&new_pod(1), at(8)).is_some());
     }
 

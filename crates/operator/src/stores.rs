@@ -1,5 +1,8 @@
 //! The operator's view of the cluster: reflector stores of GpuQueues, pods, nodes and
-//! namespaces, kept current by watches, plus a change signal that drives the admission loop.
+//! namespaces, kept current by watches, plus the change signals that drive the admission loop:
+//! one after every change, and one after the *urgent* ones, which may call for a decision at
+//! once (see [`is_urgent`]). The rest (a pod the live snapshot already counts being bound,
+//! starting or going away) only has to reach the queue status and the gauges.
 //!
 //! - **Fail closed.** Nothing is decided before every store holds its initial list:
 //!   [`Stores::synced`] resolves only then (Volcano #5174 and ROCm/spur#745 decided from half a
@@ -13,17 +16,24 @@
 //! - **Watch errors** are retried with kube's default backoff (800 ms to 30 s), counted in
 //!   `gpuqueue_watch_errors_total` and logged; the stores keep their last state meanwhile.
 
-use std::{fmt, future::Future, sync::Arc};
+use std::{
+    fmt,
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
 
 use futures::{StreamExt, TryStreamExt, future};
-use gpuqueue_api::v1alpha1::GpuQueue;
+use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
     Api, Client, Resource,
     core::DeserializeGuard,
     runtime::{
         WatchStreamExt,
-        reflector::{self, Store, store::Writer},
+        reflector::{self, ObjectRef, Store, store::Writer},
         watcher,
     },
 };
@@ -43,7 +53,7 @@ pub type StoredQueue = DeserializeGuard<GpuQueue>;
 /// Which pods the pod store keeps.
 pub type PodFilter = Arc<dyn Fn(&Pod) -> bool + Send + Sync>;
 
-/// Readers of the four stores, and the change signal.
+/// Readers of the four stores, and the change signals.
 #[derive(Clone)]
 pub struct Stores {
     pub queues: Store<StoredQueue>,
@@ -51,6 +61,30 @@ pub struct Stores {
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
     changes: watch::Receiver<u64>,
+    urgent_changes: watch::Receiver<u64>,
+}
+
+/// The senders of [`Stores::changes`] and [`Stores::urgent_changes`].
+#[derive(Clone)]
+struct Signals {
+    all: watch::Sender<u64>,
+    urgent: watch::Sender<u64>,
+}
+
+impl Signals {
+    fn new() -> (Self, watch::Receiver<u64>, watch::Receiver<u64>) {
+        let (all, changes) = watch::channel(0_u64);
+        let (urgent, urgent_changes) = watch::channel(0_u64);
+        (Self { all, urgent }, changes, urgent_changes)
+    }
+
+    fn bump(&self, urgent: bool) {
+        let next = |generation: &mut u64| *generation = generation.wrapping_add(1);
+        self.all.send_modify(next);
+        if urgent {
+            self.urgent.send_modify(next);
+        }
+    }
 }
 
 impl fmt::Debug for Stores {
@@ -88,7 +122,7 @@ impl Stores {
     /// Creates the stores and the watches that fill them. `keep_pod` decides which pods are
     /// worth keeping (those that request a GPU); the others are dropped on arrival.
     pub fn new(client: &Client, keep_pod: PodFilter, metrics: &WatchMetrics) -> (Self, Watches) {
-        let (change_signal, changes) = watch::channel(0_u64);
+        let (signals, changes, urgent_changes) = Signals::new();
         let (queues, queue_writer) = reflector::store();
         let (pods, pod_writer) = reflector::store();
         let (nodes, node_writer) = reflector::store();
@@ -141,7 +175,7 @@ impl Stores {
                 "gpuqueues",
                 queue_writer,
                 queue_events,
-                change_signal.clone(),
+                (signals.clone(), |_: &_| true),
                 metrics,
                 invalid_queues,
             ),
@@ -149,7 +183,10 @@ impl Stores {
                 "pods",
                 pod_writer,
                 pod_events,
-                change_signal.clone(),
+                (signals.clone(), {
+                    let pods = pods.clone();
+                    move |event: &_| is_urgent(event, &pods)
+                }),
                 metrics,
                 || {},
             ),
@@ -157,7 +194,7 @@ impl Stores {
                 "nodes",
                 node_writer,
                 node_events,
-                change_signal.clone(),
+                (signals.clone(), |_: &_| true),
                 metrics,
                 || {},
             ),
@@ -165,7 +202,7 @@ impl Stores {
                 "namespaces",
                 namespace_writer,
                 namespace_events,
-                change_signal,
+                (signals, |_: &_| true),
                 metrics,
                 || {},
             ),
@@ -176,6 +213,7 @@ impl Stores {
             nodes,
             namespaces,
             changes,
+            urgent_changes,
         };
         (stores, Watches { tasks })
     }
@@ -193,14 +231,50 @@ impl Stores {
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.clone()
     }
+
+    /// A signal bumped after the changes that may call for a decision at once: every change to
+    /// queues, namespaces and nodes, and the pod changes [`is_urgent`] names.
+    pub fn urgent_changes(&self) -> watch::Receiver<u64> {
+        self.urgent_changes.clone()
+    }
 }
 
-/// Feeds one watch into its store; bumps `changed` after each applied change.
-fn reflect<K, S>(
+/// Whether a pod event (not yet applied to `pods`) may call for a decision at once: a pod at
+/// our gate, or leaving it, waits for one; a new pod the webhook did not admit at its creation
+/// (one that bypassed it, or was created while the operator was away) takes capacity the live
+/// snapshot does not know of. A pod the snapshot already counts being bound, starting or
+/// deleted does not: until the next pass the snapshot only counts its GPUs as taken for
+/// longer.
+fn is_urgent(event: &watcher::Event<Pod>, pods: &Store<Pod>) -> bool {
+    match event {
+        watcher::Event::Apply(pod) => {
+            let before = pods.get(&ObjectRef::from_obj(pod));
+            let admitted_at_creation = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|notes| notes.contains_key(annotations::ADMITTED_AT_CREATION));
+            is_gated(pod) || before.map_or(!admitted_at_creation, |before| is_gated(&before))
+        }
+        watcher::Event::Delete(_) => false,
+        watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => true,
+    }
+}
+
+fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.scheduling_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
+}
+
+/// Feeds one watch into its store; bumps the signals after each applied change (the urgent
+/// one when `urgent` says so of the event, asked before the store applies it).
+fn reflect<K, S, U>(
     resource: &'static str,
     writer: Writer<K>,
     events: S,
-    changed: watch::Sender<u64>,
+    (signals, urgent): (Signals, U),
     metrics: &WatchMetrics,
     after_change: impl Fn() + Send + 'static,
 ) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
@@ -208,8 +282,16 @@ where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
     S: futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+    U: Fn(&watcher::Event<K>) -> bool + Send + 'static,
 {
     let metrics = metrics.clone();
+    // The reflector applies each event as it passes, one at a time: the flag carries the
+    // verdict on the event from before it is applied to after.
+    let pending = Arc::new(AtomicBool::new(false));
+    let events = events.inspect_ok({
+        let pending = pending.clone();
+        move |event| pending.store(urgent(event), Ordering::Relaxed)
+    });
     Box::pin(async move {
         let mut events = std::pin::pin!(reflector::reflector(writer, events));
         while let Some(event) = events.next().await {
@@ -220,7 +302,7 @@ where
                     watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_),
                 ) => {
                     after_change();
-                    changed.send_modify(|generation| *generation = generation.wrapping_add(1));
+                    signals.bump(pending.swap(false, Ordering::Relaxed));
                 }
                 Err(error) => {
                     metrics.watch_failed(resource);
@@ -243,12 +325,12 @@ pub(crate) mod testing {
         pods: Writer<Pod>,
         nodes: Writer<Node>,
         namespaces: Writer<Namespace>,
-        _signal: watch::Sender<u64>,
+        _signals: Signals,
     }
 
     impl TestStores {
         pub(crate) fn new() -> Self {
-            let (signal, changes) = watch::channel(0_u64);
+            let (signals, changes, urgent_changes) = Signals::new();
             let (queues, queue_writer) = reflector::store();
             let (pods, pod_writer) = reflector::store();
             let (nodes, node_writer) = reflector::store();
@@ -260,12 +342,13 @@ pub(crate) mod testing {
                     nodes,
                     namespaces,
                     changes,
+                    urgent_changes,
                 },
                 queues: queue_writer,
                 pods: pod_writer,
                 nodes: node_writer,
                 namespaces: namespace_writer,
-                _signal: signal,
+                _signals: signals,
             }
         }
 
@@ -333,7 +416,6 @@ mod tests {
 
     use futures::stream;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
-    use kube::runtime::reflector::ObjectRef;
     use serde_json::json;
 
     use super::*;
@@ -390,10 +472,64 @@ mod tests {
         ));
     }
 
+    fn gated(mut pod: Pod) -> Pod {
+        pod.spec = Some(
+            serde_json::from_value(json!({
+                "containers": [], "schedulingGates": [{"name": ADMISSION_GATE}],
+            }))
+            .unwrap(),
+        );
+        pod
+    }
+
+    fn admitted_at_creation(mut pod: Pod) -> Pod {
+        pod.metadata.annotations.get_or_insert_default().insert(
+            annotations::ADMITTED_AT_CREATION.to_owned(),
+            "t-1".to_owned(),
+        );
+        pod
+    }
+
+    #[test]
+    fn only_changes_that_may_call_for_a_decision_are_urgent() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let urgent = |event: watcher::Event<Pod>, writer: &mut Writer<Pod>| {
+            let verdict = is_urgent(&event, &store);
+            writer.apply_watcher_event(&event);
+            verdict
+        };
+        let apply = watcher::Event::Apply;
+        assert!(
+            urgent(apply(gated(pod("w", true))), &mut writer),
+            "a pod at the gate"
+        );
+        assert!(
+            urgent(apply(pod("w", true)), &mut writer),
+            "a pod leaving the gate"
+        );
+        assert!(
+            !urgent(apply(pod("w", true)), &mut writer),
+            "a released pod changing again (bound, started)"
+        );
+        assert!(
+            !urgent(apply(admitted_at_creation(pod("c", true))), &mut writer),
+            "a pod the webhook admitted at creation: the live snapshot counts it already"
+        );
+        assert!(
+            urgent(apply(pod("bypassed", true)), &mut writer),
+            "a new pod the webhook did not admit takes capacity the snapshot does not know of"
+        );
+        assert!(
+            !urgent(watcher::Event::Delete(pod("w", true)), &mut writer),
+            "a pod going away only frees GPUs later than the snapshot could use them"
+        );
+        assert!(urgent(watcher::Event::InitDone, &mut writer), "a relist");
+    }
+
     #[tokio::test]
     async fn changes_are_signalled_after_the_initial_list_and_on_every_change() {
         let (store, writer) = reflector::store::<Pod>();
-        let (signal, changes) = watch::channel(0_u64);
+        let (signals, changes, urgent_changes) = Signals::new();
         let mut registry = metrics::registry();
         let metrics = Metrics::register(&mut registry);
         let events = stream::iter(vec![
@@ -404,12 +540,25 @@ mod tests {
             Err(watcher::Error::NoResourceVersion),
             Ok(watcher::Event::Delete(pod("a", true))),
         ]);
-        reflect("pods", writer, events, signal, &metrics.watches, || {}).await;
+        let urgent = {
+            let store = store.clone();
+            move |event: &_| is_urgent(event, &store)
+        };
+        reflect(
+            "pods",
+            writer,
+            events,
+            (signals, urgent),
+            &metrics.watches,
+            || {},
+        )
+        .await;
         assert_eq!(
             *changes.borrow(),
             2,
             "InitDone and the delete; the error is not a change"
         );
+        assert_eq!(*urgent_changes.borrow(), 1, "the delete is not urgent");
         assert!(store.get(&ObjectRef::new("b").within("batch")).is_some());
         assert!(store.get(&ObjectRef::new("a").within("batch")).is_none());
         let text = metrics::encode(&registry).unwrap();
@@ -436,7 +585,7 @@ mod tests {
         assert!(bad.0.is_err());
 
         let (store, writer) = reflector::store::<StoredQueue>();
-        let (changed, _changes) = watch::channel(0_u64);
+        let (signals, _changes, _urgent) = Signals::new();
         let mut registry = metrics::registry();
         let metrics = Metrics::register(&mut registry);
         let events = stream::iter(vec![
@@ -458,7 +607,7 @@ mod tests {
             "gpuqueues",
             writer,
             events,
-            changed,
+            (signals, |_: &_| true),
             &metrics.watches,
             count,
         )
