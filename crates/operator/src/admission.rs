@@ -33,7 +33,6 @@ use std::{
 };
 
 use gpuqueue_api::{
-    ADMISSION_GATE,
     conditions::types,
     v1alpha1::{GpuQueue, GpuQueueStatus},
 };
@@ -62,7 +61,7 @@ use crate::{
     events::{Events, Notice},
     leader::Term,
     metrics::{FragmentationReport, Metrics, Outcome, QueueRow},
-    observe::{InvalidQueue, Observed, PodModels},
+    observe::{InvalidQueue, Observed, PodModels, is_gated},
     patch::{self, PatchError},
     reclaim::{Found, Handovers, Reclaimer, Started},
     status,
@@ -1075,13 +1074,6 @@ fn stored_pod(stores: &Stores, key: &PodKey) -> Option<Arc<Pod>> {
     stores
         .pods
         .get(&ObjectRef::new(&key.name).within(&key.namespace))
-}
-
-fn is_gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|spec| spec.scheduling_gates.as_ref())
-        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
 }
 
 #[cfg(test)]

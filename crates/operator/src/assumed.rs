@@ -19,11 +19,13 @@
 use std::collections::{HashMap, HashSet};
 
 use gpuqueue_api::{
-    ADMISSION_GATE, annotations,
+    annotations,
     v1alpha1::{GpuQueue, GpuQueueStatus},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+
+use crate::observe::is_gated;
 
 /// Pods admitted and reasons recorded by this process whose watch events have not arrived.
 #[derive(Debug, Default)]
@@ -198,15 +200,9 @@ impl Assumed {
     }
 }
 
-fn is_gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|spec| spec.scheduling_gates.as_ref())
-        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
-}
-
 #[cfg(test)]
 mod tests {
+    use gpuqueue_api::ADMISSION_GATE;
     use serde_json::json;
 
     use super::*;

@@ -5,7 +5,10 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use gpuqueue_api::v1alpha1::{GpuQueue, GpuQueueStatus};
+use gpuqueue_api::{
+    ADMISSION_GATE,
+    v1alpha1::{GpuQueue, GpuQueueStatus},
+};
 use gpuqueue_core::{
     Snapshot,
     model::{self, Converted, FieldError, PodError, QueueError},
@@ -27,6 +30,14 @@ use crate::{
 /// and the GPU pods it cannot read (so the admission pass can say why they wait).
 pub fn keep_pod(pod: &Pod) -> bool {
     !matches!(model::Pod::from_k8s(pod), Ok(None))
+}
+
+/// Whether `pod` waits at gpuqueue's scheduling gate.
+pub fn is_gated(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| spec.scheduling_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
 }
 
 /// [`keep_pod`] as the stores take it.

@@ -26,7 +26,7 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt, future};
-use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
+use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
     Api, Client, Resource,
@@ -39,7 +39,7 @@ use kube::{
 };
 use tokio::sync::watch;
 
-use crate::metrics::WatchMetrics;
+use crate::{metrics::WatchMetrics, observe::is_gated};
 
 /// The annotation `kubectl apply` writes: a full copy of the object, never read here.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -261,13 +261,6 @@ fn is_urgent(event: &watcher::Event<Pod>, pods: &Store<Pod>) -> bool {
     }
 }
 
-fn is_gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|spec| spec.scheduling_gates.as_ref())
-        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
-}
-
 /// Feeds one watch into its store; bumps the signals after each applied change (the urgent
 /// one when `urgent` says so of the event, asked before the store applies it).
 fn reflect<K, S, U>(
@@ -412,6 +405,7 @@ fn report_invalid_queue(event: &watcher::Event<StoredQueue>) {
 
 #[cfg(test)]
 mod tests {
+    use gpuqueue_api::ADMISSION_GATE;
     use std::collections::BTreeMap;
 
     use futures::stream;

@@ -19,7 +19,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpuqueue_api::ADMISSION_GATE;
 use gpuqueue_core::model::ReclaimSettings;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
@@ -33,7 +32,7 @@ use super::{
     intent::{self, Mark, Role},
     timeline::Timeline,
 };
-use crate::{events::Notice, leader::Term};
+use crate::{events::Notice, leader::Term, observe::is_gated};
 
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]
@@ -104,13 +103,6 @@ pub fn scan(pods: &[Arc<Pod>], skip: impl Fn(&str) -> bool, now: Timestamp) -> V
             }
         })
         .collect()
-}
-
-fn is_gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|spec| spec.scheduling_gates.as_ref())
-        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
 }
 
 impl Reclaimer {
@@ -287,6 +279,7 @@ impl Reclaimer {
 
 #[cfg(test)]
 mod tests {
+    use gpuqueue_api::ADMISSION_GATE;
     use serde_json::json;
 
     use super::*;
