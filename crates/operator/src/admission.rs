@@ -439,9 +439,9 @@ fn apply(
         reclaims: Vec::new(),
         first_reason_due: None,
     };
-    let mut still_waiting = waiting_since.next_pass();
+    let mut still_waiting = WaitingSince::default();
     let mut record = |tasks: &mut JoinSet<()>, applied: &mut Applied, pod: &Pod, line| {
-        let since = still_waiting.since(pod, now);
+        let since = waiting_since.since(&mut still_waiting, pod, now);
         match start_wait(shared, tasks, pod, line, since, now) {
             Recording::Started => applied.waiting += 1,
             Recording::Unchanged => {}
@@ -478,7 +478,7 @@ fn apply(
         };
         record(tasks, &mut applied, &pod, line);
     }
-    *waiting_since = still_waiting.into();
+    *waiting_since = still_waiting;
     applied
 }
 
@@ -641,37 +641,16 @@ struct Carried {
 struct WaitingSince(HashMap<String, Timestamp>);
 
 impl WaitingSince {
-    /// An empty record for the next pass, which takes over the times of the pods it still sees
-    /// waiting; pods that no longer wait are forgotten with this one.
-    fn next_pass(&self) -> StillWaiting<'_> {
-        StillWaiting {
-            before: self,
-            now: Self::default(),
-        }
-    }
-}
-
-/// [`WaitingSince`] being carried over to the next pass.
-struct StillWaiting<'a> {
-    before: &'a WaitingSince,
-    now: WaitingSince,
-}
-
-impl StillWaiting<'_> {
-    /// When the pod began to wait: as recorded before, or `now` for a pod seen waiting first.
-    fn since(&mut self, pod: &Pod, now: Timestamp) -> Timestamp {
+    /// When the pod began to wait: as the last pass recorded, or `now` for a pod seen waiting
+    /// first. `next` collects the record for the next pass, so pods no longer seen waiting are
+    /// forgotten.
+    fn since(&self, next: &mut Self, pod: &Pod, now: Timestamp) -> Timestamp {
         let Some(uid) = pod.metadata.uid.clone() else {
             return now;
         };
-        let since = self.before.0.get(&uid).copied().unwrap_or(now);
-        self.now.0.insert(uid, since);
+        let since = self.0.get(&uid).copied().unwrap_or(now);
+        next.0.insert(uid, since);
         since
-    }
-}
-
-impl From<StillWaiting<'_>> for WaitingSince {
-    fn from(still: StillWaiting<'_>) -> Self {
-        still.now
     }
 }
 
@@ -1259,19 +1238,27 @@ mod tests {
             at("2026-01-01T00:00:01Z"),
         );
         let mut record = WaitingSince::default();
-        let mut pass = record.next_pass();
-        assert_eq!(pass.since(&pod("a"), first), first);
-        record = pass.into();
-        let mut pass = record.next_pass();
-        assert_eq!(pass.since(&pod("a"), second), first, "still waiting");
-        assert_eq!(pass.since(&pod("b"), second), second, "new");
-        record = pass.into();
+        let mut next = WaitingSince::default();
+        assert_eq!(record.since(&mut next, &pod("a"), first), first);
+        record = next;
+        let mut next = WaitingSince::default();
+        assert_eq!(
+            record.since(&mut next, &pod("a"), second),
+            first,
+            "still waiting"
+        );
+        assert_eq!(record.since(&mut next, &pod("b"), second), second, "new");
+        record = next;
         // "a" was admitted: not seen waiting in this pass, so forgotten.
-        let mut pass = record.next_pass();
-        assert_eq!(pass.since(&pod("b"), third), second);
-        record = pass.into();
-        let mut pass = record.next_pass();
-        assert_eq!(pass.since(&pod("a"), third), third, "waits again: anew");
+        let mut next = WaitingSince::default();
+        assert_eq!(record.since(&mut next, &pod("b"), third), second);
+        record = next;
+        let mut next = WaitingSince::default();
+        assert_eq!(
+            record.since(&mut next, &pod("a"), third),
+            third,
+            "waits again: anew"
+        );
     }
 
     #[test]

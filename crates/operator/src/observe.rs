@@ -83,11 +83,10 @@ impl PodModels {
     /// Reads `stored` as `view` shows it, from the last pass's entry when it is the same object.
     /// `next` collects the entries the next pass may reuse.
     fn read(&mut self, next: &mut Self, stored: &Arc<Pod>, view: &Pod) -> PodModel {
-        let uid = stored.metadata.uid.as_ref();
-        if !std::ptr::eq(view, stored.as_ref()) || uid.is_none() {
+        let same_object = std::ptr::eq(view, stored.as_ref());
+        let Some(uid) = stored.metadata.uid.clone().filter(|_| same_object) else {
             return model::Pod::from_k8s(view);
-        }
-        let uid = uid.cloned().unwrap_or_default();
+        };
         let entry = match self.0.remove(&uid) {
             Some(entry) if Arc::ptr_eq(&entry.0, stored) => entry,
             _ => (stored.clone(), model::Pod::from_k8s(stored)),
