@@ -869,19 +869,7 @@ async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
         );
     }
     // Nothing is left marked: the owner's intent is cleared last, after the records.
-    wait_for(
-        "the owner's intent to be cleared",
-        DEFAULT_TIMEOUT,
-        || async {
-            let owner = owners.get("owner").await.map_err(|e| e.to_string())?;
-            match annotation(&owner, annotations::RECLAIM_ID) {
-                None => Ok(()),
-                Some(_) => Err(format!("{:?}", owner.metadata.annotations)),
-            }
-        },
-    )
-    .await
-    .unwrap();
+    intent_cleared(&owners, "owner").await;
     (world, record, victim, batch.name().to_owned())
 }
 
@@ -1136,19 +1124,7 @@ async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_cou
     let record = handover_record(client, "batch", "victim", &owner_key).await;
     assert_eq!(record.victims.len(), 2, "{record:?}");
     bound(&owners, "owner").await;
-    wait_for(
-        "the owner's intent to be cleared",
-        DEFAULT_TIMEOUT,
-        || async {
-            let owner = owners.get("owner").await.map_err(|e| e.to_string())?;
-            match annotation(&owner, annotations::RECLAIM_ID) {
-                None => Ok(()),
-                Some(id) => Err(format!("still marked with reclaim {id}")),
-            }
-        },
-    )
-    .await
-    .unwrap();
+    intent_cleared(&owners, "owner").await;
     let finished = count(
         &world.operator,
         &format!(
@@ -1169,4 +1145,21 @@ async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_cou
         0,
         "this operator never stopped, so nothing was resumed"
     );
+}
+
+/// Waits until the owner `name` no longer carries a reclaim intent.
+async fn intent_cleared(owners: &Api<Pod>, name: &str) {
+    wait_for(
+        "the owner's intent to be cleared",
+        DEFAULT_TIMEOUT,
+        || async {
+            let owner = owners.get(name).await.map_err(|e| e.to_string())?;
+            match annotation(&owner, annotations::RECLAIM_ID) {
+                None => Ok(()),
+                Some(id) => Err(format!("still marked with reclaim {id}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
