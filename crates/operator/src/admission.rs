@@ -130,9 +130,7 @@ struct Shared {
 
 impl Shared {
     fn assumed(&self) -> MutexGuard<'_, Assumed> {
-        self.assumed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.assumed)
     }
 
     /// Starts `write` for the object with `uid` in the background; the caller has marked it in
@@ -817,9 +815,7 @@ fn write_failed(context: &Context, error: &PatchError) -> Written {
 }
 
 fn lock(assumed: &Mutex<Assumed>) -> MutexGuard<'_, Assumed> {
-    assumed
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    crate::sync::lock(assumed)
 }
 
 /// Starts writing the queues' status where it changed (events for quota edits and condition

@@ -96,9 +96,7 @@ impl AtCreation {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     /// Starts an admission pass: the webhook waits until [`Pass::publish`] (or the end of the

@@ -32,6 +32,7 @@ pub mod patch;
 pub mod reclaim;
 pub mod run;
 pub mod status;
+pub mod sync;
 pub mod stores;
 pub mod telemetry;
 pub mod webhook;

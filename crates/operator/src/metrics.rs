@@ -234,16 +234,11 @@ impl QueueGauges {
 
     /// Replaces the table; the next scrape shows exactly these queues.
     pub fn publish(&self, rows: Vec<QueueRow>) {
-        *self
-            .table
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(rows);
+        *crate::sync::write(&self.table) = Arc::new(rows);
     }
 
     fn rows(&self) -> Arc<Vec<QueueRow>> {
-        self.table
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::read(&self.table)
             .clone()
     }
 }
@@ -394,19 +389,13 @@ impl FragmentationGauges {
 
     /// Replaces the report; the next scrape shows exactly these nodes.
     pub fn publish(&self, report: FragmentationReport) {
-        *self
-            .report
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(report);
+        *crate::sync::write(&self.report) = Arc::new(report);
     }
 }
 
 impl Collector for FragmentationGauges {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let report = self
-            .report
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        let report = crate::sync::read(&self.report)
             .clone();
         let cluster = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         cluster.set(report.cluster_gpus);

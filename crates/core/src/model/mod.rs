@@ -1,15 +1,17 @@
 //! The domain model: queues, nodes, pods and namespaces as the policy sees them, each converted
 //! from its Kubernetes object by a pure function that returns a typed error for bad input.
 
+mod claim;
 mod node;
 mod pod;
 mod queue;
 pub mod selector;
 
+pub use claim::{Claim, claim_of};
 pub use node::{GpuPool, HOSTNAME_LABEL, MAX_DEVICES_PER_POOL, Node, NodeError};
 pub use pod::{
     AdmittedAs, Assignment, DeviceSet, GpuRequest, Pod, PodError, PodKey, PodState, ReclaimMark,
-    ReclaimRole, Requests,
+    ReclaimRole, Requests, gate_index, is_gated, is_gpu_pod,
 };
 pub use queue::{
     CheckpointSettings, EVICTION_RESERVE, FieldError, MAX_BUDGET, MAX_MIN_BORROW, Queue,

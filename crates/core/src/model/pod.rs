@@ -193,6 +193,28 @@ pub struct PodError {
     pub rule: String,
 }
 
+/// Where gpuqueue's scheduling gate sits in the pod's `spec.schedulingGates`, if it waits there.
+/// The gate test the core, the operator, the webhook and the CLI share.
+pub fn gate_index(pod: &k8s::Pod) -> Option<usize> {
+    pod.spec
+        .as_ref()?
+        .scheduling_gates
+        .as_ref()?
+        .iter()
+        .position(|gate| gate.name == ADMISSION_GATE)
+}
+
+/// Whether the pod waits at gpuqueue's scheduling gate.
+pub fn is_gated(pod: &k8s::Pod) -> bool {
+    gate_index(pod).is_some()
+}
+
+/// Whether the operator keeps the pod: a live pod with a GPU request, whether the core can read
+/// it or not (one it cannot read is kept so that the admission pass can say why it waits).
+pub fn is_gpu_pod(pod: &k8s::Pod) -> bool {
+    !matches!(Pod::from_k8s(pod), Ok(None))
+}
+
 impl Pod {
     /// A pending pod (held at the gate) with these requests, created at `created_at`.
     pub fn new(key: PodKey, requests: Requests, created_at: Timestamp) -> Self {
@@ -264,12 +286,7 @@ impl Pod {
 
         let node_rules = NodeRules::from_k8s(spec).map_err(|e| err(&e.field, e.rule))?;
         let gpu_models = node_rules.as_ref().map(gpu_models_of).unwrap_or_default();
-        let gated = spec
-            .scheduling_gates
-            .iter()
-            .flatten()
-            .any(|g| g.name == ADMISSION_GATE);
-        let state = if gated && spec.node_name.is_none() {
+        let state = if is_gated(pod) && spec.node_name.is_none() {
             PodState::Pending
         } else {
             let pinned = spec

@@ -13,7 +13,7 @@ mod vllm;
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointPolicy, PauseMode};
@@ -289,7 +289,7 @@ impl Progress {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (Step, Option<EngineLoad>)> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 }
 

@@ -6,7 +6,7 @@
 //! queue's `status.lastHandovers`), so `phase="ownerBound"` is the whole handover.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use prometheus_client::{
@@ -164,7 +164,7 @@ impl RecentReclaims {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
-        self.starts.lock().unwrap_or_else(PoisonError::into_inner)
+        crate::sync::lock(&self.starts)
     }
 }
 

@@ -184,16 +184,11 @@ impl Publisher {
 
     /// Changes what this process wants trusted; call [`Publisher::publish`] next.
     pub fn set_trust(&self, trust: TrustSet) {
-        *self
-            .trust
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = trust;
+        *crate::sync::lock(&self.trust) = trust;
     }
 
     fn trust(&self) -> TrustSet {
-        self.trust
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.trust)
             .clone()
     }
 

@@ -145,19 +145,14 @@ impl CertResolver {
     }
 
     pub fn replace(&self, certificate: &ServingCertificate) {
-        *self
-            .current
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = certificate.certified.clone();
+        *crate::sync::write(&self.current) = certificate.certified.clone();
     }
 }
 
 impl ResolvesServerCert for CertResolver {
     fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(
-            self.current
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
+            crate::sync::read(&self.current)
                 .clone(),
         )
     }
