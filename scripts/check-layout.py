@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Fails when the modules of a Rust crate import each other in a cycle.
+"""Layout checks for Rust sources that neither rustc nor clippy makes.
 
-Usage: scripts/module-cycles.py CRATE_SRC_DIR...
+Usage:
+  scripts/check-layout.py cycles SRC_DIR...               no import cycle among a crate's files
+  scripts/check-layout.py fn-lines --max N SRC_DIR...     no non-test function over N lines
 
-A node is a source file (inline modules such as `mod tests { .. }` belong to their file). An
-edge A -> B is any path in A that names an item of B: `use crate::b::X`, `super::X`,
+`cycles`: a node is a source file (inline modules such as `mod tests { .. }` belong to their
+file). An edge A -> B is any path in A that names an item of B: `use crate::b::X`, `super::X`,
 `self::b::X`, `b::X` for a child module `b`, grouped `use` trees included, in code as well as in
 `use` lines. Declaring `mod b;` is not an edge; calling into it is. So a parent module that
 drives its children cannot also be imported by them: shared types live in a leaf, and the tree
 reads in data-path order. Strings and comments are ignored.
+
+`fn-lines`: a function's length runs from its `fn` line to its closing brace, comments and
+blank lines included; `#[cfg(test)]` modules are left out. clippy's `too_many_lines` counts only
+code lines, which lets a function grow long in comments and still pass.
 """
 
 import os
@@ -209,22 +215,73 @@ def cycles(nodes, edges):
     return out
 
 
-def main(dirs):
+def check_cycles(dirs):
     failed = False
     for src in dirs:
         modules, inline, texts = scan(src)
         edges = edges_of(src, modules, inline, texts)
         for comp in cycles(texts.keys(), edges):
             failed = True
-            print(f"module-cycles: {len(comp)} files of {src} import each other in a cycle:")
+            print(f"check-layout: {len(comp)} files of {src} import each other in a cycle:")
             members = set(comp)
             for f in comp:
                 for to, line in sorted(edges[f].items()):
                     if to in members:
                         print(f"  {os.path.relpath(f, src)}:{line} -> {os.path.relpath(to, src)}")
-    if failed:
-        sys.exit(1)
-    print(f"module-cycles: no import cycle in {' '.join(dirs)}")
+    if not failed:
+        print(f"check-layout: no import cycle in {' '.join(dirs)}")
+    return failed
+
+
+def long_functions(path, limit):
+    """(length, line, name) of each function outside `#[cfg(test)]` modules over `limit` lines."""
+    text = strip_literals(open(path, encoding="utf-8").read())
+    tests = [
+        (m.start(), block_end(text, m.end()))
+        for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+" + IDENT + r"\s*\{", text)
+    ]
+    found = []
+    for m in re.finditer(r"\bfn\s+(" + IDENT + r")[^;{]*\{", text):
+        if any(start <= m.start() < end for start, end in tests):
+            continue
+        first = text.count("\n", 0, m.start()) + 1
+        last = text.count("\n", 0, block_end(text, m.end())) + 1
+        if last - first + 1 > limit:
+            found.append((last - first + 1, first, m.group(1)))
+    return found
+
+
+def block_end(text, open_at):
+    """The offset just past the brace that closes the block opened before `open_at`."""
+    depth, j = 1, open_at
+    while j < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        j += 1
+    return j
+
+
+def check_fn_lines(dirs, limit):
+    failed = False
+    for src in dirs:
+        for root, _, names in sorted(os.walk(src)):
+            for name in sorted(n for n in names if n.endswith(".rs")):
+                path = os.path.join(root, name)
+                for length, line, fn in long_functions(path, limit):
+                    failed = True
+                    print(f"check-layout: {path}:{line} fn {fn} has {length} lines (at most {limit})")
+    if not failed:
+        print(f"check-layout: no non-test function over {limit} lines in {' '.join(dirs)}")
+    return failed
+
+
+def main(args):
+    if args[:1] == ["cycles"] and args[1:]:
+        failed = check_cycles(args[1:])
+    elif args[:2] == ["fn-lines", "--max"] and len(args) > 3 and args[2].isdigit():
+        failed = check_fn_lines(args[3:], int(args[2]))
+    else:
+        sys.exit(__doc__)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
