@@ -84,10 +84,11 @@ def module_of(src, path):
 
 def expand_use(tree):
     """`a::{b, c::{d, e}}` -> ["a::b", "a::c::d", "a::c::e"] (aliases and globs dropped)."""
+    tree = re.sub(r"\s+as\s+" + IDENT, "", tree)
     tree = re.sub(r"\s+", "", tree)
     m = re.match(r"^(.*?)\{(.*)\}$", tree)
     if not m:
-        return [re.sub(r"as" + IDENT + "$", "", tree.split("as")[0]) if "as" in tree else tree]
+        return [tree]
     prefix, body = m.group(1), m.group(2)
     parts, depth, start = [], 0, 0
     for k, ch in enumerate(body):
