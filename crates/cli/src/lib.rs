@@ -4,7 +4,9 @@
 //!   annotations, events) and tell it to a person; they never write to the cluster and decide
 //!   nothing themselves (which queue claims a namespace is the core's answer).
 //! - `simulate` runs the deterministic simulator (`gpuqueue-sim`) on a trace or a scenario,
-//!   optionally starting from the live cluster's nodes and queues.
+//!   optionally starting from the live cluster's nodes and queues: `simulate/placement` is the
+//!   trace study, `simulate/quota` the scenario study, and both share only the leaves
+//!   `simulate/host` (data folder, progress, stopwatch) and `simulate/error`.
 
 pub mod args;
 pub mod cluster;
@@ -12,6 +14,5 @@ pub mod connect;
 pub mod explain;
 pub mod handovers;
 pub mod queues;
-pub mod quota;
 pub mod render;
 pub mod simulate;
