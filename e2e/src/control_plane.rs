@@ -144,24 +144,11 @@ impl ControlPlane {
         }
     }
 
-    #[allow(clippy::too_many_lines)] // one linear start-up sequence reads best in one place
     async fn start_once(config: &ControlPlaneConfig, bin_dir: &Path) -> Result<Self> {
         let began = Instant::now();
         let mut startup = Vec::new();
         let slot = Slot::claim()?;
-        let run_dir = config
-            .run_dir
-            .clone()
-            .unwrap_or_else(|| slot.dir().join("run"));
-        let log_dir = config
-            .log_dir
-            .clone()
-            .unwrap_or_else(|| binaries::target_dir().join("e2e-logs").join(&config.name));
-        for dir in [&run_dir, &log_dir] {
-            let _ = std::fs::remove_dir_all(dir);
-            std::fs::create_dir_all(dir)
-                .map_err(Error::io(format!("creating {}", dir.display())))?;
-        }
+        let (run_dir, log_dir) = fresh_dirs(config, &slot)?;
         let pki = run_dir.join("pki");
         std::fs::create_dir_all(&pki).map_err(Error::io(format!("creating {}", pki.display())))?;
         let [etcd_port, etcd_peer_port, api_port] = slot::free_ports()?;
@@ -185,203 +172,22 @@ impl ControlPlane {
             components: Vec::new(),
         };
 
-        // etcd: fsync off (the data is thrown away); watch progress every 5 s as kubeadm does.
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
-        launcher.start(
-            "etcd",
-            &[
-                "--name=e2e".into(),
-                format!("--data-dir={}", run_dir.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls={peer_url}"),
-                format!("--initial-advertise-peer-urls={peer_url}"),
-                format!("--initial-cluster=e2e={peer_url}"),
-                "--initial-cluster-state=new".into(),
-                "--unsafe-no-fsync=true".into(),
-                "--watch-progress-notify-interval=5s".into(),
-                "--log-level=warn".into(),
-            ],
-        )?;
-        launcher
-            .wait("etcd to listen", || async move {
-                tokio::net::TcpStream::connect(("127.0.0.1", etcd_port))
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            })
+        let etcd_url = launcher
+            .start_etcd(&run_dir, etcd_port, etcd_peer_port)
             .await?;
         startup.push(("etcd", began.elapsed()));
 
-        // kube-apiserver: a static admin token in system:masters, RBAC for everyone else.
-        let token = format!("{:032x}", rand::random::<u128>());
-        let tokens = pki.join("tokens.csv");
-        write(
-            &tokens,
-            &format!("{token},gpuqueue-e2e-admin,gpuqueue-e2e-admin,system:masters\n"),
-        )?;
-        // Service-account tokens (TokenRequest) are signed with an ECDSA key made here instead of
-        // `openssl genrsa`: no external tool, and P-256 keys take microseconds.
-        let signer = rcgen::KeyPair::generate()?;
-        write(&pki.join("sa.key"), &signer.serialize_pem())?;
-        write(&pki.join("sa.pub"), &signer.public_key_pem())?;
-        let serving = pki.join("serving");
+        let token = write_credentials(&pki)?;
         let apiserver_started = Instant::now();
-        launcher.start(
-            "kube-apiserver",
-            &[
-                format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
-                format!("--secure-port={api_port}"),
-                // The API server writes a self-signed serving certificate (and its CA) here.
-                format!("--cert-dir={}", serving.display()),
-                format!("--token-auth-file={}", tokens.display()),
-                "--authorization-mode=RBAC".into(),
-                "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!(
-                    "--service-account-key-file={}",
-                    pki.join("sa.pub").display()
-                ),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    pki.join("sa.key").display()
-                ),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
-                // No controller creates `default` service accounts in time for a new namespace's
-                // first pod, and no node controller removes the not-ready taint from KWOK nodes.
-                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
-                // The `kubernetes` Endpoints may not point at loopback; skip writing it.
-                "--endpoint-reconciler-type=none".into(),
-                "--allow-privileged=true".into(),
-                // No server-side throttling: benchmarks measure our code, not the limiter.
-                "--enable-priority-and-fairness=false".into(),
-                "--max-requests-inflight=0".into(),
-                "--max-mutating-requests-inflight=0".into(),
-                "--profiling=false".into(),
-                "--v=1".into(),
-            ],
-        )?;
-        let ca = serving.join("apiserver.crt");
-        launcher
-            .wait("kube-apiserver to write its serving certificate", || {
-                let ca = ca.clone();
-                async move {
-                    if ca.exists() {
-                        Ok(())
-                    } else {
-                        Err("no certificate yet".to_owned())
-                    }
-                }
-            })
-            .await?;
-        write_kubeconfig(&kubeconfig, &api_server, &ca, "gpuqueue-e2e-admin", &token)?;
-        let client = client_for(&kubeconfig).await?;
-        launcher
-            .wait("kube-apiserver to be ready (/readyz)", || {
-                let client = client.clone();
-                async move {
-                    let request = http::Request::get("/readyz")
-                        .body(Vec::new())
-                        .map_err(|e| e.to_string())?;
-                    match client.request_text(request).await {
-                        Ok(body) if body.trim() == "ok" => Ok(()),
-                        Ok(body) => Err(body),
-                        Err(e) => Err(e.to_string()),
-                    }
-                }
-            })
+        let client = launcher
+            .start_apiserver(&pki, &etcd_url, api_port, &api_server, &kubeconfig, &token)
             .await?;
         startup.push(("kube-apiserver", apiserver_started.elapsed()));
 
-        // kube-scheduler: a config file instead of the deprecated --kubeconfig flag, so client
-        // QPS can be raised for benchmarks; no serving port, no leader election.
-        let scheduler_config = run_dir.join("kube-scheduler.yaml");
-        write(
-            &scheduler_config,
-            &format!(
-                "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n\
-                 clientConnection:\n  kubeconfig: {}\n  qps: 1000\n  burst: 1000\n\
-                 leaderElection:\n  leaderElect: false\n",
-                yaml_string(&kubeconfig)
-            ),
-        )?;
+        let scheduler_config = write_scheduler_config(&run_dir, &kubeconfig)?;
         let rest_started = Instant::now();
-        launcher.start(
-            "kube-scheduler",
-            &[
-                format!("--config={}", scheduler_config.display()),
-                "--secure-port=0".into(),
-                "--v=2".into(),
-            ],
-        )?;
-        if config.controller_manager {
-            launcher.start(
-                "kube-controller-manager",
-                &[
-                    format!("--kubeconfig={}", kubeconfig.display()),
-                    "--leader-elect=false".into(),
-                    "--secure-port=0".into(),
-                    format!("--controllers={}", CONTROLLERS.join(",")),
-                    "--use-service-account-credentials=false".into(),
-                    "--kube-api-qps=500".into(),
-                    "--kube-api-burst=1000".into(),
-                    "--v=1".into(),
-                ],
-            )?;
-        }
-        // KWOK's fast stages (made Ready, Running, deleted at once) come from its module, copied
-        // next to the binary by build-tools.sh. Pod IPs come from this slot's range.
-        launcher.start(
-            "kwok",
-            &[
-                format!("--kubeconfig={}", kubeconfig.display()),
-                format!("--config={}", bin_dir.join("kwok-stages.yaml").display()),
-                "--manage-all-nodes=true".into(),
-                format!("--cidr={}", slot.pod_cidr()),
-                format!("--node-ip={}", slot.node_ip(0)),
-                "--node-lease-duration-seconds=0".into(),
-            ],
-        )?;
-
-        let nodes_api: Api<Node> = Api::all(client.clone());
-        let manifests: Vec<Node> = (0u32..)
-            .zip(&config.nodes)
-            .map(|(i, node)| node.to_node(slot.node_ip(i)))
-            .collect();
-        stream::iter(manifests.iter())
-            .map(|node| {
-                let nodes_api = nodes_api.clone();
-                async move {
-                    let name = node.metadata.name.clone().unwrap_or_default();
-                    nodes_api
-                        .create(&PostParams::default(), node)
-                        .await
-                        .map_err(Error::kube(format!("creating node {name}")))
-                }
-            })
-            .buffer_unordered(32)
-            .try_collect::<Vec<_>>()
-            .await?;
-        let expected = config.nodes.len();
-        launcher
-            .wait(&format!("{expected} KWOK nodes to be Ready"), || {
-                let nodes_api = nodes_api.clone();
-                async move {
-                    let nodes = nodes_api
-                        .list(&ListParams::default())
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    let ready = nodes.items.iter().filter(|n| is_ready(n)).count();
-                    if ready >= expected {
-                        Ok(())
-                    } else {
-                        Err(format!("{ready} of {expected} Ready"))
-                    }
-                }
-            })
-            .await?;
+        launcher.start_agents(config, &kubeconfig, &scheduler_config)?;
+        launcher.create_nodes(&client, &config.nodes).await?;
         startup.push((
             "scheduler, controller manager, KWOK, nodes Ready",
             rest_started.elapsed(),
@@ -818,6 +624,265 @@ impl Launcher<'_> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+// === the start-up phases, in the order `ControlPlane::start_once` runs them ===
+
+impl Launcher<'_> {
+    /// etcd: fsync off (the data is thrown away); watch progress every 5 s as kubeadm does.
+    /// Returns its client URL once it listens.
+    async fn start_etcd(
+        &mut self,
+        run_dir: &Path,
+        etcd_port: u16,
+        etcd_peer_port: u16,
+    ) -> Result<String> {
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        self.start(
+            "etcd",
+            &[
+                "--name=e2e".into(),
+                format!("--data-dir={}", run_dir.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=e2e={peer_url}"),
+                "--initial-cluster-state=new".into(),
+                "--unsafe-no-fsync=true".into(),
+                "--watch-progress-notify-interval=5s".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        self.wait("etcd to listen", || async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", etcd_port))
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
+        .await?;
+        Ok(etcd_url)
+    }
+
+    /// kube-apiserver, with the admin token and service-account keys `write_credentials` made;
+    /// once it has written its serving certificate, writes the admin kubeconfig, and returns
+    /// that admin's client once `/readyz` says ok.
+    async fn start_apiserver(
+        &mut self,
+        pki: &Path,
+        etcd_url: &str,
+        api_port: u16,
+        api_server: &str,
+        kubeconfig: &Path,
+        token: &str,
+    ) -> Result<Client> {
+        let tokens = pki.join("tokens.csv");
+        let serving = pki.join("serving");
+        self.start(
+            "kube-apiserver",
+            &[
+                format!("--etcd-servers={etcd_url}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={api_port}"),
+                // The API server writes a self-signed serving certificate (and its CA) here.
+                format!("--cert-dir={}", serving.display()),
+                format!("--token-auth-file={}", tokens.display()),
+                "--authorization-mode=RBAC".into(),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                format!(
+                    "--service-account-key-file={}",
+                    pki.join("sa.pub").display()
+                ),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    pki.join("sa.key").display()
+                ),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                // No controller creates `default` service accounts in time for a new namespace's
+                // first pod, and no node controller removes the not-ready taint from KWOK nodes.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition".into(),
+                // The `kubernetes` Endpoints may not point at loopback; skip writing it.
+                "--endpoint-reconciler-type=none".into(),
+                "--allow-privileged=true".into(),
+                // No server-side throttling: benchmarks measure our code, not the limiter.
+                "--enable-priority-and-fairness=false".into(),
+                "--max-requests-inflight=0".into(),
+                "--max-mutating-requests-inflight=0".into(),
+                "--profiling=false".into(),
+                "--v=1".into(),
+            ],
+        )?;
+        let ca = serving.join("apiserver.crt");
+        self.wait("kube-apiserver to write its serving certificate", || {
+            let ca = ca.clone();
+            async move {
+                if ca.exists() {
+                    Ok(())
+                } else {
+                    Err("no certificate yet".to_owned())
+                }
+            }
+        })
+        .await?;
+        write_kubeconfig(kubeconfig, api_server, &ca, "gpuqueue-e2e-admin", token)?;
+        let client = client_for(kubeconfig).await?;
+        self.wait("kube-apiserver to be ready (/readyz)", || {
+            let client = client.clone();
+            async move {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                match client.request_text(request).await {
+                    Ok(body) if body.trim() == "ok" => Ok(()),
+                    Ok(body) => Err(body),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await?;
+        Ok(client)
+    }
+
+    /// kube-scheduler, kube-controller-manager (if configured) and KWOK, the API server's
+    /// clients, with no serving ports and no leader election. KWOK's fast stages (made Ready, Running, deleted at once) come from its module,
+    /// copied next to the binary by build-tools.sh. Pod IPs come from this slot's range.
+    fn start_agents(
+        &mut self,
+        config: &ControlPlaneConfig,
+        kubeconfig: &Path,
+        scheduler_config: &Path,
+    ) -> Result<()> {
+        self.start(
+            "kube-scheduler",
+            &[
+                format!("--config={}", scheduler_config.display()),
+                "--secure-port=0".into(),
+                "--v=2".into(),
+            ],
+        )?;
+        if config.controller_manager {
+            self.start(
+                "kube-controller-manager",
+                &[
+                    format!("--kubeconfig={}", kubeconfig.display()),
+                    "--leader-elect=false".into(),
+                    "--secure-port=0".into(),
+                    format!("--controllers={}", CONTROLLERS.join(",")),
+                    "--use-service-account-credentials=false".into(),
+                    "--kube-api-qps=500".into(),
+                    "--kube-api-burst=1000".into(),
+                    "--v=1".into(),
+                ],
+            )?;
+        }
+        self.start(
+            "kwok",
+            &[
+                format!("--kubeconfig={}", kubeconfig.display()),
+                format!(
+                    "--config={}",
+                    self.bin_dir.join("kwok-stages.yaml").display()
+                ),
+                "--manage-all-nodes=true".into(),
+                format!("--cidr={}", self.slot.pod_cidr()),
+                format!("--node-ip={}", self.slot.node_ip(0)),
+                "--node-lease-duration-seconds=0".into(),
+            ],
+        )
+    }
+
+    /// Creates the nodes (32 at a time) and waits until KWOK has made them all Ready.
+    async fn create_nodes(&mut self, client: &Client, nodes: &[GpuNode]) -> Result<()> {
+        let nodes_api: Api<Node> = Api::all(client.clone());
+        let manifests: Vec<Node> = (0u32..)
+            .zip(nodes)
+            .map(|(i, node)| node.to_node(self.slot.node_ip(i)))
+            .collect();
+        stream::iter(manifests.iter())
+            .map(|node| {
+                let nodes_api = nodes_api.clone();
+                async move {
+                    let name = node.metadata.name.clone().unwrap_or_default();
+                    nodes_api
+                        .create(&PostParams::default(), node)
+                        .await
+                        .map_err(Error::kube(format!("creating node {name}")))
+                }
+            })
+            .buffer_unordered(32)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let expected = nodes.len();
+        self.wait(&format!("{expected} KWOK nodes to be Ready"), || {
+            let nodes_api = nodes_api.clone();
+            async move {
+                let nodes = nodes_api
+                    .list(&ListParams::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ready = nodes.items.iter().filter(|n| is_ready(n)).count();
+                if ready >= expected {
+                    Ok(())
+                } else {
+                    Err(format!("{ready} of {expected} Ready"))
+                }
+            }
+        })
+        .await?;
+        Ok(())
+    }
+}
+
+/// Empty run and log folders for this start (the config's, else the slot's and the target's).
+fn fresh_dirs(config: &ControlPlaneConfig, slot: &Slot) -> Result<(PathBuf, PathBuf)> {
+    let run_dir = config
+        .run_dir
+        .clone()
+        .unwrap_or_else(|| slot.dir().join("run"));
+    let log_dir = config
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| binaries::target_dir().join("e2e-logs").join(&config.name));
+    for dir in [&run_dir, &log_dir] {
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    }
+    Ok((run_dir, log_dir))
+}
+
+/// The API server's credentials: a static admin token in system:masters (RBAC for everyone
+/// else), returned, and the key that signs service-account tokens (TokenRequest).
+fn write_credentials(pki: &Path) -> Result<String> {
+    let token = format!("{:032x}", rand::random::<u128>());
+    let tokens = pki.join("tokens.csv");
+    write(
+        &tokens,
+        &format!("{token},gpuqueue-e2e-admin,gpuqueue-e2e-admin,system:masters\n"),
+    )?;
+    // Service-account tokens (TokenRequest) are signed with an ECDSA key made here instead of
+    // `openssl genrsa`: no external tool, and P-256 keys take microseconds.
+    let signer = rcgen::KeyPair::generate()?;
+    write(&pki.join("sa.key"), &signer.serialize_pem())?;
+    write(&pki.join("sa.pub"), &signer.public_key_pem())?;
+    Ok(token)
+}
+
+/// kube-scheduler's config file, instead of the deprecated --kubeconfig flag, so client QPS can
+/// be raised for benchmarks; no leader election.
+fn write_scheduler_config(run_dir: &Path, kubeconfig: &Path) -> Result<PathBuf> {
+    let scheduler_config = run_dir.join("kube-scheduler.yaml");
+    write(
+        &scheduler_config,
+        &format!(
+            "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\n\
+                 clientConnection:\n  kubeconfig: {}\n  qps: 1000\n  burst: 1000\n\
+                 leaderElection:\n  leaderElect: false\n",
+            yaml_string(kubeconfig)
+        ),
+    )?;
+    Ok(scheduler_config)
 }
 
 fn argv(command: &Command) -> Vec<String> {

@@ -7,7 +7,8 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ObjectMeta};
 
-use crate::{DEFAULT_TIMEOUT, Result, wait_for};
+use crate::error::Result;
+use crate::wait::{DEFAULT_TIMEOUT, wait_for};
 
 /// A pod asking for `count` of GPU resource `resource` (such as `nvidia.com/gpu` or a MIG
 /// profile). Extended resources go in limits (requests default to them). KWOK never pulls

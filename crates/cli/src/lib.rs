@@ -2,9 +2,13 @@
 //!
 //! - `queues`, `explain`, `handovers` read what the operator wrote (queue status, pod
 //!   annotations, events) and tell it to a person; they never write to the cluster and decide
-//!   nothing themselves (which queue claims a namespace is the core's answer).
+//!   nothing themselves (which queue claims a namespace and whether a pod is gated are the
+//!   core's rules, `gpuqueue_core::model::{claim_of, is_gated}`). `explain` is a folder that
+//!   reads (`explain/read`), explains (`explain/facts`, pure) and renders (`explain/text`).
 //! - `simulate` runs the deterministic simulator (`gpuqueue-sim`) on a trace or a scenario,
-//!   optionally starting from the live cluster's nodes and queues.
+//!   optionally starting from the live cluster's nodes and queues: `simulate/placement` is the
+//!   trace study, `simulate/quota` the scenario study, and both share only the leaves
+//!   `simulate/host` (data folder, progress, stopwatch) and `simulate/error`.
 
 pub mod args;
 pub mod cluster;
@@ -12,6 +16,5 @@ pub mod connect;
 pub mod explain;
 pub mod handovers;
 pub mod queues;
-pub mod quota;
 pub mod render;
 pub mod simulate;

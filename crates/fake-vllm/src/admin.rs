@@ -1,27 +1,24 @@
 //! The fake's own control API, under `/_fake/` (a prefix vLLM never uses): faults, the call log,
 //! connection refusal, engine death, shutdown and synthetic load. Each server answers it on its
-//! own address; the fleet's admin listener reaches every server as `/_fake/servers/{addr}/...`
-//! (the only way back after a server stops accepting) and adds or removes servers.
+//! own address; the fleet's admin listener (`fleet.rs`) reaches every server as
+//! `/_fake/servers/{addr}/...` through the same routes.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{Extension, Path, Query, Request, State};
+use axum::extract::{Extension, Query, State};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
-use http::{StatusCode, Uri};
+use axum::routing::{get, post};
+use http::StatusCode;
 use serde::Deserialize;
 use serde_json::json;
-use tower::ServiceExt;
 
 use crate::faults::RouteFault;
-use crate::server::{FakeVllm, Fleet};
+use crate::server::FakeVllm;
 
-fn bad_request(message: &str) -> Response {
+/// A 400 answer whose JSON body says what is wrong.
+pub(crate) fn bad_request(message: &str) -> Response {
     (
         StatusCode::BAD_REQUEST,
         axum::Json(json!({ "error": message })),
@@ -34,10 +31,11 @@ macro_rules! body {
     ($body:expr) => {
         match $body {
             Ok(axum::Json(body)) => body,
-            Err(rejection) => return bad_request(&rejection.body_text()),
+            Err(rejection) => return $crate::admin::bad_request(&rejection.body_text()),
         }
     };
 }
+pub(crate) use body;
 
 /// The `/_fake/...` routes of one server.
 pub fn server_router(server: FakeVllm) -> Router {
@@ -217,118 +215,4 @@ async fn reset(State(server): State<FakeVllm>) -> StatusCode {
     server.clear_faults(None);
     server.clear_calls();
     StatusCode::NO_CONTENT
-}
-
-/// The fleet's admin routes: list, add and remove servers, and reach each one's admin routes.
-pub fn fleet_router(fleet: Arc<Fleet>) -> Router {
-    Router::new()
-        .route("/_fake/servers", get(list_servers).post(add_server))
-        .route(
-            "/_fake/servers/{addr}",
-            axum::routing::delete(remove_server),
-        )
-        .route("/_fake/servers/{addr}/{*rest}", any(forward))
-        .fallback(|| async {
-            (
-                StatusCode::NOT_FOUND,
-                axum::Json(json!({"error": "no such admin route"})),
-            )
-        })
-        .with_state(fleet)
-}
-
-async fn list_servers(State(fleet): State<Arc<Fleet>>) -> Response {
-    let servers: Vec<_> = fleet
-        .servers()
-        .iter()
-        .map(|server| {
-            json!({
-                "addr": server.addr(),
-                "listening": server.listening(),
-                "phase": server.snapshot().phase,
-            })
-        })
-        .collect();
-    axum::Json(servers).into_response()
-}
-
-#[derive(Deserialize)]
-struct AddBody {
-    listen: String,
-}
-
-/// `POST /_fake/servers {"listen": "127.100.0.9:8000"}` starts one more server.
-async fn add_server(
-    State(fleet): State<Arc<Fleet>>,
-    body: Result<axum::Json<AddBody>, JsonRejection>,
-) -> Response {
-    let body = body!(body);
-    let Ok(addr) = body.listen.parse::<SocketAddr>() else {
-        return bad_request("listen must be an IP:port address such as 127.100.0.9:8000");
-    };
-    match fleet.add(addr).await {
-        Ok(server) => (
-            StatusCode::CREATED,
-            axum::Json(json!({ "addr": server.addr() })),
-        )
-            .into_response(),
-        Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => (
-            StatusCode::CONFLICT,
-            axum::Json(json!({ "error": error.to_string() })),
-        )
-            .into_response(),
-        Err(error) => bad_request(&format!("cannot listen on {addr}: {error}")),
-    }
-}
-
-fn server_of(fleet: &Fleet, addr: &str) -> Result<FakeVllm, Response> {
-    addr.parse::<SocketAddr>()
-        .ok()
-        .and_then(|addr| fleet.get(addr))
-        .ok_or_else(|| {
-            (
-                StatusCode::NOT_FOUND,
-                axum::Json(json!({ "error": format!("no server on {addr}") })),
-            )
-                .into_response()
-        })
-}
-
-async fn remove_server(State(fleet): State<Arc<Fleet>>, Path(addr): Path<String>) -> Response {
-    match server_of(&fleet, &addr) {
-        Ok(server) => {
-            fleet.remove(server.addr());
-            StatusCode::NO_CONTENT.into_response()
-        }
-        Err(response) => response,
-    }
-}
-
-/// `/_fake/servers/{addr}/{rest}` → that server's `/_fake/{rest}`.
-async fn forward(
-    State(fleet): State<Arc<Fleet>>,
-    Path((addr, rest)): Path<(String, String)>,
-    request: Request,
-) -> Response {
-    let server = match server_of(&fleet, &addr) {
-        Ok(server) => server,
-        Err(response) => return response,
-    };
-    let (mut parts, body) = request.into_parts();
-    let query = parts
-        .uri
-        .query()
-        .map(|query| format!("?{query}"))
-        .unwrap_or_default();
-    let Ok(uri) = format!("/_fake/{rest}{query}").parse::<Uri>() else {
-        return bad_request("malformed admin path");
-    };
-    parts.uri = uri;
-    match server_router(server)
-        .oneshot(Request::from_parts(parts, Body::new(body)))
-        .await
-    {
-        Ok(response) => response,
-        Err(never) => match never {},
-    }
 }

@@ -4,6 +4,11 @@
 //! a log of the calls it received. One process may serve several addresses (a KWOK pod's
 //! loopback IP each), every one with its own state.
 //!
+//! A request's way through the modules: `listener` accepts it and sends `/_fake/...` to `admin`
+//! and anything else to `server` (logged, then `faults`), where vLLM's `routes` (with
+//! `generate`, `metrics` and vLLM's error bodies in `errors`) answer from the `engine`. `fleet`
+//! holds several servers and the admin routes that reach them. No module imports one before it.
+//!
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
 //! use gpuqueue_fake_vllm::{Config, FakeVllm, FaultAction};
@@ -22,14 +27,16 @@ mod config;
 mod engine;
 mod errors;
 mod faults;
+mod fleet;
 mod generate;
+mod listener;
 mod metrics;
 mod routes;
 mod server;
 
-pub use admin::fleet_router;
 pub use config::{Config, ErrorStyle, Profile, parse_duration};
 pub use engine::{FinishReason, PauseMode, Phase, SleepTag, Snapshot, Weights};
 pub use faults::{ANY_ROUTE, Call, Fault, FaultAction, RouteFault};
+pub use fleet::{Fleet, fleet_router};
 pub use routes::registered as registered_routes;
-pub use server::{FakeVllm, Fleet, Listening};
+pub use server::{FakeVllm, Listening};

@@ -1,10 +1,8 @@
-//! One fake vLLM server on one address: its engine, its faults and call log, and a listener that
-//! can stop accepting (connection refused) and start again. Connections are served with hyper
-//! directly so that a fault can drop a connection without answering.
+//! One fake vLLM server on one address: the handle to its engine, its faults and call log and
+//! whether it accepts connections, and its vLLM request path (logged, then faults, then vLLM's
+//! routes). Serving the socket is `listener.rs`; the admin routes over this handle are
+//! `admin.rs`.
 
-use std::collections::BTreeMap;
-use std::convert::Infallible;
-use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -13,9 +11,7 @@ use axum::Router;
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use serde::Serialize;
-use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
@@ -23,7 +19,7 @@ use tower::ServiceExt;
 use crate::config::Config;
 use crate::engine::{Engine, GenEvent, Snapshot};
 use crate::faults::{Call, CallLog, Fault, FaultAction, FaultTable, RouteFault};
-use crate::{admin, errors, routes};
+use crate::{errors, routes};
 
 /// Whether a server accepts connections.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -57,10 +53,10 @@ struct Inner {
 }
 
 impl FakeVllm {
-    /// Binds `addr` (port 0 picks a free port) and starts serving.
-    pub async fn start(config: Config, addr: SocketAddr) -> io::Result<Self> {
-        let listener = TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
+    /// A server for `addr` whose engine runs (with its synthetic load, and the server marked
+    /// stopped once the engine exits) while nobody serves its socket yet:
+    /// [`FakeVllm::start`] binds and serves it.
+    pub(crate) fn launch(config: Config, addr: SocketAddr) -> Self {
         let busy = config.busy;
         let busy_max_tokens = config.busy_max_tokens;
         let engine = Engine::new(config);
@@ -85,14 +81,12 @@ impl FakeVllm {
                 true,
             ));
         }
-        server.spawn(listen(server.clone(), listener));
         let exiting = server.clone();
         server.spawn(async move {
             exiting.inner.engine.exited().await;
             exiting.inner.listening.send_replace(Listening::Stopped);
         });
-        tracing::info!(%addr, "fake vLLM serving");
-        Ok(server)
+        server
     }
 
     /// The bound address.
@@ -218,7 +212,8 @@ impl FakeVllm {
         }
     }
 
-    fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+    /// Runs `task` until it ends or the server stops.
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
         let mut tasks = self.lock_tasks();
         tasks.retain(|task| !task.is_finished());
         tasks.push(tokio::spawn(task));
@@ -231,19 +226,24 @@ impl FakeVllm {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One request: admin routes go to the admin router; vLLM routes are logged, then faults
-    /// apply, then the vLLM router answers.
-    async fn handle(&self, request: Request<Incoming>, kill: &Notify) -> Response<Body> {
+    /// Follows whether the server should accept connections (for its listener).
+    pub(crate) fn listening_changes(&self) -> watch::Receiver<Listening> {
+        self.inner.listening.subscribe()
+    }
+
+    /// The listener's word on whether the socket is open now.
+    pub(crate) fn report_bound(&self, bound: bool) {
+        self.inner.bound.send_replace(bound);
+    }
+
+    /// One vLLM request (not an admin one): logged, then faults apply (`kill` drops the
+    /// connection), then the vLLM router answers.
+    pub(crate) async fn answer_vllm(
+        &self,
+        request: Request<Incoming>,
+        kill: &Notify,
+    ) -> Response<Body> {
         let path = request.uri().path().to_owned();
-        if path == "/_fake" || path.starts_with("/_fake/") {
-            let admin = admin::server_router(self.clone());
-            let mut request = request.map(Body::new);
-            request.extensions_mut().insert(admin::ViaOwnAddress);
-            return match admin.oneshot(request).await {
-                Ok(response) => response,
-                Err(never) => match never {},
-            };
-        }
         self.inner
             .calls
             .record(request.method().as_str(), &path, request.uri().query());
@@ -292,142 +292,5 @@ async fn synthetic_client(engine: Arc<Engine>, prompt_tokens: u32, max_tokens: u
         if !forever {
             return;
         }
-    }
-}
-
-/// Accepts connections while the server is `Accepting`; closes the socket and every open
-/// connection when it is not, and binds again when it is accepting again.
-async fn listen(server: FakeVllm, listener: TcpListener) {
-    let mut state = server.inner.listening.subscribe();
-    let closing = watch::channel(0u64).0;
-    let mut listener = Some(listener);
-    loop {
-        let current = *state.borrow_and_update();
-        match current {
-            Listening::Stopped => {
-                server.inner.bound.send_replace(false);
-                return;
-            }
-            Listening::Refusing => {
-                listener = None;
-                closing.send_modify(|generation| *generation += 1);
-                server.inner.bound.send_replace(false);
-                if state.changed().await.is_err() {
-                    return;
-                }
-            }
-            Listening::Accepting => {
-                let active = match listener.take() {
-                    Some(active) => active,
-                    None => match TcpListener::bind(server.inner.addr).await {
-                        Ok(active) => active,
-                        Err(error) => {
-                            tracing::warn!(addr = %server.inner.addr, %error, "rebinding failed; retrying");
-                            tokio::select! {
-                                () = tokio::time::sleep(Duration::from_millis(50)) => {}
-                                changed = state.changed() => if changed.is_err() { return },
-                            }
-                            continue;
-                        }
-                    },
-                };
-                server.inner.bound.send_replace(true);
-                loop {
-                    tokio::select! {
-                        accepted = active.accept() => match accepted {
-                            Ok((stream, _)) => {
-                                tokio::spawn(connection(server.clone(), stream, closing.subscribe()));
-                            }
-                            Err(error) => {
-                                tracing::warn!(%error, "accept failed");
-                                tokio::time::sleep(Duration::from_millis(10)).await;
-                            }
-                        },
-                        changed = state.changed() => {
-                            if changed.is_err() {
-                                return;
-                            }
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Serves one connection until it ends, a `close` fault drops it, or the listener closes.
-async fn connection(server: FakeVllm, stream: TcpStream, mut closing: watch::Receiver<u64>) {
-    let _ = stream.set_nodelay(true);
-    let kill = Arc::new(Notify::new());
-    let service = {
-        let kill = Arc::clone(&kill);
-        hyper::service::service_fn(move |request| {
-            let server = server.clone();
-            let kill = Arc::clone(&kill);
-            async move { Ok::<_, Infallible>(server.handle(request, &kill).await) }
-        })
-    };
-    let serving =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-    tokio::select! {
-        _ = serving => {}
-        () = kill.notified() => {}
-        _ = closing.changed() => {}
-    }
-}
-
-/// Several fake servers in one process, one per address, each with its own state; the admin
-/// listener reaches each through `/_fake/servers/{addr}/...` and can add or remove servers.
-#[derive(Debug)]
-pub struct Fleet {
-    config: Config,
-    faults: Vec<RouteFault>,
-    servers: Mutex<BTreeMap<SocketAddr, FakeVllm>>,
-}
-
-impl Fleet {
-    /// A fleet whose servers all take `config` and start with `faults`.
-    pub fn new(config: Config, faults: Vec<RouteFault>) -> Arc<Self> {
-        Arc::new(Self {
-            config,
-            faults,
-            servers: Mutex::new(BTreeMap::new()),
-        })
-    }
-
-    /// Starts a server on `addr`.
-    pub async fn add(&self, addr: SocketAddr) -> io::Result<FakeVllm> {
-        if self.get(addr).is_some() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{addr} is already served"),
-            ));
-        }
-        let server = FakeVllm::start(self.config.clone(), addr).await?;
-        for fault in &self.faults {
-            server.set_fault(&fault.route, fault.fault.clone());
-        }
-        self.lock().insert(server.addr(), server.clone());
-        Ok(server)
-    }
-
-    pub fn get(&self, addr: SocketAddr) -> Option<FakeVllm> {
-        self.lock().get(&addr).cloned()
-    }
-
-    /// Stops and forgets the server on `addr`.
-    pub fn remove(&self, addr: SocketAddr) -> Option<FakeVllm> {
-        let server = self.lock().remove(&addr)?;
-        server.stop();
-        Some(server)
-    }
-
-    pub fn servers(&self) -> Vec<FakeVllm> {
-        self.lock().values().cloned().collect()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, FakeVllm>> {
-        self.servers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

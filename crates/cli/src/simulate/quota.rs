@@ -10,9 +10,10 @@ use gpuqueue_sim::report;
 use gpuqueue_sim::scenario::Scenario;
 use gpuqueue_sim::workload::Workload;
 
+use super::error::SimulateError;
+use super::host::{data_dir, progress_bar, stopwatch};
 use crate::args::{SimulateArgs, parse_seeds};
 use crate::cluster::{self, LiveCluster};
-use crate::simulate::{SimulateError, data_dir, progress_bar, stopwatch};
 
 /// Label of the current quotas when a change is proposed.
 const CURRENT: &str = "current quotas";
@@ -160,7 +161,7 @@ fn live_cluster() -> Result<(Vec<Node>, Vec<Queue>), SimulateError> {
 
 /// Converts listed nodes and queues; a node or queue the operator could not use is an error
 /// that names it, since a simulation without it would mislead.
-pub fn convert_live(
+fn convert_live(
     nodes: &[k8s_openapi::api::core::v1::Node],
     queues: &[gpuqueue_api::v1alpha1::GpuQueue],
 ) -> Result<(Vec<Node>, Vec<Queue>), SimulateError> {

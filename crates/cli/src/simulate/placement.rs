@@ -1,84 +1,20 @@
-//! `kubectl-gpuqueue simulate`: runs a study, prints its headline table and writes the report.
+//! The placement study of `simulate --trace NODES PODS...`: every policy and seed on each pod
+//! list, against the published FGD columns when the data folder has them.
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::path::Path;
 
-use gpuqueue_sim::data::{self, REFERENCE_DIR};
+use gpuqueue_sim::data::REFERENCE_DIR;
 use gpuqueue_sim::placement::{self, Job, PlacementPolicy, PlacementTrace};
 use gpuqueue_sim::placement_report::{self, Timing};
 use gpuqueue_sim::reference::Published;
-use gpuqueue_sim::report::{self, ReportError};
-use gpuqueue_sim::sampling::{FGD_SEEDS, SamplingError, fgd_submission_order};
-use gpuqueue_sim::scenario::ScenarioError;
+use gpuqueue_sim::report;
+use gpuqueue_sim::sampling::{FGD_SEEDS, fgd_submission_order};
 use gpuqueue_sim::trace::{self, TraceError};
-use gpuqueue_sim::workload::WorkloadError;
-use indicatif::{ProgressBar, ProgressStyle};
 
+use super::error::SimulateError;
+use super::host::{data_dir, progress_bar, stopwatch};
 use crate::args::{SimulateArgs, parse_seeds};
-use crate::cluster::ClusterError;
-
-/// Why `simulate` failed. Every message names the file or flag at fault.
-#[derive(Debug, thiserror::Error)]
-pub enum SimulateError {
-    /// A flag has a bad value.
-    #[error("{0}")]
-    Usage(String),
-    /// A trace file is unreadable or malformed.
-    #[error(transparent)]
-    Trace(#[from] TraceError),
-    /// The scenario is unreadable or invalid.
-    #[error(transparent)]
-    Scenario(#[from] ScenarioError),
-    /// The scenario's load could not be built.
-    #[error(transparent)]
-    Workload(#[from] WorkloadError),
-    /// The submission sequence could not be built.
-    #[error(transparent)]
-    Sampling(#[from] SamplingError),
-    /// The report could not be written.
-    #[error(transparent)]
-    Report(#[from] ReportError),
-    /// The cluster or a manifest could not be read.
-    #[error(transparent)]
-    Cluster(#[from] ClusterError),
-    /// Writing to the terminal failed.
-    #[error("cannot write the summary: {0}")]
-    Output(#[from] std::io::Error),
-}
-
-/// Runs the study the arguments ask for.
-pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
-    if args.trace.is_empty() {
-        crate::quota::run(args)
-    } else {
-        placement_study(args)
-    }
-}
-
-/// The data folder: `--data-dir`, else `$GPUQUEUE_DATA_DIR`, else a `shared/data` above the
-/// current directory.
-pub fn data_dir(args: &SimulateArgs) -> Option<PathBuf> {
-    args.data_dir.clone().or_else(|| {
-        std::env::current_dir()
-            .ok()
-            .and_then(|cwd| data::find_data_dir(&cwd))
-    })
-}
-
-/// A progress bar on stderr (hidden when stderr is not a terminal or `--no-progress`).
-pub fn progress_bar(args: &SimulateArgs, total: u64, what: &str) -> ProgressBar {
-    if args.no_progress {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(total);
-    if let Ok(style) = ProgressStyle::with_template(&format!(
-        "{{spinner}} {what} [{{bar:40}}] {{pos}}/{{len}} ({{per_sec}}, {{eta}} left)"
-    )) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
-}
 
 /// The name of a pod list: `default` for `openb_pod_list_default.csv`, else the file stem.
 fn trace_name(path: &Path) -> String {
@@ -88,13 +24,6 @@ fn trace_name(path: &Path) -> String {
         .unwrap_or_default();
     stem.strip_prefix("openb_pod_list_")
         .map_or(stem.clone(), str::to_owned)
-}
-
-/// Starts a wall-clock stopwatch. Only the CLI reads the clock, to report events per second;
-/// the simulation runs on simulated time.
-#[allow(clippy::disallowed_methods)]
-pub fn stopwatch() -> Instant {
-    Instant::now()
 }
 
 /// The placement study's inputs, read from the flags and files.
@@ -167,7 +96,8 @@ fn placement_inputs(args: &SimulateArgs) -> Result<PlacementInputs, SimulateErro
     })
 }
 
-fn placement_study(args: &SimulateArgs) -> Result<(), SimulateError> {
+/// Runs the placement study.
+pub fn run(args: &SimulateArgs) -> Result<(), SimulateError> {
     let PlacementInputs {
         policies,
         seeds,
