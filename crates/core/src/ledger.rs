@@ -11,9 +11,9 @@ use std::{cmp::Ordering, collections::BTreeSet};
 
 use jiff::Timestamp;
 
+use crate::ids::{PodId, ResourceId};
 use crate::model::{PodKey, Queue};
 use crate::quantity::Milli;
-use crate::snapshot::{PodId, ResourceId};
 
 /// One queue's numbers for one resource.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -38,7 +38,9 @@ mod tests {
     fn queue(name: &str, namespaces: &[&str]) -> Queue {
         namespaces
             .iter()
-            .fold(Queue::new(name), |queue, namespace| queue.namespace(*namespace))
+            .fold(Queue::new(name), |queue, namespace| {
+                queue.namespace(*namespace)
+            })
     }
 
     #[test]
@@ -48,7 +50,10 @@ mod tests {
             claim_of(&queues, &Namespace::new("serving")),
             Claim::Queue("online".into())
         );
-        assert_eq!(claim_of(&queues, &Namespace::new("other")), Claim::Unclaimed);
+        assert_eq!(
+            claim_of(&queues, &Namespace::new("other")),
+            Claim::Unclaimed
+        );
     }
 
     #[test]
