@@ -154,6 +154,40 @@ impl WaitReason {
             Self::NoRoom { .. } => "NoRoom",
         }
     }
+
+    /// The `NoRoom` line: what the pod asks for, what the best node has, and why no reclaim.
+    fn fmt_no_room(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self::NoRoom {
+            queue,
+            admitted_as,
+            resource,
+            requested,
+            largest_free,
+            idle,
+            reclaim,
+        } = self
+        else {
+            return Ok(());
+        };
+        let what = resource.as_ref().map_or_else(
+            || "its CPU and memory".to_string(),
+            |r| format!("{requested} {r}"),
+        );
+        write!(
+            f,
+            "queue {queue}: quota allows the pod ({admitted_as}), but no node has room for {what}"
+        )?;
+        if resource.is_some() {
+            write!(
+                f,
+                " (the most free on one suitable node is {largest_free}; {idle} idle on suitable nodes)"
+            )?;
+        }
+        if let Some(reason) = reclaim {
+            write!(f, "; no reclaim possible: {reason}")?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for WaitReason {
@@ -213,34 +247,7 @@ impl fmt::Display for WaitReason {
                 f,
                 "queue {queue}: {resource} GPU memory in use is {used_mib} MiB of its cap of {cap_mib} MiB; no node offers the pod's devices within what is left"
             ),
-            Self::NoRoom {
-                queue,
-                admitted_as,
-                resource,
-                requested,
-                largest_free,
-                idle,
-                reclaim,
-            } => {
-                let what = resource.as_ref().map_or_else(
-                    || "its CPU and memory".to_string(),
-                    |r| format!("{requested} {r}"),
-                );
-                write!(
-                    f,
-                    "queue {queue}: quota allows the pod ({admitted_as}), but no node has room for {what}"
-                )?;
-                if resource.is_some() {
-                    write!(
-                        f,
-                        " (the most free on one suitable node is {largest_free}; {idle} idle on suitable nodes)"
-                    )?;
-                }
-                if let Some(reason) = reclaim {
-                    write!(f, "; no reclaim possible: {reason}")?;
-                }
-                Ok(())
-            }
+            Self::NoRoom { .. } => self.fmt_no_room(f),
         }
     }
 }

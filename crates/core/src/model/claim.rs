@@ -1,7 +1,8 @@
 //! Which queue a namespace belongs to: the one attribution rule the snapshot, the webhook and
 //! the CLI share.
 
-use super::{Namespace, Queue};
+use super::namespace::Namespace;
+use super::queue::Queue;
 
 /// The queues that claim a namespace, by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
