@@ -1,8 +1,8 @@
-//! Placement: which node (and which devices) a pod goes to.
+//! Placement scorers: how good one node (and device) is for a pod.
 //!
-//! The snapshot enumerates the feasible options (every node that passes the filters; for a
-//! shared GPU request, every device with room, one per distinct free amount) and asks a
-//! [`Scorer`] to score each; the best node wins, ties broken by a [`TieBreak`]. Scorers are
+//! [`Policy::find_placement`](crate::policy::Policy::find_placement) enumerates the feasible
+//! options (every node that passes the filters; for a shared GPU request, every device with
+//! room, one per distinct free amount) and asks a [`Scorer`] to score each; the best node wins, ties broken by a [`TieBreak`]. Scorers are
 //! small pure functions of the node before and after the placement:
 //!
 //! | scorer | what it prefers |

@@ -13,9 +13,10 @@
 //! whose victims are terminating) is recorded as a *deficit* on that node: the node takes no
 //! new pods until the deficit is seated, which happens as soon as room is freed.
 //!
-//! This file holds the indices and the read-only queries; [`build`] adds objects, [`seating`]
-//! keeps devices and ledger in step as pods come and go, and [`what_if`] admits, marks and
-//! removes pods (and simulates removals) for planning.
+//! This file holds the indices and the read-only queries (the planners ask through them and
+//! never index the tables); `build.rs` adds objects, `seating.rs` keeps devices and ledger in
+//! step as pods come and go, and `what_if.rs` admits, marks and removes pods (and simulates
+//! removals) for planning. The per-node device arithmetic is [`crate::devices`].
 
 use std::collections::{BTreeMap, HashMap};
 

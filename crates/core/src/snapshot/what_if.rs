@@ -12,8 +12,9 @@ use crate::model::{AdmittedAs, Assignment, Pod, PodState, ReclaimMark, ReclaimRo
 
 impl Snapshot {
     /// A reclaim took GPUs from this queue at `at`: it does not borrow again within its
-    /// `minBorrowDuration`. The simulator's counterpart of [`SnapshotBuilder::reclaimed_from`],
-    /// for a snapshot kept alive across reclaims.
+    /// `minBorrowDuration`. The simulator's counterpart of
+    /// [`SnapshotBuilder::reclaimed_from`](super::SnapshotBuilder::reclaimed_from), for a
+    /// snapshot kept alive across reclaims.
     pub fn record_reclaimed_from(&mut self, id: QueueId, at: Timestamp) {
         let entry = self.reclaimed_from.entry(id).or_insert(at);
         *entry = (*entry).max(at);
