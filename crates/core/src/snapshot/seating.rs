@@ -4,9 +4,9 @@
 use super::{Attribution, Snapshot};
 use crate::devices::{Charge, Seat, host_amount};
 use crate::ids::{NodeId, PodId, ResourceId};
-use crate::ledger::Protection;
+use crate::ledger::{Protection, signed_add};
 use crate::model::Pod;
-use crate::quantity::{MILLI_PER_DEVICE, Milli};
+use crate::quantity::MILLI_PER_DEVICE;
 
 /// How `Snapshot::seat` places a pod's device charges.
 pub(super) enum SeatMode {
@@ -26,15 +26,7 @@ impl Snapshot {
             return;
         };
         let admitted = slot.pod.is_admitted();
-        let amounts = slot.amounts.clone();
-        let apply = |value: &mut Milli, amount: Milli| {
-            *value = if sign > 0 {
-                *value + amount
-            } else {
-                value.saturating_sub(amount)
-            };
-        };
-        match slot.attribution.clone() {
+        match slot.attribution {
             Attribution::Queue(q) => {
                 let protection = admitted.then(|| Protection {
                     priority: slot.pod.priority,
@@ -45,37 +37,13 @@ impl Snapshot {
                     key: slot.pod.key.clone(),
                     id,
                 });
-                let state = &mut self.queues[q.index()];
-                for (resource, amount) in amounts {
-                    let usage = state.usage_mut(resource);
-                    if admitted {
-                        apply(&mut usage.allocated, amount);
-                    } else {
-                        apply(&mut usage.pending, amount);
-                    }
-                }
-                let counter = if admitted {
-                    &mut state.admitted_pods
-                } else {
-                    &mut state.pending_pods
-                };
-                *counter = if sign > 0 {
-                    *counter + 1
-                } else {
-                    counter.saturating_sub(1)
-                };
-                if let Some(p) = protection {
-                    if sign > 0 {
-                        state.members.insert(p);
-                    } else {
-                        state.members.remove(&p);
-                    }
-                }
+                self.queues[q.index()].charge(&slot.amounts, protection, sign);
             }
             Attribution::Conflict { .. } | Attribution::Unclaimed => {
                 if admitted {
-                    for (resource, amount) in amounts {
-                        apply(&mut self.unmanaged[resource.index()], amount);
+                    for (resource, amount) in &slot.amounts {
+                        let held = &mut self.unmanaged[resource.index()];
+                        *held = signed_add(*held, *amount, sign);
                     }
                 }
             }
