@@ -117,10 +117,6 @@ impl NodeState {
         self.cpu_free
     }
 
-    pub fn memory_free(&self) -> i64 {
-        self.memory_free
-    }
-
     /// Admitted pods seated here.
     pub fn pods(&self) -> &[PodId] {
         &self.pods
@@ -275,6 +271,45 @@ impl NodeState {
             fitting * u64::from(gpu.milli),
             devices.iter().map(|f| u64::from(*f)).sum(),
         ))
+    }
+}
+
+/// A node's free devices, CPU and memory copied out, to try releasing seated pods on (a
+/// reclaim's victims) without changing the node.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Trial {
+    pub free: Vec<u16>,
+    pub cpu: i64,
+    pub memory: i64,
+}
+
+impl Trial {
+    pub fn of(n: &NodeState) -> Self {
+        let mut trial = Self::default();
+        trial.reset(n);
+        trial
+    }
+
+    /// Starts over from the node as it is.
+    pub fn reset(&mut self, n: &NodeState) {
+        self.free.clear();
+        self.free.extend_from_slice(&n.free);
+        self.cpu = n.cpu_free;
+        self.memory = n.memory_free;
+    }
+
+    /// Gives back (`sign` = 1) or takes again (`sign` = -1) a pod's charges, CPU and memory.
+    pub fn release(&mut self, charges: &[Charge], cpu: i64, memory: i64, sign: i8) {
+        for Charge { device, milli } in charges {
+            let free = &mut self.free[usize::from(*device)];
+            *free = if sign > 0 {
+                free.saturating_add(*milli)
+            } else {
+                free.saturating_sub(*milli)
+            };
+        }
+        self.cpu += i64::from(sign) * cpu;
+        self.memory += i64::from(sign) * memory;
     }
 }
 

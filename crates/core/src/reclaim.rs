@@ -18,7 +18,7 @@ use std::{fmt, time::Duration};
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::devices::{Charge, NodeState, Request, host_amount};
+use crate::devices::{Request, Trial, host_amount};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::model::{CheckpointSettings, DeviceSet, EVICTION_RESERVE, PodKey, format_duration};
 use crate::quantity::{Milli, ResourceName};
@@ -223,11 +223,7 @@ fn best_node_plan(
     let mut scratch = Scratch {
         candidates: Vec::new(),
         chosen: Vec::new(),
-        trial: Trial {
-            free: Vec::new(),
-            cpu: 0,
-            memory: 0,
-        },
+        trial: Trial::default(),
     };
     for spare_protected in [true, false] {
         for (id, n) in snapshot.node_states() {
@@ -401,47 +397,15 @@ fn candidates_on<'a>(
     });
 }
 
-/// Free devices, CPU and memory of a node while victims are tried out.
-struct Trial {
-    free: Vec<u16>,
-    cpu: i64,
-    memory: i64,
-}
-
-impl Trial {
-    fn of(n: &NodeState) -> Self {
-        Self {
-            free: n.free().to_vec(),
-            cpu: n.cpu_free(),
-            memory: n.memory_free(),
-        }
-    }
-
-    fn reset(&mut self, n: &NodeState) {
-        self.free.clear();
-        self.free.extend_from_slice(n.free());
-        self.cpu = n.cpu_free();
-        self.memory = n.memory_free();
-    }
-
-    fn apply(&mut self, snapshot: &Snapshot, pod: PodId, sign: i8) {
-        let Some(slot) = snapshot.slot(pod) else {
-            return;
-        };
-        let Some(seat) = &slot.seat else { return };
-        for Charge { device, milli } in &seat.charges {
-            let free = &mut self.free[usize::from(*device)];
-            *free = if sign > 0 {
-                free.saturating_add(*milli)
-            } else {
-                free.saturating_sub(*milli)
-            };
-        }
-        let cpu = host_amount(slot.pod.requests.cpu_milli);
-        let memory = host_amount(slot.pod.requests.memory_bytes);
-        self.cpu += i64::from(sign) * cpu;
-        self.memory += i64::from(sign) * memory;
-    }
+/// Gives back (`sign` = 1) or takes again (`sign` = -1) what a seated pod holds, on a trial.
+fn try_release(trial: &mut Trial, snapshot: &Snapshot, pod: PodId, sign: i8) {
+    let Some(slot) = snapshot.slot(pod) else {
+        return;
+    };
+    let Some(seat) = &slot.seat else { return };
+    let cpu = host_amount(slot.pod.requests.cpu_milli);
+    let memory = host_amount(slot.pod.requests.memory_bytes);
+    trial.release(&seat.charges, cpu, memory, sign);
 }
 
 /// Greedy removal in preference order until the owner fits, then fill-back; the victims are
@@ -463,7 +427,7 @@ fn plan_on_node(
     let fits = |t: &Trial| request.has_room(n.layout(), &t.free, t.cpu, t.memory);
     chosen.clear();
     for c in candidates.iter() {
-        trial.apply(snapshot, c.pod, 1);
+        try_release(trial, snapshot, c.pod, 1);
         chosen.push(c.pod);
         if fits(trial) {
             break;
@@ -474,11 +438,11 @@ fn plan_on_node(
     }
     // Fill-back: put back each victim, last chosen first, whose room the owner does not need.
     for i in (0..chosen.len()).rev() {
-        trial.apply(snapshot, chosen[i], -1);
+        try_release(trial, snapshot, chosen[i], -1);
         if fits(trial) {
             chosen.remove(i);
         } else {
-            trial.apply(snapshot, chosen[i], 1);
+            try_release(trial, snapshot, chosen[i], 1);
         }
     }
     let (mut max_priority, mut cost, mut work) = (i32::MIN, 0u64, 0i64);
@@ -501,7 +465,7 @@ fn finish(
     let n = snapshot.node_state(plan.node);
     let mut trial = Trial::of(n);
     for v in &plan.victims {
-        trial.apply(snapshot, *v, 1);
+        try_release(&mut trial, snapshot, *v, 1);
     }
     let mut charges = Vec::new();
     request.charges_in(n.layout(), &trial.free, None, &mut charges);
