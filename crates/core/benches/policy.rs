@@ -23,15 +23,16 @@ use std::{fmt::Write as _, fs, path::PathBuf, time::Duration};
 use std::hint::black_box;
 
 use criterion::{BatchSize, Criterion};
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, decide};
 use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix};
+use gpuqueue_core::ids::PodId;
 use gpuqueue_core::model::{
     Assignment, GpuRequest, Node, Pod, PodKey, PodState, Queue, Requests, ResourceQuota,
 };
-use gpuqueue_core::placement::{BestFit, FragmentationAware, TieBreak};
+use gpuqueue_core::placement::{BestFit, TieBreak};
 use gpuqueue_core::reclaim::plan_reclaim;
-use gpuqueue_core::snapshot::PodId;
 use jiff::{SignedDuration, Timestamp};
 
 const GPU: &str = "nvidia.com/gpu";
@@ -143,12 +144,10 @@ fn benches(c: &mut Criterion) {
     let now = at(20_000);
     let (free_owner, full_owner) = (owner(&free), owner(&full));
     assert!(matches!(
-        decide(&free, free_owner, &FragmentationAware, TieBreak::First, now),
+        decide(&free, free_owner, &Policy::default(), now),
         Decision::Admit(_)
     ));
-    let Decision::Reclaim(plan) =
-        decide(&full, full_owner, &FragmentationAware, TieBreak::First, now)
-    else {
+    let Decision::Reclaim(plan) = decide(&full, full_owner, &Policy::default(), now) else {
         panic!("the full cluster must need a reclaim")
     };
     assert_eq!(plan.victims.len(), 1, "{plan}");
@@ -159,29 +158,20 @@ fn benches(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_secs(1));
     group.bench_function("decide-admit", |b| {
+        b.iter(|| decide(black_box(&free), free_owner, &Policy::default(), now));
+    });
+    group.bench_function("decide-admit-best-fit", |b| {
         b.iter(|| {
             decide(
                 black_box(&free),
                 free_owner,
-                &FragmentationAware,
-                TieBreak::First,
+                &Policy::new(&BestFit, TieBreak::First),
                 now,
             )
         });
-    });
-    group.bench_function("decide-admit-best-fit", |b| {
-        b.iter(|| decide(black_box(&free), free_owner, &BestFit, TieBreak::First, now));
     });
     group.bench_function("decide-reclaim", |b| {
-        b.iter(|| {
-            decide(
-                black_box(&full),
-                full_owner,
-                &FragmentationAware,
-                TieBreak::First,
-                now,
-            )
-        });
+        b.iter(|| decide(black_box(&full), full_owner, &Policy::default(), now));
     });
     group.bench_function("plan-reclaim", |b| {
         b.iter(|| plan_reclaim(black_box(&full), full_owner, now));

@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, WorkloadMix};
 use gpuqueue_core::model::{Pod, PodKey, Requests};
@@ -132,7 +133,9 @@ impl Trace {
                     "ours" => Box::new(FragmentationAware),
                     other => panic!("unknown policy {other}"),
                 };
-                if let Some(placement) = snapshot.find_placement(&pod, scorer.as_ref(), tie) {
+                if let Some(placement) =
+                    Policy::new(scorer.as_ref(), tie).find_placement(&snapshot, &pod)
+                {
                     snapshot.add_placed(pod, &placement).unwrap();
                     sum.placements += 1;
                 }

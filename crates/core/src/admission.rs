@@ -17,12 +17,14 @@ use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::Snapshot;
-use crate::model::{AdmittedAs, PodKey};
-use crate::placement::{Placement, Request, Scorer, TieBreak};
-use crate::quantity::{Milli, ResourceName};
+use crate::devices::Placement;
+use crate::ids::{NodeId, PodId, QueueId, ResourceId};
+use crate::ledger::ResourceUsage;
+use crate::model::{AdmittedAs, Pod, PodKey};
+use crate::policy::Policy;
+use crate::quantity::{MILLI_PER_DEVICE, Milli, ResourceName};
 use crate::reclaim::{NoPlan, ReclaimPlan, plan_reclaim};
-use crate::snapshot::{Attribution, NodeId, PodId, QueueId};
+use crate::snapshot::{Attribution, Snapshot};
 
 /// What to do with a pending pod.
 #[derive(Clone, Debug, PartialEq)]
@@ -152,6 +154,40 @@ impl WaitReason {
             Self::NoRoom { .. } => "NoRoom",
         }
     }
+
+    /// The `NoRoom` line: what the pod asks for, what the best node has, and why no reclaim.
+    fn fmt_no_room(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self::NoRoom {
+            queue,
+            admitted_as,
+            resource,
+            requested,
+            largest_free,
+            idle,
+            reclaim,
+        } = self
+        else {
+            return Ok(());
+        };
+        let what = resource.as_ref().map_or_else(
+            || "its CPU and memory".to_string(),
+            |r| format!("{requested} {r}"),
+        );
+        write!(
+            f,
+            "queue {queue}: quota allows the pod ({admitted_as}), but no node has room for {what}"
+        )?;
+        if resource.is_some() {
+            write!(
+                f,
+                " (the most free on one suitable node is {largest_free}; {idle} idle on suitable nodes)"
+            )?;
+        }
+        if let Some(reason) = reclaim {
+            write!(f, "; no reclaim possible: {reason}")?;
+        }
+        Ok(())
+    }
 }
 
 impl fmt::Display for WaitReason {
@@ -211,47 +247,14 @@ impl fmt::Display for WaitReason {
                 f,
                 "queue {queue}: {resource} GPU memory in use is {used_mib} MiB of its cap of {cap_mib} MiB; no node offers the pod's devices within what is left"
             ),
-            Self::NoRoom {
-                queue,
-                admitted_as,
-                resource,
-                requested,
-                largest_free,
-                idle,
-                reclaim,
-            } => {
-                let what = resource.as_ref().map_or_else(
-                    || "its CPU and memory".to_string(),
-                    |r| format!("{requested} {r}"),
-                );
-                write!(
-                    f,
-                    "queue {queue}: quota allows the pod ({admitted_as}), but no node has room for {what}"
-                )?;
-                if resource.is_some() {
-                    write!(
-                        f,
-                        " (the most free on one suitable node is {largest_free}; {idle} idle on suitable nodes)"
-                    )?;
-                }
-                if let Some(reason) = reclaim {
-                    write!(f, "; no reclaim possible: {reason}")?;
-                }
-                Ok(())
-            }
+            Self::NoRoom { .. } => self.fmt_no_room(f),
         }
     }
 }
 
 /// Decides one pending pod at `now`, without changing the snapshot.
-pub fn decide(
-    snapshot: &Snapshot,
-    pod: PodId,
-    scorer: &dyn Scorer,
-    tie: TieBreak,
-    now: Timestamp,
-) -> Decision {
-    match check(snapshot, pod, scorer, tie, now) {
+pub fn decide(snapshot: &Snapshot, pod: PodId, policy: &Policy, now: Timestamp) -> Decision {
+    match check(snapshot, pod, policy, now) {
         Ok(decision) => decision,
         Err(reason) => {
             let slot = snapshot.slot(pod);
@@ -272,8 +275,7 @@ pub fn decide(
 fn check(
     snapshot: &Snapshot,
     pod: PodId,
-    scorer: &dyn Scorer,
-    tie: TieBreak,
+    policy: &Policy,
     now: Timestamp,
 ) -> Result<Decision, WaitReason> {
     let slot = snapshot
@@ -303,7 +305,7 @@ fn check(
     let name = snapshot.queue(queue).name.clone();
     let admitted_as = quota_check(snapshot, queue, &slot.amounts, now)?;
     let memory_ok = memory_filter(snapshot, queue, pod);
-    let placement = snapshot.find_placement_where(&slot.pod, scorer, tie, &|node| memory_ok(node));
+    let placement = policy.find_placement_where(snapshot, &slot.pod, &|node| memory_ok(node));
     if let Some(placement) = placement {
         return Ok(Decision::Admit(Admission {
             pod,
@@ -340,7 +342,7 @@ fn check(
 fn quota_check(
     snapshot: &Snapshot,
     queue: QueueId,
-    amounts: &[(crate::snapshot::ResourceId, Milli)],
+    amounts: &[(ResourceId, Milli)],
     now: Timestamp,
 ) -> Result<AdmittedAs, WaitReason> {
     let spec = snapshot.queue(queue);
@@ -398,16 +400,12 @@ fn quota_check(
 }
 
 /// Capacity a queue may borrow: what no pod holds, less what other queues never lend.
-pub fn idle_for_borrowing(
-    snapshot: &Snapshot,
-    queue: QueueId,
-    resource: crate::snapshot::ResourceId,
-) -> Milli {
+pub fn idle_for_borrowing(snapshot: &Snapshot, queue: QueueId, resource: ResourceId) -> Milli {
     let reserved: Milli = snapshot
         .queue_ids()
         .filter(|q| *q != queue)
         .filter_map(|q| snapshot.usage_of(q, resource))
-        .map(crate::ledger::ResourceUsage::reserved_idle)
+        .map(ResourceUsage::reserved_idle)
         .sum();
     snapshot
         .capacity(resource)
@@ -417,29 +415,26 @@ pub fn idle_for_borrowing(
 
 /// The nodes on which the pod's devices fit the queue's GPU memory caps.
 fn memory_filter(snapshot: &Snapshot, queue: QueueId, pod: PodId) -> impl Fn(NodeId) -> bool + '_ {
-    let caps: Vec<(crate::snapshot::ResourceId, u64, u64)> =
-        snapshot.slot(pod).map_or_else(Vec::new, |slot| {
-            slot.gpus
-                .iter()
-                .filter_map(|g| {
-                    let usage = snapshot.usage_of(queue, g.resource)?;
-                    let cap = usage.memory_cap_mib?;
-                    Some((
-                        g.resource,
-                        cap.saturating_sub(usage.memory_mib),
-                        u64::from(g.milli) * u64::from(g.count),
-                    ))
-                })
-                .collect()
-        });
+    let caps: Vec<(ResourceId, u64, u64)> = snapshot.slot(pod).map_or_else(Vec::new, |slot| {
+        slot.gpus
+            .iter()
+            .filter_map(|g| {
+                let usage = snapshot.usage_of(queue, g.resource)?;
+                let cap = usage.memory_cap_mib?;
+                Some((
+                    g.resource,
+                    cap.saturating_sub(usage.memory_mib),
+                    u64::from(g.milli) * u64::from(g.count),
+                ))
+            })
+            .collect()
+    });
     move |node: NodeId| {
-        let n = &snapshot.nodes[node.index()];
+        let n = snapshot.node_state(node);
         caps.iter().all(|(resource, left, milli)| {
             n.pool(*resource)
                 .and_then(|p| p.memory_mib)
-                .is_some_and(|mib| {
-                    mib * milli / u64::from(crate::quantity::MILLI_PER_DEVICE) <= *left
-                })
+                .is_some_and(|mib| mib * milli / u64::from(MILLI_PER_DEVICE) <= *left)
         })
     }
 }
@@ -452,10 +447,10 @@ fn memory_cap_reason(
     memory_ok: &dyn Fn(NodeId) -> bool,
 ) -> Option<WaitReason> {
     let slot = snapshot.slot(pod)?;
-    let request = Request::new(snapshot, &slot.pod)?;
+    let request = snapshot.request(&slot.pod)?;
     let blocked = snapshot
-        .node_ids()
-        .any(|n| request.admits(&snapshot.nodes[n.index()]) && !memory_ok(n));
+        .node_states()
+        .any(|(id, n)| request.admits(n) && !memory_ok(id));
     if !blocked {
         return None;
     }
@@ -481,7 +476,7 @@ fn room(snapshot: &Snapshot, pod: PodId) -> (Option<ResourceName>, Milli, Milli,
         return (None, Milli::ZERO, Milli::ZERO, Milli::ZERO);
     };
     let requested = Milli(u64::from(gpu.milli) * u64::from(gpu.count));
-    let Some(request) = Request::new(snapshot, &slot.pod) else {
+    let Some(request) = snapshot.request(&slot.pod) else {
         return (
             Some(snapshot.resource_name(gpu.resource).clone()),
             requested,
@@ -490,21 +485,15 @@ fn room(snapshot: &Snapshot, pod: PodId) -> (Option<ResourceName>, Milli, Milli,
         );
     };
     let (mut largest, mut idle) = (0u64, 0u64);
-    for n in &snapshot.nodes {
-        if !request.fits_statically(n) || !n.deficit.is_empty() {
+    for (_, n) in snapshot.node_states() {
+        if !request.fits_statically(n) || n.is_oversubscribed() {
             continue;
         }
-        let Some(pool) = n.pool(gpu.resource) else {
+        let Some((fitting, free)) = n.room_for(gpu) else {
             continue;
         };
-        let devices = &n.free[usize::from(pool.start)..usize::from(pool.start + pool.len)];
-        let fitting = devices
-            .iter()
-            .filter(|f| **f >= gpu.milli)
-            .count()
-            .min(usize::from(gpu.count)) as u64;
-        largest = largest.max(fitting * u64::from(gpu.milli));
-        idle += devices.iter().map(|f| u64::from(*f)).sum::<u64>();
+        largest = largest.max(fitting);
+        idle += free;
     }
     (
         Some(snapshot.resource_name(gpu.resource).clone()),
@@ -532,13 +521,8 @@ fn within_guarantee(snapshot: &Snapshot, pod: PodId) -> bool {
 /// Decides every pending pod in fair order, applying each decision to `snapshot` before the
 /// next: admitted pods hold their room, a reclaim's victims are marked and its owner is
 /// pinned to the node (as the node's deficit until the victims are gone).
-pub fn admission_cycle(
-    snapshot: &mut Snapshot,
-    scorer: &dyn Scorer,
-    tie: TieBreak,
-    now: Timestamp,
-) -> Vec<Decision> {
-    let mut per_queue: Vec<Vec<PodId>> = vec![Vec::new(); snapshot.queues.len()];
+pub fn admission_cycle(snapshot: &mut Snapshot, policy: &Policy, now: Timestamp) -> Vec<Decision> {
+    let mut per_queue: Vec<Vec<PodId>> = vec![Vec::new(); snapshot.queue_count()];
     let mut unqueued = Vec::new();
     for pod in snapshot.pending_pods().collect::<Vec<_>>() {
         match snapshot.pod_queue(pod) {
@@ -568,13 +552,13 @@ pub fn admission_cycle(
             .min_by(|(a, _), (b, _)| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         let Some((_, q)) = next else { break };
         let Some(pod) = per_queue[q].pop() else { break };
-        let decision = decide(snapshot, pod, scorer, tie, now);
+        let decision = decide(snapshot, pod, policy, now);
         decisions.push(apply(snapshot, decision, now));
         ranks[q] = head_rank(snapshot, q, &per_queue[q]);
     }
     unqueued.sort_by_key(|p| snapshot.pod(*p).map(|p| p.key.clone()));
     for pod in unqueued {
-        decisions.push(decide(snapshot, pod, scorer, tie, now));
+        decisions.push(decide(snapshot, pod, policy, now));
     }
     decisions
 }
@@ -596,9 +580,8 @@ pub enum NotAtCreation {
 /// left as it was and the pod goes to the gate like any other.
 pub fn admit_at_creation(
     snapshot: &mut Snapshot,
-    pod: crate::model::Pod,
-    scorer: &dyn Scorer,
-    tie: TieBreak,
+    pod: Pod,
+    policy: &Policy,
     now: Timestamp,
 ) -> Result<Admission, NotAtCreation> {
     if snapshot.pending_pods().next().is_some() {
@@ -608,7 +591,7 @@ pub fn admit_at_creation(
         .add_pod(pod)
         .map_err(|error| NotAtCreation::Refused(error.to_string()))?;
     // Only an admission is applied: a reclaim would mark victims, a wait changes nothing.
-    let decision = match decide(snapshot, id, scorer, tie, now) {
+    let decision = match decide(snapshot, id, policy, now) {
         admit @ Decision::Admit(_) => apply(snapshot, admit, now),
         other => other,
     };
@@ -633,7 +616,7 @@ fn head_rank(snapshot: &Snapshot, queue: usize, pods: &[PodId]) -> Option<HeadRa
     let share = if guaranteed {
         0.0
     } else {
-        snapshot.borrowing_share(QueueId(u16::try_from(queue).unwrap_or(u16::MAX)))
+        snapshot.borrowing_share(QueueId::at(queue))
     };
     Some((
         u8::from(!guaranteed),

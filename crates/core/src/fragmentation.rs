@@ -14,9 +14,10 @@
 
 use std::collections::HashMap;
 
+use crate::devices::PoolLayout;
+use crate::ids::{ModelId, ResourceId};
 use crate::model::{GpuRequest, Pod};
 use crate::quantity::ResourceName;
-use crate::snapshot::{ModelId, PoolLayout, ResourceId};
 
 /// The share of all tasks the typical shapes must cover (the FGD simulator's
 /// `podPopularityThreshold: 95`).

@@ -11,9 +11,9 @@ use std::{cmp::Ordering, collections::BTreeSet};
 
 use jiff::Timestamp;
 
+use crate::ids::{PodId, ResourceId};
 use crate::model::{PodKey, Queue};
 use crate::quantity::Milli;
-use crate::snapshot::{PodId, ResourceId};
 
 /// One queue's numbers for one resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,6 +138,43 @@ impl QueueState {
         }
     }
 
+    /// Charges (`sign` = 1) or refunds (`sign` = -1) a pod's requests: as allocated when it
+    /// is admitted (`protection` is then its place among the members), else as pending.
+    pub fn charge(
+        &mut self,
+        amounts: &[(ResourceId, Milli)],
+        protection: Option<Protection>,
+        sign: i8,
+    ) {
+        let admitted = protection.is_some();
+        for (resource, amount) in amounts {
+            let usage = self.usage_mut(*resource);
+            let value = if admitted {
+                &mut usage.allocated
+            } else {
+                &mut usage.pending
+            };
+            *value = signed_add(*value, *amount, sign);
+        }
+        let counter = if admitted {
+            &mut self.admitted_pods
+        } else {
+            &mut self.pending_pods
+        };
+        *counter = if sign > 0 {
+            *counter + 1
+        } else {
+            counter.saturating_sub(1)
+        };
+        if let Some(p) = protection {
+            if sign > 0 {
+                self.members.insert(p);
+            } else {
+                self.members.remove(&p);
+            }
+        }
+    }
+
     /// The usage entry of `resource`, created with a zero quota when the spec does not list it.
     pub fn usage_mut(&mut self, resource: ResourceId) -> &mut ResourceUsage {
         let at = match self.usage.binary_search_by_key(&resource, |u| u.resource) {
@@ -225,5 +262,14 @@ impl QueueState {
             }
         }
         borrowers
+    }
+}
+
+/// `value + amount` for `sign` = 1, `value - amount` (saturating) for `sign` = -1.
+pub(crate) fn signed_add(value: Milli, amount: Milli, sign: i8) -> Milli {
+    if sign > 0 {
+        value + amount
+    } else {
+        value.saturating_sub(amount)
     }
 }

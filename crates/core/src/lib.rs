@@ -1,24 +1,37 @@
 //! The pure gpuqueue policy. Everything the operator decides is decided here, from a
 //! [`Snapshot`] of the cluster and a time passed in: no I/O, no async, no clock.
 //!
-//! - [`model`]: queues, nodes, pods and namespaces, converted from their Kubernetes objects.
+//! The modules, bottom-up (each imports only those above it):
 //! - [`quantity`]: GPU amounts in milli-units and Kubernetes quantity strings.
-//! - [`snapshot`]: the cluster's state, indexed, with placement and simulated removal.
-//! - [`fragmentation`]: the FGD fragmentation measure and the workload mix it weighs.
-//! - [`placement`]: node scorers (best-fit, GPU packing, FGD, ours).
+//! - [`model`]: queues, nodes, pods and namespaces, converted from their Kubernetes objects,
+//!   with the shared rules (the gate, which pods are GPU pods, which queue claims a namespace).
+//! - [`ids`]: the indices a snapshot hands out for resources, models, nodes, pods and queues.
+//! - [`devices`]: each node's device pools, what is free, who sits there, and the arithmetic of
+//!   seating a pod; [`devices::Placement`] says where a pod goes.
 //! - [`ledger`]: per queue and resource: allocated, borrowed, pending; which pods borrow.
-//! - [`admission`]: admit, borrow, reclaim or wait, for each pending pod in fair order.
+//! - [`fragmentation`]: the FGD fragmentation measure and the workload mix it weighs.
+//! - [`snapshot`]: the cluster's state, indexed, with read-only queries; building it
+//!   (`snapshot/build.rs`), keeping devices and ledger in step (`snapshot/seating.rs`) and the
+//!   changes planning tries (`snapshot/what_if.rs`).
+//! - [`placement`]: node scorers (best-fit, GPU packing, FGD, ours) and tie-breaks.
+//! - [`policy`]: the scorer and tie-break the operator and the simulator both decide with, and
+//!   the placement search over a snapshot.
 //! - [`reclaim`]: the node and minimal set of borrower pods to evict for an owner.
+//! - [`admission`]: admit, borrow, reclaim or wait, for each pending pod in fair order.
 //! - [`status`]: queue status and conditions, mapped onto the API's `GpuQueueStatus`.
 
 pub mod admission;
+pub mod devices;
 pub mod fragmentation;
+pub mod ids;
 pub mod ledger;
 pub mod model;
 pub mod placement;
+pub mod policy;
 pub mod quantity;
 pub mod reclaim;
 pub mod snapshot;
 pub mod status;
 
+pub use policy::Policy;
 pub use snapshot::Snapshot;

@@ -1,8 +1,8 @@
-//! Placement: which node (and which devices) a pod goes to.
+//! Placement scorers: how good one node (and device) is for a pod.
 //!
-//! The snapshot enumerates the feasible options (every node that passes the filters; for a
-//! shared GPU request, every device with room, one per distinct free amount) and asks a
-//! [`Scorer`] to score each; the best node wins, ties broken by a [`TieBreak`]. Scorers are
+//! [`Policy::find_placement`](crate::policy::Policy::find_placement) enumerates the feasible
+//! options (every node that passes the filters; for a shared GPU request, every device with
+//! room, one per distinct free amount) and asks a [`Scorer`] to score each; the best node wins, ties broken by a [`TieBreak`]. Scorers are
 //! small pure functions of the node before and after the placement:
 //!
 //! | scorer | what it prefers |
@@ -15,66 +15,10 @@
 
 use std::cell::OnceCell;
 
-use crate::Snapshot;
+use crate::devices::NodeView;
 use crate::fragmentation::FragIndex;
-use crate::model::{DeviceSet, Node, Pod};
+use crate::ids::NodeId;
 use crate::quantity::MILLI_PER_DEVICE;
-use crate::snapshot::{Charge, ModelId, NodeId, NodeState, PoolLayout, ResolvedGpu, host_amount};
-
-/// A node's state: as it is, or as it would be after a placement.
-#[derive(Clone, Copy, Debug)]
-pub struct NodeView<'a> {
-    pub(crate) node: &'a Node,
-    pub(crate) layout: &'a [PoolLayout],
-    pub(crate) free: &'a [u16],
-    pub(crate) cpu_free: i64,
-    pub(crate) memory_free: i64,
-    pub(crate) model: Option<ModelId>,
-}
-
-impl NodeView<'_> {
-    pub fn node(&self) -> &Node {
-        self.node
-    }
-
-    /// Free milli of every device, all resources, in device order.
-    pub fn gpu_free(&self) -> &[u16] {
-        self.free
-    }
-
-    /// Free GPU capacity, milli.
-    pub fn idle_milli(&self) -> u64 {
-        self.free.iter().map(|f| u64::from(*f)).sum()
-    }
-
-    /// GPU capacity, milli.
-    pub fn capacity_milli(&self) -> u64 {
-        self.free.len() as u64 * u64::from(MILLI_PER_DEVICE)
-    }
-
-    /// Devices nobody uses.
-    pub fn fully_free_devices(&self) -> usize {
-        self.free
-            .iter()
-            .filter(|f| u32::from(**f) == MILLI_PER_DEVICE)
-            .count()
-    }
-
-    /// Free CPU, milli-cores (negative when over-subscribed; huge when unreported).
-    pub fn cpu_free_milli(&self) -> i64 {
-        self.cpu_free
-    }
-
-    /// Free memory, bytes (negative when over-subscribed; huge when unreported).
-    pub fn memory_free_bytes(&self) -> i64 {
-        self.memory_free
-    }
-
-    /// Whether the node reports its CPU.
-    pub fn reports_cpu(&self) -> bool {
-        self.node.cpu_milli != u64::MAX
-    }
-}
 
 /// One option a scorer scores: a pod on a node (and device), with the node before and after.
 #[derive(Clone, Copy, Debug)]
@@ -156,7 +100,7 @@ pub struct Score {
 }
 
 /// Scores placement options. Implementations must be pure: same candidate, same score.
-pub trait Scorer {
+pub trait Scorer: Send + Sync {
     fn score(&self, candidate: &Candidate<'_>) -> Score;
 }
 
@@ -187,20 +131,6 @@ pub fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
-}
-
-/// Where a pod goes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Placement {
-    pub node: NodeId,
-    pub node_name: String,
-    /// The value to pin the pod with, under the `kubernetes.io/hostname` node selector.
-    pub pin: String,
-    /// The devices it takes, per resource.
-    pub devices: Vec<DeviceSet>,
-    /// The winning score (`Score::node`).
-    pub score: f64,
-    pub(crate) charges: Vec<Charge>,
 }
 
 /// The FGD paper's scores are integers in 0..=100 (`framework.MaxNodeScore`).
@@ -376,293 +306,5 @@ impl Scorer for Random {
             tie: 0.0,
             device,
         }
-    }
-}
-
-impl Snapshot {
-    // ---- placement ---------------------------------------------------------------------
-
-    /// The best node and devices for `pod` now, by `scorer`, ties broken by `tie`; `None` when
-    /// no node fits. `allowed` restricts the nodes (quota rules such as a GPU memory cap).
-    pub fn find_placement(
-        &self,
-        pod: &Pod,
-        scorer: &dyn Scorer,
-        tie: TieBreak,
-    ) -> Option<Placement> {
-        self.find_placement_where(pod, scorer, tie, &|_| true)
-    }
-
-    /// [`Snapshot::find_placement`] among the nodes `allowed` accepts.
-    pub fn find_placement_where(
-        &self,
-        pod: &Pod,
-        scorer: &dyn Scorer,
-        tie: TieBreak,
-        allowed: &dyn Fn(NodeId) -> bool,
-    ) -> Option<Placement> {
-        let request = Request::new(self, pod)?;
-        let mut scratch = Vec::new();
-        let mut charges = Vec::new();
-        let mut best: Option<(Rank, NodeId, Option<u16>)> = None;
-        for (i, n) in self.nodes.iter().enumerate() {
-            let id = NodeId(u32::try_from(i).unwrap_or(u32::MAX));
-            if !request.admits(n) || !allowed(id) {
-                continue;
-            }
-            let Some((score, option)) =
-                self.best_option(&request, id, scorer, &mut scratch, &mut charges)
-            else {
-                continue;
-            };
-            let key = (score.node, score.tie, std::cmp::Reverse(tie.key(id)));
-            if best
-                .as_ref()
-                .is_none_or(|(b, _, _)| key.partial_cmp(b).is_some_and(std::cmp::Ordering::is_gt))
-            {
-                best = Some((key, id, option));
-            }
-        }
-        let ((score, _, _), node, option) = best?;
-        request.charges(&self.nodes[node.index()], option, &mut charges);
-        let n = &self.nodes[node.index()];
-        Some(Placement {
-            node,
-            node_name: n.node.name.clone(),
-            pin: n.node.hostname().to_string(),
-            devices: self.device_sets(node, &charges),
-            score,
-            charges,
-        })
-    }
-
-    /// The node's best option for the request: the device shared (for a shared request) or
-    /// the canonical whole devices, with its score. `None` when the request does not fit.
-    fn best_option(
-        &self,
-        request: &Request,
-        node: NodeId,
-        scorer: &dyn Scorer,
-        scratch: &mut Vec<u16>,
-        charges: &mut Vec<Charge>,
-    ) -> Option<(Score, Option<u16>)> {
-        let n = &self.nodes[node.index()];
-        let frag = self.frag.as_ref();
-        let mut best: Option<(Score, Option<u16>)> = None;
-        let unfillable_before = OnceCell::new();
-        let mut consider = |option: Option<u16>,
-                            charges: &mut Vec<Charge>,
-                            scratch: &mut Vec<u16>| {
-            if !request.charges(n, option, charges) {
-                return;
-            }
-            scratch.clear();
-            scratch.extend_from_slice(&n.free);
-            for c in charges.iter() {
-                scratch[usize::from(c.device)] -= c.milli;
-            }
-            let mut after = n.view();
-            after.free = scratch;
-            after.cpu_free -= request.cpu;
-            after.memory_free -= request.memory;
-            let candidate = Candidate {
-                node,
-                before: n.view(),
-                after,
-                request_cpu_milli: request.cpu_milli,
-                request_gpu_milli: request.gpu_milli,
-                request_devices: request.gpus.first().map_or(0, |g| u32::from(g.count)),
-                request_milli_per_device: request.gpus.first().map_or(0, |g| u32::from(g.milli)),
-                shared_device: option.map(usize::from),
-                frag,
-                frag_before: n.frag,
-                unfillable_before: &unfillable_before,
-            };
-            let score = scorer.score(&candidate);
-            if best.as_ref().is_none_or(|(b, _)| {
-                (score.node, score.tie, score.device) > (b.node, b.tie, b.device)
-            }) {
-                best = Some((score, option));
-            }
-        };
-        match request.shared_pool(n) {
-            Some(pool) => {
-                // Devices with the same free milli are interchangeable: score each value once.
-                let mut seen = [0u64; 16];
-                for d in pool.start..pool.start + pool.len {
-                    let f = n.free[usize::from(d)];
-                    let (word, bit) = (usize::from(f / 64), f % 64);
-                    if f < request.shared_milli || seen[word] & (1 << bit) != 0 {
-                        continue;
-                    }
-                    seen[word] |= 1 << bit;
-                    consider(Some(d), charges, scratch);
-                }
-            }
-            None => consider(None, charges, scratch),
-        }
-        best
-    }
-}
-
-/// How nodes compare: score, tie score, then the tie-break key (lower wins).
-type Rank = (f64, f64, std::cmp::Reverse<u64>);
-
-/// A pod's request resolved for placement.
-pub(crate) struct Request<'a> {
-    pub pod: &'a Pod,
-    pub gpus: Vec<ResolvedGpu>,
-    /// Allowed models by id; `None`: any.
-    models: Option<Vec<bool>>,
-    cpu: i64,
-    memory: i64,
-    cpu_milli: u64,
-    gpu_milli: u64,
-    /// The per-device milli of a shared (fractional, single-device) request, else 0.
-    shared_milli: u16,
-}
-
-impl<'a> Request<'a> {
-    /// `None` when some requested resource exists on no node (nothing can fit).
-    pub fn new(snapshot: &Snapshot, pod: &'a Pod) -> Option<Self> {
-        Snapshot::validate_requests(&pod.requests).ok()?;
-        let mut gpus = Vec::new();
-        for g in &pod.requests.gpus {
-            gpus.push(ResolvedGpu {
-                resource: snapshot.resource_id(&g.resource)?,
-                count: u16::try_from(g.count).ok()?,
-                milli: u16::try_from(g.milli_per_device).ok()?,
-            });
-        }
-        let models = (!pod.gpu_models.is_empty()).then(|| {
-            let mut allowed = vec![false; snapshot.models.len()];
-            for m in &pod.gpu_models {
-                if let Some(id) = snapshot.model_ids.get(m) {
-                    allowed[id.index()] = true;
-                }
-            }
-            allowed
-        });
-        let shared_milli = match gpus.as_slice() {
-            [g] if g.count == 1 && u32::from(g.milli) < MILLI_PER_DEVICE => g.milli,
-            _ => 0,
-        };
-        Some(Self {
-            pod,
-            cpu: host_amount(pod.requests.cpu_milli),
-            memory: host_amount(pod.requests.memory_bytes),
-            cpu_milli: pod.requests.cpu_milli,
-            gpu_milli: pod.requests.gpus.iter().map(|g| g.total().0).sum(),
-            gpus,
-            models,
-            shared_milli,
-        })
-    }
-
-    /// Whether the node passes the static filters and has room now.
-    pub fn admits(&self, n: &NodeState) -> bool {
-        n.deficit.is_empty()
-            && self.fits_statically(n)
-            && self.has_room(&n.layout, &n.free, n.cpu_free, n.memory_free)
-    }
-
-    /// Whether the node could ever take the pod: schedulable, an allowed GPU model, enough
-    /// devices of each resource, the pod's node rules.
-    pub fn fits_statically(&self, n: &NodeState) -> bool {
-        if !n.node.schedulable {
-            return false;
-        }
-        if let Some(models) = &self.models
-            && !n.model.is_some_and(|m| models[m.index()])
-        {
-            return false;
-        }
-        let enough_devices = self
-            .gpus
-            .iter()
-            .all(|g| n.pool(g.resource).is_some_and(|p| p.len >= g.count));
-        enough_devices
-            && self
-                .pod
-                .node_rules
-                .as_ref()
-                .is_none_or(|r| r.admits(&n.node.name, &n.node.labels, &n.node.taints))
-    }
-
-    /// Whether free devices, CPU and memory as given have room for the pod.
-    pub fn has_room(
-        &self,
-        layout: &[PoolLayout],
-        free: &[u16],
-        cpu_free: i64,
-        memory_free: i64,
-    ) -> bool {
-        if cpu_free < self.cpu || memory_free < self.memory {
-            return false;
-        }
-        self.gpus.iter().all(|g| {
-            layout
-                .iter()
-                .find(|p| p.resource == g.resource)
-                .is_some_and(|pool| {
-                    let devices =
-                        &free[usize::from(pool.start)..usize::from(pool.start + pool.len)];
-                    devices.iter().filter(|f| **f >= g.milli).count() >= usize::from(g.count)
-                })
-        })
-    }
-
-    /// The pool of a shared request, when the request is one.
-    fn shared_pool<'n>(&self, n: &'n NodeState) -> Option<&'n PoolLayout> {
-        if self.shared_milli == 0 {
-            return None;
-        }
-        n.pool(self.gpus[0].resource)
-    }
-
-    /// The charges of placing the request on `n`: on `shared` for a shared request, else on
-    /// the lowest-numbered devices that fit. False when it does not fit.
-    fn charges(&self, n: &NodeState, shared: Option<u16>, out: &mut Vec<Charge>) -> bool {
-        self.charges_in(&n.layout, &n.free, shared, out)
-    }
-
-    /// [`Request::charges`] on free devices as given.
-    pub fn charges_in(
-        &self,
-        layout: &[PoolLayout],
-        free: &[u16],
-        shared: Option<u16>,
-        out: &mut Vec<Charge>,
-    ) -> bool {
-        out.clear();
-        if let Some(device) = shared {
-            out.push(Charge {
-                device,
-                milli: self.shared_milli,
-            });
-            return free[usize::from(device)] >= self.shared_milli;
-        }
-        for g in &self.gpus {
-            let Some(pool) = layout.iter().find(|p| p.resource == g.resource) else {
-                return false;
-            };
-            let mut wanted = g.count;
-            for d in pool.start..pool.start + pool.len {
-                if wanted == 0 {
-                    break;
-                }
-                if free[usize::from(d)] >= g.milli {
-                    out.push(Charge {
-                        device: d,
-                        milli: g.milli,
-                    });
-                    wanted -= 1;
-                }
-            }
-            if wanted > 0 {
-                return false;
-            }
-        }
-        true
     }
 }

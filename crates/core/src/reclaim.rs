@@ -18,11 +18,11 @@ use std::{fmt, time::Duration};
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::Snapshot;
+use crate::devices::{Request, Trial, host_amount};
+use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::model::{CheckpointSettings, DeviceSet, EVICTION_RESERVE, PodKey, format_duration};
-use crate::placement::Request;
 use crate::quantity::{Milli, ResourceName};
-use crate::snapshot::{Attribution, Charge, NodeId, PodId, QueueId, ResourceId};
+use crate::snapshot::{Attribution, Snapshot};
 
 /// A reclaim to carry out: evict `victims`, then bind the owner to `node`.
 #[derive(Clone, Debug, PartialEq)]
@@ -172,18 +172,8 @@ pub fn plan_reclaim(
     owner: PodId,
     now: Timestamp,
 ) -> Result<ReclaimPlan, NoPlan> {
-    let slot = snapshot.slot(owner).ok_or(NoPlan::NotPendingInAQueue)?;
-    let (Attribution::Queue(queue), false) = (&slot.attribution, slot.pod.is_admitted()) else {
-        return Err(NoPlan::NotPendingInAQueue);
-    };
-    if let Some(mark) = &slot.pod.reclaim {
-        return Err(NoPlan::InProgress {
-            id: mark.id.clone(),
-        });
-    }
-    within_guarantee(snapshot, *queue, &slot.amounts)?;
-    let request = Request::new(snapshot, &slot.pod).ok_or(NoPlan::NoSuitableNode)?;
-    let borrowers = evictable_borrowers(snapshot, *queue);
+    let (queue, request) = owner_request(snapshot, owner)?;
+    let borrowers = evictable_borrowers(snapshot, queue);
     if !borrowers.iter().any(|b| *b) {
         return Err(NoPlan::NoBorrowers);
     }
@@ -197,39 +187,63 @@ pub fn plan_reclaim(
                 .and_then(|d| SignedDuration::try_from(d).ok())
         })
         .collect();
+    let plan = best_node_plan(snapshot, &request, &borrowers, &floors, now)?;
+    Ok(finish(snapshot, owner, queue, &request, &plan, now))
+}
 
+/// The owner's queue and its request, when it may own a reclaim: pending in a queue, not
+/// already an owner, within its guarantee, and able to fit some node.
+fn owner_request(snapshot: &Snapshot, owner: PodId) -> Result<(QueueId, Request<'_>), NoPlan> {
+    let slot = snapshot.slot(owner).ok_or(NoPlan::NotPendingInAQueue)?;
+    let (Attribution::Queue(queue), false) = (&slot.attribution, slot.pod.is_admitted()) else {
+        return Err(NoPlan::NotPendingInAQueue);
+    };
+    if let Some(mark) = &slot.pod.reclaim {
+        return Err(NoPlan::InProgress {
+            id: mark.id.clone(),
+        });
+    }
+    within_guarantee(snapshot, *queue, &slot.amounts)?;
+    let request = snapshot.request(&slot.pod).ok_or(NoPlan::NoSuitableNode)?;
+    Ok((*queue, request))
+}
+
+/// The best plan over all nodes: first sparing borrowers that `minBorrowDuration` protects,
+/// then, only if no node has a plan, without sparing them.
+fn best_node_plan(
+    snapshot: &Snapshot,
+    request: &Request,
+    borrowers: &[bool],
+    floors: &[Option<SignedDuration>],
+    now: Timestamp,
+) -> Result<NodePlan, NoPlan> {
     let mut suitable = false;
     let mut borrower_nodes = 0;
     let mut best: Option<NodePlan> = None;
     let mut scratch = Scratch {
         candidates: Vec::new(),
         chosen: Vec::new(),
-        trial: Trial {
-            free: Vec::new(),
-            cpu: 0,
-            memory: 0,
-        },
+        trial: Trial::default(),
     };
     for spare_protected in [true, false] {
-        for id in snapshot.node_ids() {
-            let n = &snapshot.nodes[id.index()];
+        for (id, n) in snapshot.node_states() {
             if !request.fits_statically(n) {
                 continue;
             }
             suitable = true;
             if request.admits(n) {
                 return Err(NoPlan::RoomAvailable {
-                    node: n.node.name.clone(),
+                    node: n.node().name.clone(),
                 });
             }
-            if !n.deficit.is_empty() {
+            if n.is_oversubscribed() {
                 continue; // another owner's reservation
             }
             candidates_on(
                 snapshot,
                 id,
-                &borrowers,
-                &floors,
+                borrowers,
+                floors,
                 now,
                 spare_protected,
                 &mut scratch.candidates,
@@ -244,7 +258,7 @@ pub fn plan_reclaim(
             if best.as_ref().is_some_and(|b| floor >= b.rank) {
                 continue;
             }
-            if let Some(rank) = plan_on_node(snapshot, &request, id, &mut scratch, now)
+            if let Some(rank) = plan_on_node(snapshot, request, id, &mut scratch, now)
                 && best.as_ref().is_none_or(|b| rank < b.rank)
             {
                 best = Some(NodePlan {
@@ -261,8 +275,7 @@ pub fn plan_reclaim(
     if !suitable {
         return Err(NoPlan::NoSuitableNode);
     }
-    let plan = best.ok_or(NoPlan::BorrowersCannotMakeRoom { borrower_nodes })?;
-    Ok(finish(snapshot, owner, *queue, &request, &plan, now))
+    best.ok_or(NoPlan::BorrowersCannotMakeRoom { borrower_nodes })
 }
 
 /// No plan on a node can rank below one victim with the least priority, cost and work found
@@ -307,7 +320,7 @@ fn within_guarantee(
 /// Borrower pods of other queues, by pod index, that may be evicted: seated on a node and not
 /// already part of a reclaim.
 fn evictable_borrowers(snapshot: &Snapshot, owner_queue: QueueId) -> Vec<bool> {
-    let mut evictable = vec![false; snapshot.pods.len()];
+    let mut evictable = vec![false; snapshot.pod_index_bound()];
     for q in snapshot.queue_ids().filter(|q| *q != owner_queue) {
         for pod in snapshot.borrowers(q) {
             let seated = snapshot.slot(pod).is_some_and(|s| {
@@ -345,7 +358,7 @@ fn candidates_on<'a>(
     out: &mut Vec<Candidate<'a>>,
 ) {
     out.clear();
-    for p in &snapshot.nodes[node.index()].pods {
+    for p in snapshot.node_state(node).pods() {
         if !borrowers[p.index()] {
             continue;
         }
@@ -384,39 +397,15 @@ fn candidates_on<'a>(
     });
 }
 
-/// Free devices, CPU and memory of a node while victims are tried out.
-struct Trial {
-    free: Vec<u16>,
-    cpu: i64,
-    memory: i64,
-}
-
-impl Trial {
-    fn reset(&mut self, n: &crate::snapshot::NodeState) {
-        self.free.clear();
-        self.free.extend_from_slice(&n.free);
-        self.cpu = n.cpu_free;
-        self.memory = n.memory_free;
-    }
-
-    fn apply(&mut self, snapshot: &Snapshot, pod: PodId, sign: i8) {
-        let Some(slot) = snapshot.slot(pod) else {
-            return;
-        };
-        let Some(seat) = &slot.seat else { return };
-        for Charge { device, milli } in &seat.charges {
-            let free = &mut self.free[usize::from(*device)];
-            *free = if sign > 0 {
-                free.saturating_add(*milli)
-            } else {
-                free.saturating_sub(*milli)
-            };
-        }
-        let cpu = crate::snapshot::host_amount(slot.pod.requests.cpu_milli);
-        let memory = crate::snapshot::host_amount(slot.pod.requests.memory_bytes);
-        self.cpu += i64::from(sign) * cpu;
-        self.memory += i64::from(sign) * memory;
-    }
+/// Gives back (`sign` = 1) or takes again (`sign` = -1) what a seated pod holds, on a trial.
+fn try_release(trial: &mut Trial, snapshot: &Snapshot, pod: PodId, sign: i8) {
+    let Some(slot) = snapshot.slot(pod) else {
+        return;
+    };
+    let Some(seat) = &slot.seat else { return };
+    let cpu = host_amount(slot.pod.requests.cpu_milli);
+    let memory = host_amount(slot.pod.requests.memory_bytes);
+    trial.release(&seat.charges, cpu, memory, sign);
 }
 
 /// Greedy removal in preference order until the owner fits, then fill-back; the victims are
@@ -428,17 +417,17 @@ fn plan_on_node(
     scratch: &mut Scratch<'_>,
     now: Timestamp,
 ) -> Option<Rank> {
-    let n = &snapshot.nodes[node.index()];
+    let n = snapshot.node_state(node);
     let Scratch {
         candidates,
         chosen,
         trial,
     } = scratch;
     trial.reset(n);
-    let fits = |t: &Trial| request.has_room(&n.layout, &t.free, t.cpu, t.memory);
+    let fits = |t: &Trial| request.has_room(n.layout(), &t.free, t.cpu, t.memory);
     chosen.clear();
     for c in candidates.iter() {
-        trial.apply(snapshot, c.pod, 1);
+        try_release(trial, snapshot, c.pod, 1);
         chosen.push(c.pod);
         if fits(trial) {
             break;
@@ -449,11 +438,11 @@ fn plan_on_node(
     }
     // Fill-back: put back each victim, last chosen first, whose room the owner does not need.
     for i in (0..chosen.len()).rev() {
-        trial.apply(snapshot, chosen[i], -1);
+        try_release(trial, snapshot, chosen[i], -1);
         if fits(trial) {
             chosen.remove(i);
         } else {
-            trial.apply(snapshot, chosen[i], 1);
+            try_release(trial, snapshot, chosen[i], 1);
         }
     }
     let (mut max_priority, mut cost, mut work) = (i32::MIN, 0u64, 0i64);
@@ -473,17 +462,13 @@ fn finish(
     plan: &NodePlan,
     now: Timestamp,
 ) -> ReclaimPlan {
-    let n = &snapshot.nodes[plan.node.index()];
-    let mut trial = Trial {
-        free: n.free.clone(),
-        cpu: n.cpu_free,
-        memory: n.memory_free,
-    };
+    let n = snapshot.node_state(plan.node);
+    let mut trial = Trial::of(n);
     for v in &plan.victims {
-        trial.apply(snapshot, *v, 1);
+        try_release(&mut trial, snapshot, *v, 1);
     }
     let mut charges = Vec::new();
-    request.charges_in(&n.layout, &trial.free, None, &mut charges);
+    request.charges_in(n.layout(), &trial.free, None, &mut charges);
     let victims = plan
         .victims
         .iter()
@@ -523,8 +508,8 @@ fn finish(
         owner_key: owner_slot.map_or_else(|| PodKey::new("", ""), |s| s.pod.key.clone()),
         owner_queue: snapshot.queue(queue).name.clone(),
         node: plan.node,
-        node_name: n.node.name.clone(),
-        pin: n.node.hostname().to_string(),
+        node_name: n.node().name.clone(),
+        pin: n.node().hostname().to_string(),
         devices: snapshot.device_sets(plan.node, &charges),
         victims,
         overrides_min_borrow,

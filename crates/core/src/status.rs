@@ -10,10 +10,10 @@ use gpuqueue_api::v1alpha1::{GpuQueueStatus, ResourceStatus, StatusSummary};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::Snapshot;
+use crate::ids::{QueueId, ResourceId};
 use crate::model::{QueueError, ReclaimRole};
 use crate::quantity::{Milli, ResourceName};
-use crate::snapshot::{QueueId, ResourceId};
+use crate::snapshot::Snapshot;
 
 /// One queue's status.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,7 +89,7 @@ pub fn queue_reports(snapshot: &Snapshot) -> Vec<QueueReport> {
 fn lent_by_queue(snapshot: &Snapshot) -> std::collections::HashMap<(QueueId, ResourceId), Milli> {
     let mut lent = std::collections::HashMap::new();
     for (i, _) in snapshot.resources().iter().enumerate() {
-        let resource = ResourceId(u16::try_from(i).unwrap_or(u16::MAX));
+        let resource = ResourceId::at(i);
         let usages: Vec<(QueueId, &crate::ledger::ResourceUsage)> = snapshot
             .queue_ids()
             .filter_map(|q| Some((q, snapshot.usage_of(q, resource)?)))

@@ -9,10 +9,10 @@ mod common;
 use std::time::Duration;
 
 use common::world::{at, node, pending, queue};
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, decide};
 use gpuqueue_core::model::{PodKey, ReclaimSettings};
-use gpuqueue_core::placement::{FragmentationAware, TieBreak};
 
 #[test]
 fn a_recorded_reclaim_starts_the_borrowing_cooldown() {
@@ -27,13 +27,7 @@ fn a_recorded_reclaim_starts_the_borrowing_cooldown() {
         .build();
     let pod = snapshot.pod_id(&PodKey::new("b", "p")).unwrap();
     let queue_b = snapshot.queue_id("b").unwrap();
-    let code = |snapshot: &Snapshot, now| match decide(
-        snapshot,
-        pod,
-        &FragmentationAware,
-        TieBreak::First,
-        at(now),
-    ) {
+    let code = |snapshot: &Snapshot, now| match decide(snapshot, pod, &Policy::default(), at(now)) {
         Decision::Wait(w) => w.reason.code(),
         Decision::Admit(_) => "Admit",
         Decision::Reclaim(_) => "Reclaim",

@@ -2,6 +2,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::fragmentation::{TaskShape, WorkloadMix};
 use gpuqueue_core::model::{
@@ -91,12 +92,8 @@ fn a_pod_pinned_to_a_full_node_waits_there_as_a_deficit_until_room_frees() {
         "the bound victim holds the devices; the pinned owner waits"
     );
     // Nothing else may be placed on the over-subscribed node.
-    let p = snapshot
-        .find_placement(
-            &task("x", GpuRequest::devices(GPU, 1)),
-            &BestFit,
-            TieBreak::First,
-        )
+    let p = Policy::new(&BestFit, TieBreak::First)
+        .find_placement(&snapshot, &task("x", GpuRequest::devices(GPU, 1)))
         .unwrap();
     assert_eq!(p.node_name, "n2");
     let victim = snapshot.pod_id(&PodKey::new("t", "victim")).unwrap();
@@ -171,12 +168,8 @@ fn half_used() -> Snapshot {
 fn best_fit_and_packing_share_the_used_gpu() {
     let snapshot = half_used();
     for scorer in [&BestFit as &dyn Scorer, &GpuPacking] {
-        let p = snapshot
-            .find_placement(
-                &task("q", GpuRequest::shared(GPU, 400)),
-                scorer,
-                TieBreak::First,
-            )
+        let p = Policy::new(scorer, TieBreak::First)
+            .find_placement(&snapshot, &task("q", GpuRequest::shared(GPU, 400)))
             .unwrap();
         assert_eq!(p.node_name, "busy");
         assert_eq!(p.devices[0].devices, vec![0], "onto the half-used device");
@@ -203,12 +196,8 @@ fn fgd_avoids_leaving_a_fragment_the_mix_cannot_use() {
         "500 free on the shared GPU is unusable"
     );
     for scorer in [&Fgd as &dyn Scorer, &FragmentationAware] {
-        let p = snapshot
-            .find_placement(
-                &task("q", GpuRequest::shared(GPU, 400)),
-                scorer,
-                TieBreak::First,
-            )
+        let p = Policy::new(scorer, TieBreak::First)
+            .find_placement(&snapshot, &task("q", GpuRequest::shared(GPU, 400)))
             .unwrap();
         assert_eq!(
             (p.node_name.as_str(), p.devices[0].devices.as_slice()),
@@ -251,8 +240,8 @@ fn ours_keeps_cpu_next_to_free_gpus_where_fgd_sees_no_difference() {
         Timestamp::UNIX_EPOCH,
     );
     let on = |scorer: &dyn Scorer| {
-        snapshot
-            .find_placement(&cpu_only, scorer, TieBreak::First)
+        Policy::new(scorer, TieBreak::First)
+            .find_placement(&snapshot, &cpu_only)
             .unwrap()
             .node_name
     };
@@ -270,22 +259,22 @@ fn gpu_models_taints_and_selectors_filter_nodes() {
     let mut p = task("p", GpuRequest::devices(GPU, 1));
     p.gpu_models = vec!["A100".into()];
     assert_eq!(
-        snapshot
-            .find_placement(&p, &BestFit, TieBreak::First)
+        Policy::new(&BestFit, TieBreak::First)
+            .find_placement(&snapshot, &p)
             .unwrap()
             .node_name,
         "a100"
     );
     p.gpu_models = vec!["H100".into()];
     assert!(
-        snapshot
-            .find_placement(&p, &BestFit, TieBreak::First)
+        Policy::new(&BestFit, TieBreak::First)
+            .find_placement(&snapshot, &p)
             .is_none()
     );
     let too_big = task("big", GpuRequest::devices(GPU, 5));
     assert!(
-        snapshot
-            .find_placement(&too_big, &BestFit, TieBreak::First)
+        Policy::new(&BestFit, TieBreak::First)
+            .find_placement(&snapshot, &too_big)
             .is_none()
     );
 }
@@ -297,8 +286,8 @@ fn seeded_ties_are_reproducible_and_spread() {
         .build();
     let p = task("p", GpuRequest::devices(GPU, 1));
     let pick = |seed| {
-        snapshot
-            .find_placement(&p, &BestFit, TieBreak::Seeded(seed))
+        Policy::new(&BestFit, TieBreak::Seeded(seed))
+            .find_placement(&snapshot, &p)
             .unwrap()
             .node_name
     };
@@ -309,16 +298,16 @@ fn seeded_ties_are_reproducible_and_spread() {
         "seeded ties spread over the equal nodes: {distinct:?}"
     );
     assert_eq!(
-        snapshot
-            .find_placement(&p, &BestFit, TieBreak::First)
+        Policy::new(&BestFit, TieBreak::First)
+            .find_placement(&snapshot, &p)
             .unwrap()
             .node_name,
         "n00"
     );
     let random: std::collections::BTreeSet<String> = (0..64)
         .map(|seed| {
-            snapshot
-                .find_placement(&p, &Random { seed }, TieBreak::First)
+            Policy::new(&Random { seed }, TieBreak::First)
+                .find_placement(&snapshot, &p)
                 .unwrap()
                 .node_name
         })

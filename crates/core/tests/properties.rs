@@ -7,13 +7,14 @@
 mod common;
 
 use common::world::{at, node, pending, queue, running};
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, admission_cycle};
+use gpuqueue_core::ids::{NodeId, PodId, QueueId};
 use gpuqueue_core::model::Pod;
-use gpuqueue_core::placement::{BestFit, FragmentationAware, TieBreak, mix64};
+use gpuqueue_core::placement::{BestFit, TieBreak, mix64};
 use gpuqueue_core::quantity::{MILLI_PER_DEVICE, Milli};
 use gpuqueue_core::reclaim::plan_reclaim;
-use gpuqueue_core::snapshot::{NodeId, PodId, QueueId};
 use proptest::prelude::*;
 
 /// A generated cluster: node sizes, queue quotas, and pods (running or pending).
@@ -197,8 +198,8 @@ fn victim_queues_keep_guarantees(snapshot: &Snapshot, queues: &[QueueId]) -> Res
 
 /// Whether the owner fits on the node (only that node considered).
 fn owner_fits(snapshot: &Snapshot, owner: &Pod, node: NodeId) -> bool {
-    snapshot
-        .find_placement_where(owner, &BestFit, TieBreak::First, &|n| n == node)
+    Policy::new(&BestFit, TieBreak::First)
+        .find_placement_where(snapshot, owner, &|n| n == node)
         .is_some()
 }
 
@@ -233,7 +234,7 @@ proptest! {
         let mut snapshot = build(&w);
         prop_assert_eq!(devices_add_up(&snapshot), Ok(()));
         prop_assert_eq!(ledger_adds_up(&snapshot), Ok(()));
-        let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(1000));
+        let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(1000));
         prop_assert_eq!(devices_add_up(&snapshot), Ok(()));
         prop_assert_eq!(ledger_adds_up(&snapshot), Ok(()));
         // Victims leave: what they held is free again, and owners are seated.
@@ -254,7 +255,7 @@ proptest! {
     #[test]
     fn nobody_exceeds_guaranteed_plus_burstable_nor_capacity(w in world(4, true)) {
         let mut snapshot = build(&w);
-        let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(1000));
+        let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(1000));
         for q in snapshot.queue_ids() {
             for u in snapshot.usage(q) {
                 prop_assert!(u.allocated <= u.ceiling(), "queue {:?}: {:?}", q, u);
@@ -313,7 +314,7 @@ proptest! {
             let (mut s, issues) =
                 Snapshot::builder().queues(queues_of(&base)).nodes(nodes_of(&base)).pods(pods).build();
             assert!(issues.is_empty(), "{issues:?}");
-            describe(&admission_cycle(&mut s, &FragmentationAware, TieBreak::First, at(1000)))
+            describe(&admission_cycle(&mut s, &Policy::default(), at(1000)))
         };
         let first = decide_all(pods);
         prop_assert_eq!(&first, &decide_all(shuffled));
@@ -333,7 +334,7 @@ proptest! {
         // A node takes one reclaim at a time (its owner waits there for the victims), so
         // several owners on one node need several rounds.
         for round in 0..100 {
-            let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(1000 + round));
+            let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(1000 + round));
             let mut progressed = false;
             for d in &decisions {
                 if let Decision::Reclaim(plan) = d {
@@ -412,7 +413,7 @@ proptest! {
                         at(0),
                     );
                     pod.gpu_models = model.map(|m| vec![models[m].to_string()]).unwrap_or_default();
-                    if let Some(p) = snapshot.find_placement(&pod, &Fgd, TieBreak::Seeded(seed ^ i as u64)) {
+                    if let Some(p) = Policy::new(&Fgd, TieBreak::Seeded(seed ^ i as u64)).find_placement(&snapshot, &pod) {
                         placed.push(snapshot.add_placed(pod, &p).unwrap());
                     }
                 }

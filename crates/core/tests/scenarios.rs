@@ -9,6 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::world::{GPU, at, build, node, pending, queue, running};
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{
     Decision, NotAtCreation, admission_cycle, admit_at_creation, decide,
@@ -16,7 +17,6 @@ use gpuqueue_core::admission::{
 use gpuqueue_core::model::{
     AdmittedAs, GpuRequest, Namespace, Node, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
-use gpuqueue_core::placement::{FragmentationAware, TieBreak};
 use gpuqueue_core::quantity::Milli;
 use gpuqueue_core::status::queue_reports;
 
@@ -457,13 +457,7 @@ fn scenarios_decide_as_expected() {
     for case in cases() {
         let snapshot = (case.world)();
         let pod = snapshot.pod_id(&key(case.pod)).unwrap();
-        let decision = decide(
-            &snapshot,
-            pod,
-            &FragmentationAware,
-            TieBreak::First,
-            at(case.now),
-        );
+        let decision = decide(&snapshot, pod, &Policy::default(), at(case.now));
         if let Err(why) = matches(&decision, &case.expect) {
             failures.push(format!("{}: {why}\n  got {decision:#?}", case.name));
         }
@@ -519,7 +513,7 @@ fn a_cycle_serves_guarantees_before_borrowers_whatever_their_age() {
         vec![node("n1", 4)],
         pods,
     );
-    let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(200));
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(200));
     let admitted: Vec<String> = decisions
         .iter()
         .filter(|d| matches!(d, Decision::Admit(_)))
@@ -549,7 +543,7 @@ fn a_cycle_shares_idle_capacity_by_weight() {
         vec![node("n1", 8)],
         pods,
     );
-    let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(100));
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(100));
     let admitted = |ns: &str| {
         decisions
             .iter()
@@ -575,7 +569,7 @@ fn a_reclaim_in_a_cycle_reserves_the_freed_room_for_its_owner() {
         vec![node("n1", 4)],
         pods,
     );
-    let decisions = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(100));
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(100));
     let Decision::Reclaim(plan) = &decisions[0] else {
         panic!("{decisions:#?}")
     };
@@ -601,7 +595,7 @@ fn a_reclaim_in_a_cycle_reserves_the_freed_room_for_its_owner() {
     }
     assert!(!snapshot.is_oversubscribed(n1));
     assert_eq!(snapshot.pod_node(plan.owner), Some(n1));
-    let again = admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(101));
+    let again = admission_cycle(&mut snapshot, &Policy::default(), at(101));
     assert!(
         again.iter().all(|d| !matches!(d, Decision::Reclaim(_))),
         "{again:#?}"
@@ -640,18 +634,10 @@ fn lowering_a_guarantee_below_use_marks_the_excess_borrowed_and_evicts_nothing()
         ["p7", "p6", "p5", "p4"],
         "the most recently admitted borrow"
     );
-    assert!(
-        admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(100)).is_empty()
-    );
+    assert!(admission_cycle(&mut snapshot, &Policy::default(), at(100)).is_empty());
     // b wants its guarantee back: exactly the borrowers it needs are reclaimed.
     let b_pod = snapshot.add_pod(pending("b/p", 3, 100)).unwrap();
-    let Decision::Reclaim(plan) = decide(
-        &snapshot,
-        b_pod,
-        &FragmentationAware,
-        TieBreak::First,
-        at(101),
-    ) else {
+    let Decision::Reclaim(plan) = decide(&snapshot, b_pod, &Policy::default(), at(101)) else {
         panic!()
     };
     assert_eq!(plan.victims.len(), 3);
@@ -803,7 +789,7 @@ fn namespaces_are_claimed_by_label_selector() {
         .build();
     let pod = snapshot.pod_id(&key("team-a-dev/p")).unwrap();
     assert!(matches!(
-        decide(&snapshot, pod, &FragmentationAware, TieBreak::First, at(1)),
+        decide(&snapshot, pod, &Policy::default(), at(1)),
         Decision::Admit(a) if a.queue == "a"
     ));
 }
@@ -835,8 +821,7 @@ fn at_creation(snapshot: &mut Snapshot, key: &str, gpus: u32) -> Result<Admitted
     admit_at_creation(
         snapshot,
         pending(key, gpus, 100),
-        &FragmentationAware,
-        TieBreak::First,
+        &Policy::default(),
         at(100),
     )
     .map(|admission| {
@@ -911,7 +896,5 @@ fn a_pod_that_needs_a_reclaim_is_not_admitted_at_creation_and_nothing_is_marked(
     assert_eq!(format!("{:?}", queue_reports(&snapshot)), reports_before);
     assert_eq!(snapshot.pending_pods().count(), 0);
     // A cycle over the same world plans nothing: no victim was left marked.
-    assert!(
-        admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, at(100)).is_empty()
-    );
+    assert!(admission_cycle(&mut snapshot, &Policy::default(), at(100)).is_empty());
 }

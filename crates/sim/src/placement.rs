@@ -17,11 +17,12 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
+use gpuqueue_core::devices::Placement;
 use gpuqueue_core::fragmentation::ClusterFragmentation;
-use gpuqueue_core::placement::{
-    BestFit, Fgd, FragmentationAware, GpuPacking, Random, Scorer, TieBreak, mix64,
-};
+use gpuqueue_core::model::Pod;
+use gpuqueue_core::placement::{BestFit, Fgd, GpuPacking, Random, Scorer, TieBreak, mix64};
 
 use crate::convert;
 use crate::curves::{Curves, Observation};
@@ -40,7 +41,7 @@ pub enum PlacementPolicy {
     GpuPacking,
     /// Fragmentation gradient descent (`06-FGD`).
     Fgd,
-    /// Ours: the operator's scorer (`FragmentationAware`).
+    /// Ours: the operator's policy ([`Policy::default`]).
     Ours,
 }
 
@@ -76,16 +77,27 @@ impl PlacementPolicy {
         }
     }
 
-    /// The scorer for the pod submitted `index`-th in a run with `seed` (only random draws).
-    fn scorer(self, seed: u64, index: u64) -> Box<dyn Scorer> {
+    /// The scorer of a paper's policy for the pod submitted `index`-th in a run with `seed`
+    /// (only random draws); `None` for ours, which is the operator's [`Policy::default`].
+    fn scorer(self, seed: u64, index: u64) -> Option<Box<dyn Scorer>> {
         match self {
-            PlacementPolicy::Random => Box::new(Random {
+            PlacementPolicy::Random => Some(Box::new(Random {
                 seed: mix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ index),
-            }),
-            PlacementPolicy::BestFit => Box::new(BestFit),
-            PlacementPolicy::GpuPacking => Box::new(GpuPacking),
-            PlacementPolicy::Fgd => Box::new(Fgd),
-            PlacementPolicy::Ours => Box::new(FragmentationAware),
+            })),
+            PlacementPolicy::BestFit => Some(Box::new(BestFit)),
+            PlacementPolicy::GpuPacking => Some(Box::new(GpuPacking)),
+            PlacementPolicy::Fgd => Some(Box::new(Fgd)),
+            PlacementPolicy::Ours => None,
+        }
+    }
+
+    /// Where the pod submitted `index`-th in a run with `seed` goes, ties to the first node.
+    fn place(self, snapshot: &Snapshot, pod: &Pod, seed: u64, index: u64) -> Option<Placement> {
+        match self.scorer(seed, index) {
+            Some(scorer) => {
+                Policy::new(scorer.as_ref(), TieBreak::First).find_placement(snapshot, pod)
+            }
+            None => Policy::default().find_placement(snapshot, pod),
         }
     }
 }
@@ -211,8 +223,7 @@ pub fn run(
             task,
             SimTime::ZERO,
         );
-        let scorer = policy.scorer(seed, index as u64);
-        if let Some(placement) = snapshot.find_placement(&pod, scorer.as_ref(), TieBreak::First)
+        if let Some(placement) = policy.place(&snapshot, &pod, seed, index as u64)
             && snapshot.add_placed(pod, &placement).is_ok()
         {
             placed += 1;

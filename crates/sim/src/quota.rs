@@ -8,7 +8,8 @@
 //! noticing it (PLEG relist), the pod object's deletion, then the owner's binding. Every one
 //! of those delays is drawn per step from the scenario's latency model.
 //!
-//! The policies, all with the operator's scorer (`FragmentationAware`, ties to the first node):
+//! The policies, all placing with the operator's [`Policy::default`] (`FragmentationAware`,
+//! ties to the first node):
 //! - **no isolation**: one queue claims every tenant's namespace with the whole cluster as its
 //!   guarantee: first come, first served by priority then age, no quotas, no reclaim;
 //! - **static quotas**: each tenant's queue with `burstable: 0`: nobody exceeds its guarantee;
@@ -24,16 +25,16 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::CheckpointDriver;
+use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, WaitReason, admission_cycle};
 use gpuqueue_core::fragmentation::WorkloadMix;
+use gpuqueue_core::ids::PodId;
 use gpuqueue_core::model::{
     CheckpointSettings, Namespace, Node, Pod, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
-use gpuqueue_core::placement::{FragmentationAware, TieBreak};
 use gpuqueue_core::quantity::Milli;
 use gpuqueue_core::reclaim::{NoPlan, ReclaimPlan};
-use gpuqueue_core::snapshot::PodId;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
@@ -550,8 +551,7 @@ impl Run<'_> {
     fn pass(&mut self, now: SimTime) {
         let decisions = admission_cycle(
             &mut self.snapshot,
-            &FragmentationAware,
-            TieBreak::First,
+            &Policy::default(),
             convert::timestamp(now),
         );
         let mut changed = false;

@@ -1,7 +1,8 @@
 //! Which queue a namespace belongs to: the one attribution rule the snapshot, the webhook and
 //! the CLI share.
 
-use super::{Namespace, Queue};
+use super::namespace::Namespace;
+use super::queue::Queue;
 
 /// The queues that claim a namespace, by name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +39,9 @@ mod tests {
     fn queue(name: &str, namespaces: &[&str]) -> Queue {
         namespaces
             .iter()
-            .fold(Queue::new(name), |queue, namespace| queue.namespace(*namespace))
+            .fold(Queue::new(name), |queue, namespace| {
+                queue.namespace(*namespace)
+            })
     }
 
     #[test]
@@ -48,7 +51,10 @@ mod tests {
             claim_of(&queues, &Namespace::new("serving")),
             Claim::Queue("online".into())
         );
-        assert_eq!(claim_of(&queues, &Namespace::new("other")), Claim::Unclaimed);
+        assert_eq!(
+            claim_of(&queues, &Namespace::new("other")),
+            Claim::Unclaimed
+        );
     }
 
     #[test]

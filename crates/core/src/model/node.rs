@@ -2,11 +2,10 @@
 //! per resource name: whole GPUs, each MIG profile) with the GPU model and memory per device.
 
 use k8s_openapi::api::core::v1 as k8s;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{
-    Converted,
-    selector::{Labels, Taint},
-};
+use super::converted::Converted;
+use super::selector::{Labels, Taint};
 use crate::quantity::{
     ResourceName, is_gpu_resource, parse_bytes, parse_device_count, parse_milli,
 };
@@ -133,68 +132,18 @@ impl Node {
             .and_then(|s| s.allocatable.as_ref().or(s.capacity.as_ref()))
             .cloned()
             .unwrap_or_default();
-        let field = |r: &str| format!("status.allocatable[{r}]");
 
         let cpu_milli = match resources.get("cpu") {
-            Some(q) => parse_milli(&q.0).map_err(|e| err(&field("cpu"), e.to_string()))?,
+            Some(q) => parse_milli(&q.0).map_err(|e| err(&allocatable("cpu"), e.to_string()))?,
             None => u64::MAX,
         };
         let memory_bytes = match resources.get("memory") {
-            Some(q) => parse_bytes(&q.0).map_err(|e| err(&field("memory"), e.to_string()))?,
+            Some(q) => parse_bytes(&q.0).map_err(|e| err(&allocatable("memory"), e.to_string()))?,
             None => u64::MAX,
         };
-
-        let gpu_memory_label = labels.get(gpuqueue_api::node_labels::GPU_MEMORY_MIB);
-        let whole_gpu_memory = match gpu_memory_label.map(|v| v.parse::<u64>()) {
-            None => None,
-            Some(Ok(mib)) => Some(mib),
-            Some(Err(_)) => {
-                warnings.push(format!(
-                    "node {name}: label {}={:?} is not a number of MiB; GPU memory of this node is unknown",
-                    gpuqueue_api::node_labels::GPU_MEMORY_MIB,
-                    gpu_memory_label.map(String::as_str).unwrap_or_default()
-                ));
-                None
-            }
-        };
-        let mut pools = Vec::new();
-        for (resource, quantity) in &resources {
-            if !is_gpu_resource(resource) {
-                continue;
-            }
-            let devices = parse_device_count(&quantity.0)
-                .map_err(|e| err(&field(resource), e.to_string()))?;
-            if devices == 0 {
-                continue;
-            }
-            let devices = u32::try_from(devices)
-                .ok()
-                .filter(|d| *d <= MAX_DEVICES_PER_POOL)
-                .ok_or_else(|| err(&field(resource), format!("more than {MAX_DEVICES_PER_POOL} devices of one resource are not supported")))?;
-            let resource = ResourceName::new(resource);
-            let memory_mib = resource.profile_memory_mib().or(
-                if resource.as_str() == gpuqueue_api::NVIDIA_GPU {
-                    whole_gpu_memory
-                } else {
-                    None
-                },
-            );
-            pools.push(GpuPool {
-                resource,
-                devices,
-                memory_mib,
-            });
-        }
-
-        let cordoned = node
-            .spec
-            .as_ref()
-            .and_then(|s| s.unschedulable)
-            .unwrap_or(false);
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-            .is_some_and(|c| c.status == "True");
+        let whole_gpu_memory = whole_gpu_memory(&name, &labels, &mut warnings);
+        let pools =
+            gpu_pools(&resources, whole_gpu_memory).map_err(|(field, rule)| err(&field, rule))?;
         let taints = node
             .spec
             .as_ref()
@@ -207,7 +156,7 @@ impl Node {
                 name,
                 labels,
                 taints,
-                schedulable: ready && !cordoned,
+                schedulable: is_schedulable(node),
                 cpu_milli,
                 memory_bytes,
                 pools,
@@ -222,4 +171,87 @@ impl Node {
             .get(HOSTNAME_LABEL)
             .map_or(&self.name, String::as_str)
     }
+}
+
+/// The field of an allocatable resource, for errors.
+fn allocatable(resource: &str) -> String {
+    format!("status.allocatable[{resource}]")
+}
+
+/// Memory of one whole GPU from the GPU feature discovery label; a malformed label is a
+/// warning and leaves it unknown.
+fn whole_gpu_memory(name: &str, labels: &Labels, warnings: &mut Vec<String>) -> Option<u64> {
+    let gpu_memory_label = labels.get(gpuqueue_api::node_labels::GPU_MEMORY_MIB);
+    match gpu_memory_label.map(|v| v.parse::<u64>()) {
+        None => None,
+        Some(Ok(mib)) => Some(mib),
+        Some(Err(_)) => {
+            warnings.push(format!(
+                "node {name}: label {}={:?} is not a number of MiB; GPU memory of this node is unknown",
+                gpuqueue_api::node_labels::GPU_MEMORY_MIB,
+                gpu_memory_label.map(String::as_str).unwrap_or_default()
+            ));
+            None
+        }
+    }
+}
+
+/// One pool per GPU resource the node has devices of; an error names the field and the rule.
+fn gpu_pools(
+    resources: &std::collections::BTreeMap<String, Quantity>,
+    whole_gpu_memory: Option<u64>,
+) -> Result<Vec<GpuPool>, (String, String)> {
+    let mut pools = Vec::new();
+    for (resource, quantity) in resources {
+        if !is_gpu_resource(resource) {
+            continue;
+        }
+        let devices =
+            parse_device_count(&quantity.0).map_err(|e| (allocatable(resource), e.to_string()))?;
+        if devices == 0 {
+            continue;
+        }
+        let devices = u32::try_from(devices)
+            .ok()
+            .filter(|d| *d <= MAX_DEVICES_PER_POOL)
+            .ok_or_else(|| {
+                (
+                    allocatable(resource),
+                    format!(
+                        "more than {MAX_DEVICES_PER_POOL} devices of one resource are not supported"
+                    ),
+                )
+            })?;
+        let resource = ResourceName::new(resource);
+        let memory_mib =
+            resource
+                .profile_memory_mib()
+                .or(if resource.as_str() == gpuqueue_api::NVIDIA_GPU {
+                    whole_gpu_memory
+                } else {
+                    None
+                });
+        pools.push(GpuPool {
+            resource,
+            devices,
+            memory_mib,
+        });
+    }
+    Ok(pools)
+}
+
+/// Ready and not cordoned.
+fn is_schedulable(node: &k8s::Node) -> bool {
+    let cordoned = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True");
+    ready && !cordoned
 }

@@ -7,7 +7,9 @@ use gpuqueue_api::{ADMISSION_GATE, annotations, node_labels};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1 as k8s;
 
-use super::{Converted, node::HOSTNAME_LABEL, selector::NodeRules, selector::Operator};
+use super::converted::Converted;
+use super::node::HOSTNAME_LABEL;
+use super::selector::{NodeRules, Operator};
 use crate::quantity::{
     MILLI_PER_DEVICE, Milli, ResourceName, is_gpu_resource, parse_bytes, parse_device_count,
     parse_milli,

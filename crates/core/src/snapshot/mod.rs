@@ -1,0 +1,447 @@
+//! The snapshot: queues, namespaces, nodes and pods, indexed, with each node's free devices,
+//! each queue's ledger and each node's fragmentation kept up to date as pods are added,
+//! admitted and removed.
+//!
+//! The operator builds one per cycle from its reflector stores; the simulator keeps one and
+//! mutates it. Planning tries removals with [`Snapshot::simulate_removal`] and rolls them back
+//! with [`Snapshot::restore`] (Kueue's `SimulateWorkloadRemoval`, Volcano's `Statement`); a
+//! snapshot is also `Clone` for a working copy.
+//!
+//! Devices: Kubernetes does not say which device of a node a pod holds, so the snapshot seats
+//! each admitted pod on the lowest-numbered devices that fit, unless the pod names its devices
+//! (the simulator does). A pod pinned to a node that is still full (the owner of a reclaim
+//! whose victims are terminating) is recorded as a *deficit* on that node: the node takes no
+//! new pods until the deficit is seated, which happens as soon as room is freed.
+//!
+//! This file holds the indices and the read-only queries (the planners ask through them and
+//! never index the tables); `build.rs` adds objects, `seating.rs` keeps devices and ledger in
+//! step as pods come and go, and `what_if.rs` admits, marks and removes pods (and simulates
+//! removals) for planning. The per-node device arithmetic is [`crate::devices`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use jiff::Timestamp;
+
+use crate::devices::{self, Charge, NodeState, NodeView, Request, ResolvedGpu, Seat};
+use crate::fragmentation::{ClusterFragmentation, FragIndex, WorkloadMix};
+use crate::ids::{ModelId, NodeId, PodId, QueueId, ResourceId};
+use crate::ledger::{QueueState, ResourceUsage};
+use crate::model::{
+    AdmittedAs, DeviceSet, MAX_DEVICES_PER_POOL, Namespace, Node, Pod, PodKey, Queue,
+};
+use crate::quantity::{Milli, ResourceName};
+
+mod build;
+mod seating;
+mod what_if;
+
+/// Which queue a pod belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Attribution {
+    /// Its namespace is claimed by exactly this queue.
+    Queue(QueueId),
+    /// Its namespace is claimed by several queues: nothing is admitted until that is resolved.
+    Conflict {
+        namespace: String,
+        queues: Vec<String>,
+    },
+    /// Its namespace is claimed by no queue: the pod is unmanaged and counts as used capacity.
+    Unclaimed,
+}
+
+/// A problem with one object given to the snapshot; the object is left out or corrected, the
+/// rest of the snapshot is usable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("queue {0} is given twice; the second is ignored")]
+    DuplicateQueue(String),
+    #[error("node {0} is given twice; the second is ignored")]
+    DuplicateNode(String),
+    #[error(
+        "node {node}: {resource} has {devices} devices; at most {MAX_DEVICES_PER_POOL} are supported"
+    )]
+    TooManyDevices {
+        node: String,
+        resource: ResourceName,
+        devices: u32,
+    },
+    #[error("pod {0} is given twice; the second is ignored")]
+    DuplicatePod(PodKey),
+    #[error("pod {pod}: {rule}")]
+    InvalidRequest { pod: PodKey, rule: String },
+    #[error(
+        "pod {pod} is on node {node}, which is not in the snapshot; its quota is counted, its devices are not"
+    )]
+    UnknownNode { pod: PodKey, node: String },
+    #[error(
+        "pod {pod} names devices {devices:?} of {resource} on node {node}, which it cannot hold there"
+    )]
+    BadDevices {
+        pod: PodKey,
+        node: String,
+        resource: ResourceName,
+        devices: Vec<u16>,
+    },
+    #[error("pod {0} is not pending; only pending pods can be admitted")]
+    NotPending(PodKey),
+    #[error("pod {pod} does not fit on node {node} as placed")]
+    DoesNotFit { pod: PodKey, node: String },
+    #[error("the snapshot changed since the removal was simulated; restore it first")]
+    StaleRemoval,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct PodSlot {
+    pub pod: Pod,
+    pub attribution: Attribution,
+    pub gpus: Vec<ResolvedGpu>,
+    /// Requested amount per resource (for the ledger).
+    pub amounts: Vec<(ResourceId, Milli)>,
+    pub seat: Option<Seat>,
+    pub admitted_as: Option<AdmittedAs>,
+}
+
+/// Removed pods that [`Snapshot::restore`] puts back exactly.
+#[derive(Debug)]
+#[must_use = "a simulated removal must be restored"]
+pub struct Removal {
+    generation: u64,
+    slots: Vec<(PodId, PodSlot)>,
+}
+
+/// Collects the objects of a snapshot; [`SnapshotBuilder::build`] indexes them in a
+/// deterministic order (whatever order they were given in).
+#[derive(Debug, Default)]
+pub struct SnapshotBuilder {
+    queues: Vec<Queue>,
+    namespaces: Vec<Namespace>,
+    nodes: Vec<Node>,
+    pods: Vec<Pod>,
+    mix: Option<WorkloadMix>,
+    reclaimed_from: Vec<(String, Timestamp)>,
+}
+
+/// The cluster as the policy sees it. See the module documentation.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    resources: Vec<ResourceName>,
+    resource_ids: HashMap<ResourceName, ResourceId>,
+    models: Vec<String>,
+    model_ids: HashMap<String, ModelId>,
+    nodes: Vec<NodeState>,
+    node_ids: HashMap<String, NodeId>,
+    hostnames: HashMap<String, NodeId>,
+    pods: Vec<Option<PodSlot>>,
+    pod_ids: HashMap<PodKey, PodId>,
+    queues: Vec<QueueState>,
+    queue_ids: HashMap<String, QueueId>,
+    namespaces: BTreeMap<String, Namespace>,
+    /// Namespace → claiming queues (more than one is a conflict).
+    claims: BTreeMap<String, Vec<QueueId>>,
+    /// Device capacity per resource, milli.
+    capacity: Vec<Milli>,
+    /// Held by admitted pods of no queue, per resource.
+    unmanaged: Vec<Milli>,
+    mix: Option<WorkloadMix>,
+    frag: Option<FragIndex>,
+    reclaimed_from: HashMap<QueueId, Timestamp>,
+    generation: u64,
+    build_notes: Vec<SnapshotError>,
+}
+
+impl Snapshot {
+    pub fn builder() -> SnapshotBuilder {
+        SnapshotBuilder::default()
+    }
+
+    /// The id of a resource name, if any node, queue or pod of the snapshot names it.
+    pub fn resource_id(&self, name: &ResourceName) -> Option<ResourceId> {
+        self.resource_ids.get(name).copied()
+    }
+
+    pub fn resource_name(&self, id: ResourceId) -> &ResourceName {
+        &self.resources[id.index()]
+    }
+
+    /// Every resource name the snapshot knows, by id.
+    pub fn resources(&self) -> &[ResourceName] {
+        &self.resources
+    }
+
+    /// The queue a pod of `namespace` belongs to.
+    pub fn attribution(&self, namespace: &str) -> Attribution {
+        match self.claims.get(namespace).map(Vec::as_slice) {
+            Some([queue]) => Attribution::Queue(*queue),
+            Some(queues) if queues.len() > 1 => Attribution::Conflict {
+                namespace: namespace.to_string(),
+                queues: queues
+                    .iter()
+                    .map(|q| self.queues[q.index()].queue.name.clone())
+                    .collect(),
+            },
+            _ => Attribution::Unclaimed,
+        }
+    }
+
+    pub fn queue_id(&self, name: &str) -> Option<QueueId> {
+        self.queue_ids.get(name).copied()
+    }
+
+    pub fn queue(&self, id: QueueId) -> &Queue {
+        &self.queues[id.index()].queue
+    }
+
+    /// Every queue id, in name order.
+    pub fn queue_ids(&self) -> impl Iterator<Item = QueueId> + '_ {
+        (0..self.queues.len()).map(QueueId::at)
+    }
+
+    /// A queue's ledger: one entry per resource its spec lists or its pods use.
+    pub fn usage(&self, id: QueueId) -> &[ResourceUsage] {
+        &self.queues[id.index()].usage
+    }
+
+    /// A queue's ledger entry for one resource.
+    pub fn usage_of(&self, id: QueueId, resource: ResourceId) -> Option<&ResourceUsage> {
+        self.queues[id.index()].usage(resource)
+    }
+
+    /// Namespaces this queue claims that other queues claim too, with those queues.
+    pub fn namespace_conflicts(&self, id: QueueId) -> &[(String, Vec<String>)] {
+        &self.queues[id.index()].conflicts
+    }
+
+    /// Admitted and pending pod counts of a queue.
+    pub fn pod_counts(&self, id: QueueId) -> (u32, u32) {
+        let q = &self.queues[id.index()];
+        (q.admitted_pods, q.pending_pods)
+    }
+
+    /// The borrower pods of a queue (see [`crate::ledger`]).
+    pub fn borrowers(&self, id: QueueId) -> Vec<PodId> {
+        self.queues[id.index()]
+            .borrowers(|pod| self.slot(pod).map_or(&[], |s| s.amounts.as_slice()))
+    }
+
+    /// The queue's weighted share of capacity held above its guarantee.
+    pub fn borrowing_share(&self, id: QueueId) -> f64 {
+        self.queues[id.index()].borrowing_share(|r| self.capacity(r))
+    }
+
+    /// When a reclaim last took GPUs from this queue.
+    pub fn last_reclaimed(&self, id: QueueId) -> Option<Timestamp> {
+        self.reclaimed_from.get(&id).copied()
+    }
+
+    // ---- capacity ----------------------------------------------------------------------
+
+    /// Device capacity of a resource over all nodes, milli.
+    pub fn capacity(&self, resource: ResourceId) -> Milli {
+        self.capacity
+            .get(resource.index())
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Held by admitted pods that belong to no queue (unclaimed or conflicting namespaces).
+    pub fn unmanaged(&self, resource: ResourceId) -> Milli {
+        self.unmanaged
+            .get(resource.index())
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Held by all admitted pods, queued or not.
+    pub fn allocated(&self, resource: ResourceId) -> Milli {
+        self.unmanaged(resource)
+            + self
+                .queues
+                .iter()
+                .filter_map(|q| q.usage(resource))
+                .map(|u| u.allocated)
+                .sum()
+    }
+
+    pub fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.node_ids.get(name).copied()
+    }
+
+    /// A node by the value pods are pinned with (its name or hostname label).
+    pub fn node_by_pin(&self, pin: &str) -> Option<NodeId> {
+        self.node_id(pin)
+            .or_else(|| self.hostnames.get(pin).copied())
+    }
+
+    pub fn node(&self, id: NodeId) -> &Node {
+        self.nodes[id.index()].node()
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Every node id, in name order.
+    pub fn node_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        (0..self.nodes.len()).map(NodeId::at)
+    }
+
+    /// The node's current free devices, CPU and memory.
+    pub fn node_view(&self, id: NodeId) -> NodeView<'_> {
+        self.nodes[id.index()].view()
+    }
+
+    /// Pods seated (or pinned with a deficit) on a node.
+    pub fn pods_on(&self, id: NodeId) -> impl Iterator<Item = PodId> + '_ {
+        let n = &self.nodes[id.index()];
+        n.pods().iter().chain(n.deficit()).copied()
+    }
+
+    /// Whether the node carries pinned pods it has no room for yet (a reclaim in progress).
+    pub fn is_oversubscribed(&self, id: NodeId) -> bool {
+        self.nodes[id.index()].is_oversubscribed()
+    }
+
+    pub fn workload_mix(&self) -> Option<&WorkloadMix> {
+        self.mix.as_ref()
+    }
+
+    /// `F_n` of one node, milli (0 without a workload mix).
+    pub fn node_fragmentation(&self, id: NodeId) -> f64 {
+        self.nodes[id.index()].fragmentation()
+    }
+
+    /// Cluster fragmentation: `Σ_n F_n` with capacity and idle capacity.
+    pub fn fragmentation(&self) -> ClusterFragmentation {
+        let mut report = ClusterFragmentation {
+            capacity_milli: 0,
+            idle_milli: 0,
+            fragmented_milli: 0.0,
+        };
+        for n in &self.nodes {
+            report.capacity_milli += n.capacity_milli();
+            if !n.is_oversubscribed() {
+                report.idle_milli += n.idle_milli();
+                report.fragmented_milli += n.fragmentation();
+            }
+        }
+        report
+    }
+
+    // ---- pods --------------------------------------------------------------------------
+
+    pub fn pod_id(&self, key: &PodKey) -> Option<PodId> {
+        self.pod_ids.get(key).copied()
+    }
+
+    pub(crate) fn slot(&self, id: PodId) -> Option<&PodSlot> {
+        self.pods.get(id.index()).and_then(Option::as_ref)
+    }
+
+    /// A pod; `None` once removed.
+    pub fn pod(&self, id: PodId) -> Option<&Pod> {
+        self.slot(id).map(|s| &s.pod)
+    }
+
+    /// The queue of a pod, if exactly one claims it.
+    pub fn pod_queue(&self, id: PodId) -> Option<QueueId> {
+        match self.slot(id)?.attribution {
+            Attribution::Queue(q) => Some(q),
+            _ => None,
+        }
+    }
+
+    /// The node an admitted pod is seated or pinned on.
+    pub fn pod_node(&self, id: PodId) -> Option<NodeId> {
+        self.slot(id)?.seat.as_ref().map(|s| s.node)
+    }
+
+    /// The devices an admitted pod holds, by resource.
+    pub fn pod_devices(&self, id: PodId) -> Vec<DeviceSet> {
+        let Some(slot) = self.slot(id) else {
+            return Vec::new();
+        };
+        let Some(seat) = &slot.seat else {
+            return Vec::new();
+        };
+        self.device_sets(seat.node, &seat.charges)
+    }
+
+    pub(crate) fn device_sets(&self, node: NodeId, charges: &[Charge]) -> Vec<DeviceSet> {
+        devices::device_sets(&self.nodes[node.index()], charges, |r| {
+            self.resource_name(r).clone()
+        })
+    }
+
+    /// The quota a pod was admitted against, when this snapshot admitted it.
+    pub fn admitted_as(&self, id: PodId) -> Option<AdmittedAs> {
+        self.slot(id)?.admitted_as
+    }
+
+    /// Every pod id, in insertion order.
+    pub fn pod_ids(&self) -> impl Iterator<Item = PodId> + '_ {
+        self.pods
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| PodId::at(i))
+    }
+
+    /// Pods waiting at the gate.
+    pub fn pending_pods(&self) -> impl Iterator<Item = PodId> + '_ {
+        self.pod_ids()
+            .filter(|id| self.pod(*id).is_some_and(|p| !p.is_admitted()))
+    }
+
+    // ---- for the planners ----------------------------------------------------------------
+
+    /// A node's devices, for the planners' arithmetic.
+    pub(crate) fn node_state(&self, id: NodeId) -> &NodeState {
+        &self.nodes[id.index()]
+    }
+
+    /// Every node with its id, in name order.
+    pub(crate) fn node_states(&self) -> impl Iterator<Item = (NodeId, &NodeState)> + '_ {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (NodeId::at(i), n))
+    }
+
+    /// The fragmentation measure of the workload mix, when one is set.
+    pub(crate) fn frag_index(&self) -> Option<&FragIndex> {
+        self.frag.as_ref()
+    }
+
+    pub(crate) fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// One more than the highest pod index handed out: the size of a table by pod index.
+    pub(crate) fn pod_index_bound(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// `pod`'s requests resolved for placement; `None` when they are invalid or some
+    /// requested resource exists on no node (nothing can fit).
+    pub(crate) fn request<'a>(&self, pod: &'a Pod) -> Option<Request<'a>> {
+        devices::validate_requests(&pod.requests).ok()?;
+        let mut gpus = Vec::new();
+        for g in &pod.requests.gpus {
+            gpus.push(ResolvedGpu {
+                resource: self.resource_id(&g.resource)?,
+                count: u16::try_from(g.count).ok()?,
+                milli: u16::try_from(g.milli_per_device).ok()?,
+            });
+        }
+        let models = (!pod.gpu_models.is_empty()).then(|| {
+            let mut allowed = vec![false; self.models.len()];
+            for m in &pod.gpu_models {
+                if let Some(id) = self.model_ids.get(m) {
+                    allowed[id.index()] = true;
+                }
+            }
+            allowed
+        });
+        Some(Request::new(pod, gpus, models))
+    }
+}

@@ -1,0 +1,178 @@
+//! Seating: keeps each node's devices, each queue's ledger and each node's fragmentation in
+//! step as a pod is charged, seated on devices (or pinned as a node's deficit) and unseated.
+
+use super::{Attribution, Snapshot};
+use crate::devices::{Charge, Seat, host_amount};
+use crate::ids::{NodeId, PodId, ResourceId};
+use crate::ledger::{Protection, signed_add};
+use crate::model::Pod;
+use crate::quantity::MILLI_PER_DEVICE;
+
+/// How `Snapshot::seat` places a pod's device charges.
+pub(super) enum SeatMode {
+    /// On exactly these devices.
+    Exact(Vec<Charge>),
+    /// On the lowest-numbered devices that fit, else as the node's deficit.
+    CanonicalOrDeficit,
+    /// As the node's deficit.
+    Deficit,
+}
+
+impl Snapshot {
+    /// Charges (`sign` = 1) or refunds (`sign` = -1) a pod's requests to its queue's ledger or
+    /// to the unmanaged total, as pending or allocated by its state.
+    pub(super) fn charge_queue(&mut self, id: PodId, sign: i8) {
+        let Some(slot) = self.pods[id.index()].as_ref() else {
+            return;
+        };
+        let admitted = slot.pod.is_admitted();
+        match slot.attribution {
+            Attribution::Queue(q) => {
+                let protection = admitted.then(|| Protection {
+                    priority: slot.pod.priority,
+                    since: slot
+                        .pod
+                        .admitted_at
+                        .unwrap_or_else(|| slot.pod.running_since()),
+                    key: slot.pod.key.clone(),
+                    id,
+                });
+                self.queues[q.index()].charge(&slot.amounts, protection, sign);
+            }
+            Attribution::Conflict { .. } | Attribution::Unclaimed => {
+                if admitted {
+                    for (resource, amount) in &slot.amounts {
+                        let held = &mut self.unmanaged[resource.index()];
+                        *held = signed_add(*held, *amount, sign);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The lowest-numbered devices of `node` that fit the pod's requests now.
+    fn canonical_charges(&self, id: PodId, node: NodeId) -> Option<Vec<Charge>> {
+        let slot = self.slot(id)?;
+        self.nodes[node.index()].canonical_charges(id, &slot.gpus)
+    }
+
+    /// Seats an admitted pod on a node as `how` says. False when it does not fit there.
+    pub(super) fn seat(&mut self, id: PodId, node: NodeId, how: SeatMode) -> bool {
+        let (charges, allow_deficit) = match how {
+            SeatMode::Exact(charges) => (Some(charges), false),
+            SeatMode::CanonicalOrDeficit => (self.canonical_charges(id, node), true),
+            SeatMode::Deficit => (None, true),
+        };
+        let Some(slot) = self.pods[id.index()].as_mut() else {
+            return false;
+        };
+        let (cpu, memory) = host_requests(&slot.pod);
+        let n = &mut self.nodes[node.index()];
+        match charges {
+            Some(charges) => {
+                n.seat(id, &charges, cpu, memory);
+                slot.seat = Some(Seat {
+                    node,
+                    charges,
+                    deficit: false,
+                });
+            }
+            None if allow_deficit => {
+                n.add_deficit(id);
+                slot.seat = Some(Seat {
+                    node,
+                    charges: Vec::new(),
+                    deficit: true,
+                });
+            }
+            None => return false,
+        }
+        self.add_memory(id, 1);
+        self.refresh_frag(node);
+        true
+    }
+
+    /// Adds or removes the GPU memory a seated pod holds on its node to its queue's ledger.
+    fn add_memory(&mut self, id: PodId, sign: i8) {
+        let Some(slot) = self.slot(id) else { return };
+        let (Attribution::Queue(q), Some(seat)) = (&slot.attribution, &slot.seat) else {
+            return;
+        };
+        let n = &self.nodes[seat.node.index()];
+        let mut held: Vec<(ResourceId, u64)> = Vec::new();
+        for gpu in &slot.gpus {
+            if let Some(memory) = n.pool(gpu.resource).and_then(|p| p.memory_mib) {
+                held.push((
+                    gpu.resource,
+                    memory * u64::from(gpu.milli) * u64::from(gpu.count)
+                        / u64::from(MILLI_PER_DEVICE),
+                ));
+            }
+        }
+        let q = *q;
+        for (resource, mib) in held {
+            let usage = self.queues[q.index()].usage_mut(resource);
+            usage.memory_mib = if sign > 0 {
+                usage.memory_mib + mib
+            } else {
+                usage.memory_mib.saturating_sub(mib)
+            };
+        }
+    }
+
+    /// Frees what a pod holds on its node; with `reseat`, pods waiting in the node's deficit
+    /// take the room, oldest first.
+    pub(super) fn unseat(&mut self, id: PodId, reseat: bool) {
+        self.add_memory(id, -1);
+        let Some(seat) = self.pods[id.index()].as_mut().and_then(|s| s.seat.take()) else {
+            return;
+        };
+        let Some(slot) = self.pods[id.index()].as_ref() else {
+            return;
+        };
+        let (cpu, memory) = host_requests(&slot.pod);
+        let n = &mut self.nodes[seat.node.index()];
+        if seat.deficit {
+            n.remove_deficit(id);
+        } else {
+            n.unseat(id, &seat.charges, cpu, memory);
+        }
+        if reseat {
+            self.reseat_deficit(seat.node);
+        }
+        self.refresh_frag(seat.node);
+    }
+
+    /// Seats the pods waiting in a node's deficit, oldest first, while they fit.
+    fn reseat_deficit(&mut self, node: NodeId) {
+        let waiting = self.nodes[node.index()].deficit().to_vec();
+        for pod in waiting {
+            self.nodes[node.index()].remove_deficit(pod);
+            let Some(charges) = self.canonical_charges(pod, node) else {
+                self.nodes[node.index()].return_deficit(pod);
+                break;
+            };
+            self.add_memory(pod, -1);
+            if let Some(s) = self.pods[pod.index()].as_mut() {
+                s.seat = None;
+            }
+            self.seat(pod, node, SeatMode::Exact(charges));
+        }
+    }
+
+    pub(super) fn refresh_frag(&mut self, id: NodeId) {
+        let n = &self.nodes[id.index()];
+        let f = self.frag.as_ref().map_or(0.0, |index| {
+            index.node_fragmentation(n.model(), n.cpu_free(), n.layout(), n.free())
+        });
+        self.nodes[id.index()].set_fragmentation(f);
+    }
+}
+
+/// A pod's CPU and memory requests, as the node's free amounts count them.
+fn host_requests(pod: &Pod) -> (i64, i64) {
+    (
+        host_amount(pod.requests.cpu_milli),
+        host_amount(pod.requests.memory_bytes),
+    )
+}
