@@ -34,8 +34,13 @@ crds: ## Regenerate crds/ from the Rust types in crates/api
 	$(CARGO) run --quiet --locked -p gpuqueue-api --bin crdgen -- crds
 	cp crds/*.yaml config/crd/  # kustomize reads nothing outside config/
 
+# No crate's files import each other in a cycle; the operator's and the core's functions stay
+# short enough to read as one step (scripts/check-layout.py says how both are measured).
+LAYOUT_SOURCES := $(wildcard crates/*/src) e2e/src
+SHORT_FN_SOURCES := crates/operator/src crates/core/src
+
 .PHONY: verify
-verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates
+verify: ## Fail if crds/ is stale, a pure crate depends on I/O crates, files import in a cycle or a function grows long
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	  $(CARGO) run --quiet --locked -p gpuqueue-api --bin crdgen -- "$$tmp" && \
 	  if ! diff -ru crds "$$tmp"; then echo "verify: crds/ is stale; run 'make crds'" >&2; exit 1; fi
@@ -46,7 +51,9 @@ verify: ## Fail if crds/ is stale or a pure crate depends on I/O crates
 	  found=$$($(CARGO) tree --locked -p $$crate -e normal --prefix none --format '{p}' | awk '{print $$1}' | sort -u | grep -xE '$(subst $() ,|,$(IO_CRATES))' || true); \
 	  if [ -n "$$found" ]; then echo "verify: $$crate depends on I/O crates: $$found" >&2; exit 1; fi; \
 	done
-	@echo "verify: crds/ up to date; $(PURE_CRATES) free of $(IO_CRATES)"
+	@python3 scripts/check-layout.py cycles $(LAYOUT_SOURCES)
+	@python3 scripts/check-layout.py fn-lines --max 80 $(SHORT_FN_SOURCES)
+	@echo "verify: crds/ up to date; $(PURE_CRATES) free of $(IO_CRATES); no import cycle; short functions"
 
 .PHONY: unit
 unit: ## Unit, scenario and property tests of every crate (no cluster)
