@@ -36,7 +36,7 @@ use super::{
     timeline::{Phase, Timeline, millis},
 };
 use crate::{
-    checkpoint::{CheckpointReport, Checkpointer, Outcome, SkipReason},
+    checkpoint::{CheckpointOutcome, CheckpointReport, Checkpointer, SkipReason, driver_name},
     events::Notice,
     leader::Term,
     patch::{self, PatchError},
@@ -444,10 +444,9 @@ impl Reclaimer {
         }
         let checkpointer = Checkpointer::from_policy(&victim.checkpoint, &self.checkpoints);
         let started = Instant::now();
-        let timeout = positive(victim.checkpoint.timeout);
         let allowance = checkpoint_allowance(
             handover.timeline.budget,
-            timeout,
+            checkpointer.timeout(),
             handover.timeline.elapsed(started),
         );
         // Nothing to call, or no time to call it: no mark needed, the driver reports why.
@@ -719,10 +718,13 @@ impl Reclaimer {
 
     fn announce_checkpoint(&self, handover: &Handover, victim: &Victim, report: &CheckpointReport) {
         // A queue without a checkpoint driver asked for none: the metric and the record say so.
-        if matches!(report.outcome, Outcome::Skipped(SkipReason::DriverNone)) {
+        if matches!(
+            report.outcome,
+            CheckpointOutcome::Skipped(SkipReason::DriverNone)
+        ) {
             return;
         }
-        let ok = matches!(report.outcome, Outcome::Succeeded(_));
+        let ok = matches!(report.outcome, CheckpointOutcome::Succeeded(_));
         self.events.send(
             victim.target.reference.clone(),
             Notice {
@@ -961,11 +963,11 @@ fn skipped_checkpoint(handover: &Handover, victim: &Victim) -> CheckpointResult 
 
 fn checkpoint_result(victim: &Victim, report: &CheckpointReport) -> CheckpointResult {
     let result = match report.outcome {
-        Outcome::Succeeded(_) => "Succeeded",
-        Outcome::Failed { .. } => "Failed",
-        Outcome::TimedOut { .. } => "TimedOut",
-        Outcome::Unsupported { .. } => "Unsupported",
-        Outcome::Skipped(_) => "Skipped",
+        CheckpointOutcome::Succeeded(_) => "Succeeded",
+        CheckpointOutcome::Failed { .. } => "Failed",
+        CheckpointOutcome::TimedOut { .. } => "TimedOut",
+        CheckpointOutcome::Unsupported { .. } => "Unsupported",
+        CheckpointOutcome::Skipped(_) => "Skipped",
     };
     CheckpointResult {
         pod: victim.target.key.to_string(),
@@ -973,26 +975,9 @@ fn checkpoint_result(victim: &Victim, report: &CheckpointReport) -> CheckpointRe
         result: result.to_owned(),
         millis: millis(report.elapsed),
         message: match report.outcome {
-            Outcome::Succeeded(_) => String::new(),
+            CheckpointOutcome::Succeeded(_) => String::new(),
             _ => report.outcome.to_string(),
         },
-    }
-}
-
-fn driver_name(driver: CheckpointDriver) -> &'static str {
-    match driver {
-        CheckpointDriver::Vllm => "vllm",
-        CheckpointDriver::Http => "http",
-        CheckpointDriver::None => "none",
-    }
-}
-
-/// A spec duration as a span of time; a negative one (which the CRD refuses) as zero.
-pub fn positive(duration: kube::core::Duration) -> Duration {
-    if duration.is_negative() {
-        Duration::ZERO
-    } else {
-        duration.into()
     }
 }
 
@@ -1078,6 +1063,10 @@ mod tests {
             policy.pause_mode,
             Some(gpuqueue_api::v1alpha1::PauseMode::Keep)
         );
-        assert_eq!(positive(policy.timeout), Duration::from_millis(1500));
+        let client = crate::checkpoint::CheckpointClient::new().unwrap();
+        assert_eq!(
+            Checkpointer::from_policy(&policy, &client).timeout(),
+            Duration::from_millis(1500)
+        );
     }
 }
