@@ -38,11 +38,15 @@
 //! its replacement pods wait behind the owner, who already holds the freed GPUs in the
 //! snapshot. `gpuqueue_reclaims_per_minute` shows the rate.
 
+mod announce;
+mod begin;
 mod crash;
 mod evict;
+mod execute;
 mod handover;
 mod intent;
 mod metrics;
+mod reclaimer;
 mod record;
 mod resume;
 mod timeline;
@@ -50,78 +54,30 @@ mod timeline;
 use std::collections::{HashMap, HashSet};
 
 use jiff::{SignedDuration, Timestamp};
-use kube::Client;
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 
-pub use crash::{BadCrashPoint, CrashPoint, ENV as CRASH_ENV};
-pub use evict::{Eviction, Refusal};
-pub use handover::{BeginError, COMPLETED, Found, Handover, Started};
-pub use intent::{Intent, Mark};
+pub use begin::{BeginError, Started};
+pub use crash::{BadCrashPoint, CrashPoint};
+pub use execute::Finished;
+pub use handover::{Found, Handover};
+use intent::Mark;
 pub use metrics::ReclaimMetrics;
-pub use record::upsert as upsert_record;
-pub use resume::{Recovery, scan};
-pub use timeline::{Phase, Timeline};
+pub use reclaimer::Reclaimer;
+pub use resume::Recovery;
 
-use crate::{checkpoint::CheckpointClient, events::Events, leader::Term, stores::Stores};
+use crate::leader::Term;
 
 /// How long a reclaim whose recovery did not settle (a refused eviction, a failed write) waits
 /// before it is tried again.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// What handovers need from the operator; cheap to clone, shared by the loop and the tasks.
-#[derive(Clone)]
-pub struct Reclaimer {
-    /// A client that never retries by itself (see the module documentation).
-    client: Client,
-    checkpoints: CheckpointClient,
-    stores: Stores,
-    metrics: ReclaimMetrics,
-    events: Events,
-    crash: Option<CrashPoint>,
-}
-
-impl std::fmt::Debug for Reclaimer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reclaimer")
-            .field("crash", &self.crash)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Reclaimer {
-    /// `client` must be built with `Config::default_retry` off.
-    pub fn new(
-        client: Client,
-        checkpoints: CheckpointClient,
-        stores: Stores,
-        metrics: ReclaimMetrics,
-        events: Events,
-        crash: Option<CrashPoint>,
-    ) -> Self {
-        if let Some(point) = crash {
-            tracing::warn!(
-                ?point,
-                "{CRASH_ENV} is set: this process exits in the middle of a handover (a test hook)"
-            );
-        }
-        Self {
-            client,
-            checkpoints,
-            stores,
-            metrics,
-            events,
-            crash,
-        }
-    }
-}
 
 /// The admission loop's side of the executor: the running handover tasks and what the next
 /// passes must know about them. Dropping it aborts every task.
 #[derive(Debug)]
 pub struct Handovers {
     reclaimer: Reclaimer,
-    tasks: JoinSet<handover::Finished>,
+    tasks: JoinSet<Finished>,
     running: HashMap<String, Id>,
     by_task: HashMap<Id, String>,
     /// Reclaims whose recovery did not settle, and when to try again.
@@ -279,22 +235,19 @@ impl Handovers {
                 }
                 Recovery::NotYet { until, .. } => {
                     recovered.defer_reclaims = true;
-                    recovered.wake = earliest(recovered.wake, Some(until));
+                    recovered.wake = recovered.wake.into_iter().chain(Some(until)).min();
                 }
             }
         }
         if let Some(retry) = self.retry.values().min() {
             let wait = SignedDuration::try_from(retry.saturating_duration_since(instant))
                 .unwrap_or_default();
-            recovered.wake = earliest(recovered.wake, now.checked_add(wait).ok());
+            recovered.wake = recovered
+                .wake
+                .into_iter()
+                .chain(now.checked_add(wait).ok())
+                .min();
         }
         recovered
-    }
-}
-
-fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }

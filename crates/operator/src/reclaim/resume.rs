@@ -25,14 +25,16 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
+use gpuqueue_core::model::is_gated;
+
 use super::{
-    Reclaimer,
     evict::{self, Eviction},
-    handover::{Handover, Target, Victim, admitted_queue},
+    handover::{Handover, Target, Victim, admitted_queue, policy},
     intent::{self, Mark, Role},
+    reclaimer::Reclaimer,
     timeline::Timeline,
 };
-use crate::{events::Notice, leader::Term, observe::is_gated};
+use crate::{events::Notice, leader::Term};
 
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]
@@ -174,7 +176,7 @@ impl Reclaimer {
         let reason = match owner {
             Some(owner) => format!(
                 "its owner {} was never released before the deadline (the operator that started it stopped)",
-                super::handover::Target::of(owner).key
+                Target::of(owner).key
             ),
             None => "its owner was never released before the deadline (the operator that started it stopped), or is gone".to_owned(),
         };
@@ -270,10 +272,7 @@ impl Reclaimer {
         std::time::Duration,
     ) {
         let settings = self.settings(queue);
-        (
-            super::handover::policy(&settings.checkpoint),
-            settings.victim_grace,
-        )
+        (policy(&settings.checkpoint), settings.victim_grace)
     }
 }
 

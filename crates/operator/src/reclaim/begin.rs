@@ -1,0 +1,178 @@
+//! Starting a handover from the core's plan, inside the admission pass that made it: the
+//! intent on every victim, then the owner's intent together with its release, in the order
+//! [`super::resume`] relies on. What a failed start wrote is taken back.
+
+use futures::future::join_all;
+use gpuqueue_core::{
+    model::{AdmittedAs, PodKey},
+    reclaim::ReclaimPlan,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
+use tokio::time::Instant;
+
+use super::{
+    crash,
+    handover::{Found, Handover, Target, Victim, policy},
+    intent::{self, Intent, VictimRef},
+    reclaimer::Reclaimer,
+    timeline::{Phase, Timeline},
+};
+use crate::{
+    leader::Term,
+    patch::{self, PatchError},
+};
+
+/// A handover whose owner is released: run it with [`Reclaimer::run`].
+#[derive(Debug)]
+pub struct Started {
+    /// The owner as the API server returned it, released and pinned.
+    pub owner: Pod,
+    pub handover: Handover,
+}
+
+/// Why a handover did not start. Whatever was written is taken back (or, if that fails too,
+/// left to go stale and be cleaned up after the deadline).
+#[derive(Debug, thiserror::Error)]
+pub enum BeginError {
+    #[error("victim {0} of the plan is no longer in the store")]
+    VictimGone(PodKey),
+    #[error("this replica is no longer the leader")]
+    NotLeader,
+    #[error(transparent)]
+    Write(#[from] PatchError),
+}
+
+impl BeginError {
+    /// Whether a pod moved on under the plan (the next pass decides again from fresh state).
+    pub fn is_stale(&self) -> bool {
+        match self {
+            Self::VictimGone(_) | Self::NotLeader => true,
+            Self::Write(error) => error.is_stale(),
+        }
+    }
+}
+
+impl Reclaimer {
+    /// Records the intent on every victim, then on the owner together with its release: the
+    /// start of the handover `plan` describes, for `owner` as the store shows it.
+    pub async fn begin(
+        &self,
+        term: &Term,
+        plan: &ReclaimPlan,
+        owner: &Pod,
+        found: Found,
+    ) -> Result<Started, BeginError> {
+        let mut timeline = Timeline::new(found.started, found.started_at, plan.budget);
+        timeline.end(Phase::Plan, found.planned);
+        let mut stored = Vec::with_capacity(plan.victims.len());
+        for victim in &plan.victims {
+            let pod = self
+                .stores
+                .pods
+                .get(&ObjectRef::new(&victim.key.name).within(&victim.key.namespace))
+                .ok_or_else(|| BeginError::VictimGone(victim.key.clone()))?;
+            stored.push(pod);
+        }
+        let intent = Intent {
+            id: intent::new_id(),
+            deadline: timeline.deadline_at(),
+            node: plan.node_name.clone(),
+            victims: plan
+                .victims
+                .iter()
+                .zip(&stored)
+                .map(|(victim, pod)| VictimRef {
+                    pod: victim.key.to_string(),
+                    uid: pod.metadata.uid.clone().unwrap_or_default(),
+                    queue: victim.queue.clone(),
+                })
+                .collect(),
+        };
+
+        // 1. Intent on every victim, at once.
+        if !term.is_current() {
+            return Err(BeginError::NotLeader);
+        }
+        let written = join_all(stored.iter().map(|pod| async {
+            let patch = intent::victim_intent_patch(pod, &intent)?;
+            self.patch_pod(pod, patch).await
+        }))
+        .await;
+        let mut marked = Vec::with_capacity(written.len());
+        let mut failure = None;
+        for result in written {
+            match result {
+                Ok(pod) => marked.push(pod),
+                Err(error) => failure = failure.or(Some(error)),
+            }
+        }
+        if let Some(error) = failure {
+            self.take_back(&marked, &intent.id).await;
+            return Err(error.into());
+        }
+        timeline.end(Phase::Intent, Instant::now());
+        crash::check(self.crash, Phase::Intent, &intent.id);
+
+        // 2. Reserve: the owner's intent and its release, in one patch.
+        if !term.is_current() {
+            self.take_back(&marked, &intent.id).await;
+            return Err(BeginError::NotLeader);
+        }
+        let release = patch::Admission {
+            node_pin: &plan.pin,
+            queue: &plan.owner_queue,
+            admitted_as: AdmittedAs::Guaranteed.as_str(),
+            at: found.started_at,
+        };
+        let released = match intent::owner_patch(owner, &intent, &release) {
+            Ok(patch) => self.patch_pod(owner, patch).await,
+            Err(error) => Err(error),
+        };
+        let owner = match released {
+            Ok(owner) => owner,
+            Err(error) => {
+                self.take_back(&marked, &intent.id).await;
+                return Err(error.into());
+            }
+        };
+        timeline.end(Phase::Reserve, Instant::now());
+        crash::check(self.crash, Phase::Reserve, &intent.id);
+
+        let victims = plan
+            .victims
+            .iter()
+            .zip(&marked)
+            .map(|(v, pod)| Victim::of(pod, &v.queue, policy(&v.checkpoint), v.grace))
+            .collect();
+        let handover = Handover {
+            id: intent.id,
+            owner: Target::of(&owner),
+            owner_queue: plan.owner_queue.clone(),
+            node: plan.node_name.clone(),
+            victims,
+            timeline,
+            resumed: false,
+            counted: false,
+            overrides_min_borrow: plan.overrides_min_borrow,
+        };
+        self.metrics.started(Instant::now());
+        self.announce_start(&handover);
+        Ok(Started { owner, handover })
+    }
+
+    /// Removes this reclaim's intent from pods it was written on, best effort: what stays
+    /// behind goes stale and is cleaned up after the deadline.
+    async fn take_back(&self, pods: &[Pod], id: &str) {
+        join_all(pods.iter().map(|pod| async move {
+            let result = match intent::clear_patch(pod, id) {
+                Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
+                Err(error) => Err(error),
+            };
+            if let Err(error) = result {
+                tracing::warn!(reclaim = id, %error, "taking back a reclaim intent failed; it is cleaned up once stale");
+            }
+        }))
+        .await;
+    }
+}
