@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{
     crash,
-    handover::{Found, Handover, Target, Victim, policy},
+    handover::{Handover, HandoverPod, PassTiming, Victim, checkpoint_policy},
     intent::{self, Intent, VictimRef},
     reclaimer::Reclaimer,
     timeline::{Phase, Timeline},
@@ -25,7 +25,7 @@ use crate::{
 
 /// A handover whose owner is released: run it with [`Reclaimer::run`].
 #[derive(Debug)]
-pub struct Started {
+pub struct Reservation {
     /// The owner as the API server returned it, released and pinned.
     pub owner: Pod,
     pub handover: Handover,
@@ -61,8 +61,8 @@ impl Reclaimer {
         term: &Term,
         plan: &ReclaimPlan,
         owner: &Pod,
-        found: Found,
-    ) -> Result<Started, BeginError> {
+        found: PassTiming,
+    ) -> Result<Reservation, BeginError> {
         let mut timeline = Timeline::new(found.started, found.started_at, plan.budget);
         timeline.end(Phase::Plan, found.planned);
         let mut stored = Vec::with_capacity(plan.victims.len());
@@ -143,11 +143,11 @@ impl Reclaimer {
             .victims
             .iter()
             .zip(&marked)
-            .map(|(v, pod)| Victim::of(pod, &v.queue, policy(&v.checkpoint), v.grace))
+            .map(|(v, pod)| Victim::of(pod, &v.queue, checkpoint_policy(&v.checkpoint), v.grace))
             .collect();
         let handover = Handover {
             id: intent.id,
-            owner: Target::of(&owner),
+            owner: HandoverPod::of(&owner),
             owner_queue: plan.owner_queue.clone(),
             node: plan.node_name.clone(),
             victims,
@@ -158,7 +158,7 @@ impl Reclaimer {
         };
         self.metrics.started(Instant::now());
         self.announce_start(&handover);
-        Ok(Started { owner, handover })
+        Ok(Reservation { owner, handover })
     }
 
     /// Removes this reclaim's intent from pods it was written on, best effort: what stays

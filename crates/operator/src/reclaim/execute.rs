@@ -31,7 +31,7 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
 /// How a handover ended, for the loop.
 #[derive(Debug)]
-pub struct Finished {
+pub struct HandoverEnd {
     pub id: String,
     /// Recorded and cleared; `false` when it stopped early (leadership lost, a write failed)
     /// and a later pass or leader has to resume it.
@@ -43,7 +43,7 @@ pub struct Finished {
 impl Reclaimer {
     /// Checkpoints and evicts every victim, waits for them to be gone and the owner bound, and
     /// records the handover. Stops (leaving the intent for the next leader) when the term ends.
-    pub async fn run(self, term: Term, mut handover: Handover) -> Finished {
+    pub async fn run(self, term: Term, mut handover: Handover) -> HandoverEnd {
         let id = handover.id.clone();
         let deadline = handover.timeline.deadline();
         tracing::info!(reclaim = %id, owner = %handover.owner.key, node = %handover.node,
@@ -62,7 +62,7 @@ impl Reclaimer {
             .any(|o| matches!(o.eviction, Eviction::NotLeader))
         {
             tracing::warn!(reclaim = %id, "leadership lost during the handover; the next leader resumes it");
-            return Finished {
+            return HandoverEnd {
                 id,
                 done: false,
                 counted: handover.counted,
@@ -87,7 +87,7 @@ impl Reclaimer {
             .settle(&term, &mut handover, deadline + grace + SETTLE_LIMIT)
             .await;
         let Some(settled) = settled else {
-            return Finished {
+            return HandoverEnd {
                 id,
                 done: false,
                 counted: handover.counted,
@@ -99,7 +99,12 @@ impl Reclaimer {
     }
 
     /// Checkpoint (unless already started or pointless), then evict one victim.
-    async fn remove_victim(&self, term: &Term, handover: &Handover, victim: &Victim) -> Removal {
+    async fn remove_victim(
+        &self,
+        term: &Term,
+        handover: &Handover,
+        victim: &Victim,
+    ) -> VictimRemoval {
         let checkpoint = self.checkpoint(term, handover, victim).await;
         let checkpointed_at = checkpoint.as_ref().map(|(_, at)| *at);
         if checkpointed_at.is_some() {
@@ -112,7 +117,7 @@ impl Reclaimer {
         let eviction = if victim.terminating {
             Eviction::AlreadyGone
         } else {
-            let target = evict::Target {
+            let target = evict::EvictionTarget {
                 namespace: &victim.target.key.namespace,
                 name: &victim.target.key.name,
                 uid: &victim.target.uid,
@@ -133,7 +138,7 @@ impl Reclaimer {
             self.metrics.evicted(eviction.outcome());
             self.announce_eviction(handover, victim, &eviction);
         }
-        Removal {
+        VictimRemoval {
             victim: victim.target.key.clone(),
             checkpoint: result,
             checkpointed_at,
@@ -213,7 +218,7 @@ impl Reclaimer {
         term: &Term,
         handover: &mut Handover,
         limit: Instant,
-    ) -> Option<Settled> {
+    ) -> Option<Settlement> {
         let mut changes = self.stores.changes();
         let mut term_watch = term.clone();
         let mut crashed_checked = false;
@@ -245,7 +250,7 @@ impl Reclaimer {
                 }
             }
             if (gone && bound.is_some()) || owner_gone || now >= limit {
-                return Some(Settled {
+                return Some(Settlement {
                     gone,
                     bound,
                     owner_gone,
@@ -265,9 +270,9 @@ impl Reclaimer {
         &self,
         term: &Term,
         handover: &Handover,
-        removals: &[Removal],
+        removals: &[VictimRemoval],
         outcome: &str,
-    ) -> Finished {
+    ) -> HandoverEnd {
         let id = handover.id.clone();
         let timeline = &handover.timeline;
         let total = timeline
@@ -293,7 +298,7 @@ impl Reclaimer {
         let victim_queues: BTreeSet<&str> =
             handover.victims.iter().map(|v| v.queue.as_str()).collect();
         if !term.is_current() {
-            return Finished {
+            return HandoverEnd {
                 id,
                 done: false,
                 counted: handover.counted,
@@ -329,7 +334,7 @@ impl Reclaimer {
 
         // The owner's intent goes last: it is what makes the next leader finish this handover.
         if !recorded || !term.is_current() {
-            return Finished {
+            return HandoverEnd {
                 id,
                 done: false,
                 counted: true,
@@ -344,14 +349,14 @@ impl Reclaimer {
                 && !error.is_stale()
             {
                 tracing::warn!(reclaim = %id, %error, "clearing the owner's intent failed; retried");
-                return Finished {
+                return HandoverEnd {
                     id,
                     done: false,
                     counted: true,
                 };
             }
         }
-        Finished {
+        HandoverEnd {
             id,
             done: true,
             counted: true,
@@ -361,7 +366,7 @@ impl Reclaimer {
 
 /// What the wait for the victims and the owner saw.
 #[derive(Debug)]
-struct Settled {
+struct Settlement {
     gone: bool,
     bound: Option<String>,
     owner_gone: bool,
@@ -369,7 +374,7 @@ struct Settled {
 
 /// One victim's checkpoint and eviction.
 #[derive(Debug)]
-struct Removal {
+struct VictimRemoval {
     victim: PodKey,
     checkpoint: CheckpointResult,
     checkpointed_at: Option<Instant>,
@@ -378,7 +383,7 @@ struct Removal {
 }
 
 /// `Completed`, or the reason it was not.
-fn outcome(settled: &Settled, removals: &[Removal]) -> String {
+fn outcome(settled: &Settlement, removals: &[VictimRemoval]) -> String {
     if settled.owner_gone {
         return "OwnerGone: the owner pod was deleted before it was bound".into();
     }
@@ -452,8 +457,8 @@ fn stub(victim: &Victim) -> Pod {
 mod tests {
     use super::*;
 
-    fn removal(eviction: Eviction) -> Removal {
-        Removal {
+    fn removal(eviction: Eviction) -> VictimRemoval {
+        VictimRemoval {
             victim: PodKey::new("b", "v"),
             checkpoint: CheckpointResult::default(),
             checkpointed_at: None,
@@ -465,7 +470,7 @@ mod tests {
     #[tokio::test]
     async fn the_outcome_names_what_did_not_happen() {
         let evicted = [removal(Eviction::Evicted { refusals: 0 })];
-        let settled = |gone, bound: Option<&str>, owner_gone| Settled {
+        let settled = |gone, bound: Option<&str>, owner_gone| Settlement {
             gone,
             bound: bound.map(str::to_owned),
             owner_gone,

@@ -19,13 +19,13 @@ use super::{
 
 /// A pod the handover acts on.
 #[derive(Clone, Debug)]
-pub struct Target {
+pub struct HandoverPod {
     pub key: PodKey,
     pub uid: String,
     pub reference: ObjectReference,
 }
 
-impl Target {
+impl HandoverPod {
     pub fn of(pod: &Pod) -> Self {
         Self {
             key: PodKey::new(
@@ -41,7 +41,7 @@ impl Target {
 /// A victim, with how its queue wants it checkpointed and evicted.
 #[derive(Clone, Debug)]
 pub struct Victim {
-    pub target: Target,
+    pub target: HandoverPod,
     pub queue: String,
     pub checkpoint: CheckpointPolicy,
     pub grace: Duration,
@@ -67,7 +67,7 @@ impl Victim {
         };
         reference.uid = Some(victim.uid.clone());
         Self {
-            target: Target {
+            target: HandoverPod {
                 key: PodKey::new(namespace, name),
                 uid: victim.uid.clone(),
                 reference,
@@ -83,7 +83,7 @@ impl Victim {
 
     pub fn of(pod: &Pod, queue: &str, checkpoint: CheckpointPolicy, grace: Duration) -> Self {
         Self {
-            target: Target::of(pod),
+            target: HandoverPod::of(pod),
             queue: queue.to_owned(),
             checkpoint,
             grace,
@@ -102,13 +102,13 @@ impl Victim {
 #[derive(Clone, Debug)]
 pub struct Handover {
     pub id: String,
-    pub owner: Target,
+    pub owner: HandoverPod,
     pub owner_queue: String,
     /// The node freed for the owner.
     pub node: String,
     pub victims: Vec<Victim>,
     pub timeline: Timeline,
-    /// Found in intent annotations by a later process, not started by this one.
+    /// PassTiming in intent annotations by a later process, not started by this one.
     pub resumed: bool,
     /// This process already counted the handover's end in the metrics and announced it; only
     /// writing its records (or clearing the intent) failed and is being retried.
@@ -120,7 +120,7 @@ pub struct Handover {
 /// When the owner was found blocked and when the plan was ready: the start and the first
 /// phase of every handover planned in one admission pass.
 #[derive(Clone, Copy, Debug)]
-pub struct Found {
+pub struct PassTiming {
     pub started: Instant,
     pub started_at: Timestamp,
     pub planned: Instant,
@@ -129,8 +129,9 @@ pub struct Found {
 /// The outcome recorded when the owner is bound and every victim gone.
 pub const COMPLETED: &str = "Completed";
 
-/// A queue's checkpoint settings as the driver takes them.
-pub fn policy(settings: &CheckpointSettings) -> CheckpointPolicy {
+/// A queue's checkpoint settings as the driver takes them. (A function, not a `From`: both
+/// types belong to other crates.)
+pub fn checkpoint_policy(settings: &CheckpointSettings) -> CheckpointPolicy {
     CheckpointPolicy {
         driver: settings.driver,
         port: settings.port.map(i32::from),
@@ -163,7 +164,7 @@ mod tests {
             pause_mode: gpuqueue_api::v1alpha1::PauseMode::Keep,
             timeout: Duration::from_millis(1500),
         };
-        let policy = policy(&settings);
+        let policy = checkpoint_policy(&settings);
         assert_eq!(policy.port, Some(8000));
         assert_eq!(
             policy.pause_mode,

@@ -57,10 +57,10 @@ use jiff::{SignedDuration, Timestamp};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 
-pub use begin::{BeginError, Started};
+pub use begin::{BeginError, Reservation};
 pub use crash::{BadCrashPoint, CrashPoint};
-pub use execute::Finished;
-pub use handover::{Found, Handover};
+pub use execute::HandoverEnd;
+pub use handover::{Handover, PassTiming};
 use intent::Mark;
 pub use metrics::ReclaimMetrics;
 pub use reclaimer::Reclaimer;
@@ -77,7 +77,7 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Handovers {
     reclaimer: Reclaimer,
-    tasks: JoinSet<Finished>,
+    tasks: JoinSet<HandoverEnd>,
     running: HashMap<String, Id>,
     by_task: HashMap<Id, String>,
     /// Reclaims whose recovery did not settle, and when to try again.
@@ -95,7 +95,7 @@ pub struct Handovers {
 
 /// What recovery means for the rest of the pass.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Recovered {
+pub struct RecoveryEffect {
     /// Stale intents are being taken back: plan no new reclaim in this pass, since the plan
     /// would count their victims as taken and could evict others instead.
     pub defer_reclaims: bool,
@@ -178,7 +178,7 @@ impl Handovers {
 
     /// Finds the handovers no task of this process runs and resumes or abandons them (see
     /// [`resume`]). Runs at the start of every pass.
-    pub async fn recover(&mut self, term: &Term, now: Timestamp) -> Recovered {
+    pub async fn recover(&mut self, term: &Term, now: Timestamp) -> RecoveryEffect {
         let instant = Instant::now();
         self.reap(instant);
         let pods = self.reclaimer.stores.pods.state();
@@ -197,7 +197,7 @@ impl Handovers {
             },
             now,
         );
-        let mut recovered = Recovered::default();
+        let mut recovered = RecoveryEffect::default();
         for recovery in found {
             match recovery {
                 Recovery::Resume { id, owner, victims } => {

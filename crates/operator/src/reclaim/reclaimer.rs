@@ -14,7 +14,7 @@ use kube::{
 
 use super::{
     crash::{CrashPoint, ENV as CRASH_ENV},
-    handover::Target,
+    handover::HandoverPod,
     metrics::ReclaimMetrics,
 };
 use crate::{
@@ -71,14 +71,14 @@ impl Reclaimer {
     }
 
     /// `Some(pod)` if the store holds the target (same uid).
-    pub(super) fn stored(&self, target: &Target) -> Option<Arc<Pod>> {
+    pub(super) fn stored(&self, target: &HandoverPod) -> Option<Arc<Pod>> {
         self.stores
             .pods
             .get(&ObjectRef::new(&target.key.name).within(&target.key.namespace))
             .filter(|pod| pod.metadata.uid.as_deref() == Some(target.uid.as_str()))
     }
 
-    pub(super) fn stored_uid_is(&self, target: &Target) -> bool {
+    pub(super) fn stored_uid_is(&self, target: &HandoverPod) -> bool {
         self.stored(target).is_some()
     }
 

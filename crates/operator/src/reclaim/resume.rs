@@ -29,7 +29,7 @@ use gpuqueue_core::model::is_gated;
 
 use super::{
     evict::{self, Eviction},
-    handover::{Handover, Target, Victim, admitted_queue, policy},
+    handover::{Handover, HandoverPod, Victim, admitted_queue, checkpoint_policy},
     intent::{self, Mark, Role},
     reclaimer::Reclaimer,
     timeline::Timeline,
@@ -153,7 +153,7 @@ impl Reclaimer {
         }
         Handover {
             id: id.to_owned(),
-            owner: Target::of(owner),
+            owner: HandoverPod::of(owner),
             owner_queue,
             node: mark.and_then(|m| m.node).unwrap_or_default(),
             victims: rebuilt,
@@ -176,7 +176,7 @@ impl Reclaimer {
         let reason = match owner {
             Some(owner) => format!(
                 "its owner {} was never released before the deadline (the operator that started it stopped)",
-                Target::of(owner).key
+                HandoverPod::of(owner).key
             ),
             None => "its owner was never released before the deadline (the operator that started it stopped), or is gone".to_owned(),
         };
@@ -188,11 +188,11 @@ impl Reclaimer {
             let mark = Mark::read(pod);
             let paused = mark.as_ref().is_some_and(|m| m.checkpoint_started)
                 && pod.metadata.deletion_timestamp.is_none();
-            let target = Target::of(pod);
+            let target = HandoverPod::of(pod);
             let note = if paused {
                 let queue = admitted_queue(pod).unwrap_or_default();
                 let (_, grace) = self.victim_settings(queue);
-                let evicting = evict::Target {
+                let evicting = evict::EvictionTarget {
                     namespace: &target.key.namespace,
                     name: &target.key.name,
                     uid: &target.uid,
@@ -272,7 +272,10 @@ impl Reclaimer {
         std::time::Duration,
     ) {
         let settings = self.settings(queue);
-        (policy(&settings.checkpoint), settings.victim_grace)
+        (
+            checkpoint_policy(&settings.checkpoint),
+            settings.victim_grace,
+        )
     }
 }
 
