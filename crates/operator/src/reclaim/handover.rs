@@ -117,6 +117,30 @@ pub struct Handover {
     pub overrides_min_borrow: bool,
 }
 
+/// The span every log line of one handover carries, from its start to its end.
+pub fn span(
+    id: &str,
+    owner_queue: &str,
+    owner: &PodKey,
+    node: &str,
+    victims: usize,
+) -> tracing::Span {
+    tracing::info_span!("handover", reclaim = %id, owner_queue, %owner, node, victims)
+}
+
+impl Handover {
+    /// See [`span`].
+    pub fn span(&self) -> tracing::Span {
+        span(
+            &self.id,
+            &self.owner_queue,
+            &self.owner.key,
+            &self.node,
+            self.victims.len(),
+        )
+    }
+}
+
 /// When the owner was found blocked and when the plan was ready: the start and the first
 /// phase of every handover planned in one admission pass.
 #[derive(Clone, Copy, Debug)]

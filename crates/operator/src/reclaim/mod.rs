@@ -56,10 +56,11 @@ use std::collections::{HashMap, HashSet};
 use jiff::{SignedDuration, Timestamp};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 pub use begin::{BeginError, Reservation};
 pub use crash::{BadCrashPoint, CrashPoint};
-pub use execute::HandoverEnd;
+use execute::HandoverEnd;
 pub use handover::{Handover, PassTiming};
 use intent::Mark;
 pub use metrics::ReclaimMetrics;
@@ -142,9 +143,13 @@ impl Handovers {
 
     fn spawn(&mut self, term: &Term, handover: Handover) {
         let id = handover.id.clone();
-        let task = self
-            .tasks
-            .spawn(self.reclaimer.clone().run(term.clone(), handover));
+        let span = handover.span();
+        let task = self.tasks.spawn(
+            self.reclaimer
+                .clone()
+                .run(term.clone(), handover)
+                .instrument(span),
+        );
         self.by_task.insert(task.id(), id.clone());
         self.running.insert(id, task.id());
     }
