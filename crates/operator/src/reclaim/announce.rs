@@ -1,6 +1,6 @@
 //! The events a handover sends, one function per moment: started, a victim's checkpoint, the
-//! Eviction API's refusal, a victim's removal, and the end (on the owner and on every queue
-//! involved). Their reasons and texts are what users and the end-to-end tests read.
+//! Eviction API's refusal, a victim's removal, the end (on the owner and on every queue
+//! involved), and a reclaim resumed or abandoned by a later leader. Their reasons and texts are what users and the end-to-end tests read.
 
 use std::collections::BTreeSet;
 
@@ -8,7 +8,7 @@ use gpuqueue_core::model::format_duration;
 
 use super::{
     evict::{Eviction, Refusal},
-    handover::{COMPLETED, Handover, Victim},
+    handover::{COMPLETED, Handover, HandoverPod, Victim},
     reclaimer::Reclaimer,
     timeline::millis,
 };
@@ -236,5 +236,34 @@ impl Reclaimer {
                 );
             }
         }
+    }
+
+    /// A reclaim an earlier leader started, resumed by this one.
+    pub(super) fn announce_resumed(&self, handover: &Handover) {
+        self.events.send(
+            handover.owner.reference.clone(),
+            Notice {
+                warning: false,
+                reason: "ReclaimResumed",
+                action: "Reclaim",
+                note: format!(
+                    "reclaim {}: the operator that started it stopped; this leader finishes it without repeating a checkpoint or an eviction",
+                    handover.id
+                ),
+            },
+        );
+    }
+
+    /// One pod of an abandoned reclaim taken out of it; `note` says how.
+    pub(super) fn announce_abandoned(&self, target: &HandoverPod, note: String) {
+        self.events.send(
+            target.reference.clone(),
+            Notice {
+                warning: true,
+                reason: "ReclaimAbandoned",
+                action: "Reclaim",
+                note,
+            },
+        );
     }
 }

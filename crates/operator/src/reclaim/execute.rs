@@ -16,8 +16,9 @@ use super::{
     crash,
     evict::{self, Eviction},
     handover::{COMPLETED, Handover, Victim},
-    intent,
+    intent::{self, Role},
     reclaimer::Reclaimer,
+    record,
     timeline::{Phase, millis},
 };
 use crate::{
@@ -274,29 +275,9 @@ impl Reclaimer {
         outcome: &str,
     ) -> HandoverEnd {
         let id = handover.id.clone();
-        let timeline = &handover.timeline;
-        let total = timeline
-            .at(Phase::OwnerBound)
-            .unwrap_or_else(|| timeline.elapsed(Instant::now()));
-        let record = |role: &str| HandoverRecord {
-            id: id.clone(),
-            role: role.to_owned(),
-            owner_pod: handover.owner.key.to_string(),
-            node: handover.node.clone(),
-            victims: handover
-                .victims
-                .iter()
-                .map(|v| v.target.key.to_string())
-                .collect(),
-            started_at: Some(Time(timeline.started_at)),
-            outcome: outcome.to_owned(),
-            budget_millis: millis(timeline.budget),
-            total_millis: millis(total),
-            phases: timeline.phase_timings(),
-            checkpoints: removals.iter().map(|r| r.checkpoint.clone()).collect(),
-        };
         let victim_queues: BTreeSet<&str> =
             handover.victims.iter().map(|v| v.queue.as_str()).collect();
+        let writes = record_writes(handover, &victim_queues, removals, outcome);
         if !term.is_current() {
             return HandoverEnd {
                 id,
@@ -304,32 +285,9 @@ impl Reclaimer {
                 counted: handover.counted,
             };
         }
-        let queues: Api<GpuQueue> = Api::all(self.client.clone());
-        let mut writes = vec![(handover.owner_queue.as_str(), record("owner"))];
-        writes.extend(victim_queues.iter().map(|q| (*q, record("victim"))));
-        let results = join_all(
-            writes
-                .iter()
-                .map(|(queue, record)| super::record::write(&queues, queue, record)),
-        )
-        .await;
-        let mut recorded = true;
-        for error in results.into_iter().filter_map(Result::err) {
-            recorded = false;
-            tracing::warn!(%error, "writing a handover record failed");
-        }
-
+        let recorded = self.write_records(&writes).await;
         if !handover.counted {
-            for phase in Phase::ALL {
-                if let Some(at) = timeline.at(phase) {
-                    self.metrics.phase(phase, at);
-                }
-            }
-            let completed = outcome == COMPLETED;
-            self.metrics
-                .finished(if completed { "completed" } else { "incomplete" });
-            self.announce_finish(handover, outcome, &victim_queues);
-            tracing::info!(reclaim = %id, outcome, resumed = handover.resumed, timeline = %timeline.summary(), "handover finished");
+            self.count_finish(handover, outcome, &victim_queues);
         }
 
         // The owner's intent goes last: it is what makes the next leader finish this handover.
@@ -340,28 +298,101 @@ impl Reclaimer {
                 counted: true,
             };
         }
-        if let Some(owner) = self.stored(&handover.owner) {
-            let cleared = match intent::clear_patch(&owner, &id) {
-                Ok(patch) => self.patch_pod(&owner, patch).await.map(drop),
-                Err(error) => Err(error),
-            };
-            if let Err(error) = cleared
-                && !error.is_stale()
-            {
-                tracing::warn!(reclaim = %id, %error, "clearing the owner's intent failed; retried");
-                return HandoverEnd {
-                    id,
-                    done: false,
-                    counted: true,
-                };
-            }
-        }
         HandoverEnd {
+            done: self.clear_owner_intent(handover).await,
             id,
-            done: true,
             counted: true,
         }
     }
+
+    /// Writes every record at once; whether all of them were written.
+    async fn write_records(&self, writes: &[(&str, HandoverRecord)]) -> bool {
+        let queues: Api<GpuQueue> = Api::all(self.client.clone());
+        let results = join_all(
+            writes
+                .iter()
+                .map(|(queue, record)| record::write(&queues, queue, record)),
+        )
+        .await;
+        let mut recorded = true;
+        for error in results.into_iter().filter_map(Result::err) {
+            recorded = false;
+            tracing::warn!(%error, "writing a handover record failed");
+        }
+        recorded
+    }
+
+    /// Counts the end of the handover in the metrics and announces it (once per handover).
+    fn count_finish(&self, handover: &Handover, outcome: &str, victim_queues: &BTreeSet<&str>) {
+        let timeline = &handover.timeline;
+        for phase in Phase::ALL {
+            if let Some(at) = timeline.at(phase) {
+                self.metrics.phase(phase, at);
+            }
+        }
+        let completed = outcome == COMPLETED;
+        self.metrics
+            .finished(if completed { "completed" } else { "incomplete" });
+        self.announce_finish(handover, outcome, victim_queues);
+        tracing::info!(reclaim = %handover.id, outcome, resumed = handover.resumed, timeline = %timeline.summary(), "handover finished");
+    }
+
+    /// Clears the owner's intent, if the store still holds the owner; `false` when that
+    /// failed and must be retried.
+    async fn clear_owner_intent(&self, handover: &Handover) -> bool {
+        let Some(owner) = self.stored(&handover.owner) else {
+            return true;
+        };
+        let cleared = match intent::clear_patch(&owner, &handover.id) {
+            Ok(patch) => self.patch_pod(&owner, patch).await.map(drop),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = cleared
+            && !error.is_stale()
+        {
+            tracing::warn!(reclaim = %handover.id, %error, "clearing the owner's intent failed; retried");
+            return false;
+        }
+        true
+    }
+}
+
+/// The record of the handover for the owner's queue and for each victim's queue, as they
+/// stand now (an owner not bound yet counts the time until now).
+fn record_writes<'a>(
+    handover: &'a Handover,
+    victim_queues: &BTreeSet<&'a str>,
+    removals: &[VictimRemoval],
+    outcome: &str,
+) -> Vec<(&'a str, HandoverRecord)> {
+    let timeline = &handover.timeline;
+    let total = timeline
+        .at(Phase::OwnerBound)
+        .unwrap_or_else(|| timeline.elapsed(Instant::now()));
+    let record = |role: &str| HandoverRecord {
+        id: handover.id.clone(),
+        role: role.to_owned(),
+        owner_pod: handover.owner.key.to_string(),
+        node: handover.node.clone(),
+        victims: handover
+            .victims
+            .iter()
+            .map(|v| v.target.key.to_string())
+            .collect(),
+        started_at: Some(Time(timeline.started_at)),
+        outcome: outcome.to_owned(),
+        budget_millis: millis(timeline.budget),
+        total_millis: millis(total),
+        phases: timeline.phase_timings(),
+        checkpoints: removals.iter().map(|r| r.checkpoint.clone()).collect(),
+    };
+    let mut writes = vec![(handover.owner_queue.as_str(), record(Role::Owner.as_str()))];
+    writes.extend(
+        victim_queues
+            .iter()
+            .map(|q| (*q, record(Role::Victim.as_str()))),
+    );
+    writes
 }
 
 /// What the wait for the victims and the owner saw.

@@ -215,17 +215,7 @@ impl Handovers {
                         continue;
                     }
                     tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
-                    self.reclaimer.events.send(
-                        handover.owner.reference.clone(),
-                        crate::events::Notice {
-                            warning: false,
-                            reason: "ReclaimResumed",
-                            action: "Reclaim",
-                            note: format!(
-                                "reclaim {id}: the operator that started it stopped; this leader finishes it without repeating a checkpoint or an eviction"
-                            ),
-                        },
-                    );
+                    self.reclaimer.announce_resumed(&handover);
                     self.spawn(term, handover);
                 }
                 Recovery::Abandon { id, owner, victims } => {

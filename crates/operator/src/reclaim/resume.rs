@@ -34,7 +34,7 @@ use super::{
     reclaimer::Reclaimer,
     timeline::Timeline,
 };
-use crate::{events::Notice, leader::Term};
+use crate::leader::Term;
 
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]
@@ -105,6 +105,16 @@ pub fn scan(pods: &[Arc<Pod>], skip: impl Fn(&str) -> bool, now: Timestamp) -> V
             }
         })
         .collect()
+}
+
+/// What became of one pod of an abandoned reclaim.
+enum PodAbandon {
+    /// Taken out; the note of its event.
+    Done(String),
+    /// Nothing left to do (gone, or no longer carrying this reclaim): nothing to announce.
+    Nothing,
+    /// Refused or failed: a later pass tries again.
+    Later,
 }
 
 impl Reclaimer {
@@ -185,69 +195,74 @@ impl Reclaimer {
             if !term.is_current() {
                 return false;
             }
-            let mark = Mark::read(pod);
-            let paused = mark.as_ref().is_some_and(|m| m.checkpoint_started)
-                && pod.metadata.deletion_timestamp.is_none();
             let target = HandoverPod::of(pod);
-            let note = if paused {
-                let queue = admitted_queue(pod).unwrap_or_default();
-                let (_, grace) = self.victim_settings(queue);
-                let evicting = evict::EvictionTarget {
-                    namespace: &target.key.namespace,
-                    name: &target.key.name,
-                    uid: &target.uid,
-                    grace,
-                };
-                match evict::try_evict(&self.client, &evicting).await {
-                    Ok(eviction) => {
-                        self.metrics.evicted(eviction.outcome());
-                        if matches!(eviction, Eviction::AlreadyGone) {
-                            continue;
-                        }
-                        format!(
-                            "reclaim {id} was abandoned: {reason}; its checkpoint had been made (the server is paused), so it is evicted"
-                        )
-                    }
-                    Err(refusal) => {
-                        settled = false;
-                        tracing::warn!(reclaim = id, pod = %target.key, message = %refusal.message,
-                            "evicting the checkpointed victim of an abandoned reclaim was refused; tried again later");
-                        continue;
-                    }
+            match self.abandon_pod(id, &reason, pod, &target).await {
+                PodAbandon::Done(note) => {
+                    tracing::warn!(reclaim = id, pod = %target.key, "{note}");
+                    self.announce_abandoned(&target, note);
                 }
-            } else {
-                let cleared = match intent::clear_patch(pod, id) {
-                    Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
-                    Err(error) => Err(error),
-                };
-                match cleared {
-                    Ok(()) => {}
-                    Err(error) if error.is_stale() => continue,
-                    Err(error) => {
-                        settled = false;
-                        tracing::warn!(reclaim = id, pod = %target.key, %error, "clearing a stale reclaim intent failed; tried again later");
-                        continue;
-                    }
-                }
-                format!(
-                    "reclaim {id} was abandoned: {reason}; its intent was removed and the pod is decided again"
-                )
-            };
-            tracing::warn!(reclaim = id, pod = %target.key, "{note}");
-            self.events.send(
-                target.reference,
-                Notice {
-                    warning: true,
-                    reason: "ReclaimAbandoned",
-                    action: "Reclaim",
-                    note,
-                },
-            );
+                PodAbandon::Nothing => {}
+                PodAbandon::Later => settled = false,
+            }
         }
         if settled {
             self.metrics.finished("abandoned");
         }
         settled
+    }
+
+    /// Takes one pod out of an abandoned reclaim: a victim whose checkpoint was made (its
+    /// server is paused) is evicted, honouring its PodDisruptionBudget; any other pod has the
+    /// intent removed. `reason` says why the reclaim was abandoned.
+    async fn abandon_pod(
+        &self,
+        id: &str,
+        reason: &str,
+        pod: &Pod,
+        target: &HandoverPod,
+    ) -> PodAbandon {
+        let paused = Mark::read(pod).is_some_and(|m| m.checkpoint_started)
+            && pod.metadata.deletion_timestamp.is_none();
+        if paused {
+            let queue = admitted_queue(pod).unwrap_or_default();
+            let (_, grace) = self.victim_settings(queue);
+            let evicting = evict::EvictionTarget {
+                namespace: &target.key.namespace,
+                name: &target.key.name,
+                uid: &target.uid,
+                grace,
+            };
+            return match evict::try_evict(&self.client, &evicting).await {
+                Ok(eviction) => {
+                    self.metrics.evicted(eviction.outcome());
+                    if matches!(eviction, Eviction::AlreadyGone) {
+                        return PodAbandon::Nothing;
+                    }
+                    PodAbandon::Done(format!(
+                        "reclaim {id} was abandoned: {reason}; its checkpoint had been made (the server is paused), so it is evicted"
+                    ))
+                }
+                Err(refusal) => {
+                    tracing::warn!(reclaim = id, pod = %target.key, message = %refusal.message,
+                        "evicting the checkpointed victim of an abandoned reclaim was refused; tried again later");
+                    PodAbandon::Later
+                }
+            };
+        }
+        let cleared = match intent::clear_patch(pod, id) {
+            Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
+            Err(error) => Err(error),
+        };
+        match cleared {
+            Ok(()) => PodAbandon::Done(format!(
+                "reclaim {id} was abandoned: {reason}; its intent was removed and the pod is decided again"
+            )),
+            Err(error) if error.is_stale() => PodAbandon::Nothing,
+            Err(error) => {
+                tracing::warn!(reclaim = id, pod = %target.key, %error, "clearing a stale reclaim intent failed; tried again later");
+                PodAbandon::Later
+            }
+        }
     }
 
     /// A queue's reclaim settings as the store shows them (defaults for a queue that is gone
