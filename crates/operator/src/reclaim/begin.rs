@@ -259,3 +259,17 @@ fn reserved_handover(
         overrides_min_borrow: plan.overrides_min_borrow,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_categories_are_snake_case_labels() {
+        let gone = BeginError::VictimGone(PodKey::new("b", "v"));
+        let write = BeginError::Write(PatchError::Gone { pod: "b/v".into() });
+        assert_eq!(gone.category(), "victim_gone");
+        assert_eq!(BeginError::NotLeader.category(), "not_leader");
+        assert_eq!(write.category(), "write");
+    }
+}

@@ -220,9 +220,12 @@ impl Handovers {
                 }
                 Recovery::Abandon { id, owner, victims } => {
                     recovered.defer_reclaims = true;
+                    let span =
+                        tracing::info_span!("handover", reclaim = %id, victims = victims.len());
                     let settled = self
                         .reclaimer
                         .abandon(term, &id, owner.as_deref(), &victims)
+                        .instrument(span)
                         .await;
                     if !settled {
                         self.retry.insert(id, instant + RETRY_AFTER);
