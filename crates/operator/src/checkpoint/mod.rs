@@ -5,6 +5,10 @@
 //! and waits until its metrics show it idle, `http` posts to a sidecar, `none` does nothing.
 //! Whatever happens, the call returns a [`CheckpointReport`] by the deadline the caller gives:
 //! a checkpoint never blocks an eviction, it is recorded and the owner's guarantee wins.
+//!
+//! This file builds a driver from the policy and runs it under the deadline; the drivers
+//! (`vllm`, `http`) share the `client`, report through `outcome`, and leave their
+//! `progress` where a timeout can read it.
 
 mod client;
 mod http;

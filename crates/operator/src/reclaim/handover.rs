@@ -129,7 +129,7 @@ pub fn span(
 }
 
 impl Handover {
-    /// See [`span`].
+    /// The span every log line of this handover carries.
     pub fn span(&self) -> tracing::Span {
         span(
             &self.id,

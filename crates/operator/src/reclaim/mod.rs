@@ -16,6 +16,12 @@
 //!                                                               metrics; clear the owner's intent
 //! ```
 //!
+//! The files follow the diagram: `begin` writes the intent and releases the owner, `execute`
+//! checkpoints, evicts (`evict`), waits and records (`record`), `resume` finds what an
+//! earlier leader left, and `announce` holds every event text. `handover` says what a
+//! handover is, `intent` how it is written on pods, `timeline` how it is timed, and
+//! `reclaimer` is the handle they all run on; this file drives the tasks.
+//!
 //! Every phase is timed from the start of the admission pass that found the owner blocked
 //! ([`timeline`]). The intent and the owner's release are written inside that pass, so the next
 //! pass already sees the owner admitted on its node and the node closed to other pods; the rest
