@@ -16,7 +16,6 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{
-    crash,
     handover::{self, Handover, HandoverPod, PassTiming, Victim, checkpoint_policy},
     intent::{self, Intent, VictimRef},
     reclaimer::Reclaimer,
@@ -110,14 +109,14 @@ impl Reclaimer {
         // 1. Intent on every victim, at once.
         let marked = self.mark_victims(term, &stored, &intent).await?;
         timeline.end(Phase::Intent, Instant::now());
-        crash::check(self.crash, Phase::Intent, &intent.id);
+        self.crash_after(Phase::Intent, &intent.id);
 
         // 2. Reserve: the owner's intent and its release, in one patch.
         let owner = self
             .reserve_owner(term, owner, plan, &intent, found.started_at, &marked)
             .await?;
         timeline.end(Phase::Reserve, Instant::now());
-        crash::check(self.crash, Phase::Reserve, &intent.id);
+        self.crash_after(Phase::Reserve, &intent.id);
 
         let handover = reserved_handover(plan, intent.id, &owner, &marked, timeline);
         self.metrics.started(Instant::now());

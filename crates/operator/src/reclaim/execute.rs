@@ -13,7 +13,6 @@ use kube::{Api, api::Patch};
 use tokio::time::Instant;
 
 use super::{
-    crash,
     evict::{self, Eviction},
     handover::{COMPLETED, Handover, Victim},
     intent::{self, Role},
@@ -75,7 +74,7 @@ impl Reclaimer {
         if let Some(at) = outcomes.iter().filter_map(|o| o.evicted_at).max() {
             handover.timeline.end(Phase::EvictAccepted, at);
         }
-        crash::check(self.crash, Phase::EvictAccepted, &id);
+        self.crash_after(Phase::EvictAccepted, &id);
 
         // 5-6. Wait until the watch shows the victims gone and the owner bound.
         let grace = handover
@@ -109,7 +108,7 @@ impl Reclaimer {
         let checkpoint = self.checkpoint(term, handover, victim).await;
         let checkpointed_at = checkpoint.as_ref().map(|(_, at)| *at);
         if checkpointed_at.is_some() {
-            crash::check(self.crash, Phase::Checkpoint, &handover.id);
+            self.crash_after(Phase::Checkpoint, &handover.id);
         }
         let result = checkpoint.map_or_else(
             || skipped_checkpoint(handover, victim),
@@ -234,7 +233,7 @@ impl Reclaimer {
                 handover.timeline.end(Phase::VictimsGone, now);
                 if !crashed_checked {
                     crashed_checked = true;
-                    crash::check(self.crash, Phase::VictimsGone, &handover.id);
+                    self.crash_after(Phase::VictimsGone, &handover.id);
                 }
             }
             let owner = self.stored(&handover.owner);

@@ -12,11 +12,7 @@ use kube::{
     runtime::reflector::ObjectRef,
 };
 
-use super::{
-    crash::{CrashPoint, ENV as CRASH_ENV},
-    handover::HandoverPod,
-    metrics::ReclaimMetrics,
-};
+use super::{handover::HandoverPod, metrics::ReclaimMetrics, timeline::Phase};
 use crate::{
     checkpoint::CheckpointClient,
     events::Events,
@@ -33,7 +29,7 @@ pub struct Reclaimer {
     pub(super) stores: Stores,
     pub(super) metrics: ReclaimMetrics,
     pub(super) events: Events,
-    pub(super) crash: Option<CrashPoint>,
+    crash: Option<super::crash::CrashPoint>,
 }
 
 impl std::fmt::Debug for Reclaimer {
@@ -52,12 +48,13 @@ impl Reclaimer {
         stores: Stores,
         metrics: ReclaimMetrics,
         events: Events,
-        crash: Option<CrashPoint>,
+        crash: Option<super::crash::CrashPoint>,
     ) -> Self {
         if let Some(point) = crash {
             tracing::warn!(
                 ?point,
-                "{CRASH_ENV} is set: this process exits in the middle of a handover (a test hook)"
+                "{} is set: this process exits in the middle of a handover (a test hook)",
+                super::crash::ENV
             );
         }
         Self {
@@ -71,6 +68,11 @@ impl Reclaimer {
     }
 
     /// `Some(pod)` if the store holds the target (same uid).
+    /// Exits the process if the test hook asks to crash after `phase` (see `super::crash`).
+    pub(super) fn crash_after(&self, phase: Phase, reclaim: &str) {
+        super::crash::check(self.crash, phase, reclaim);
+    }
+
     pub(super) fn stored(&self, target: &HandoverPod) -> Option<Arc<Pod>> {
         self.stores
             .pods
