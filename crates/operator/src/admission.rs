@@ -63,7 +63,7 @@ use crate::{
     metrics::{FragmentationReport, Metrics, Outcome, QueueRow},
     observe::{InvalidQueue, Observed, PodModels, is_gated},
     patch::{self, PatchError},
-    reclaim::{Found, Handovers, Reclaimer, Started},
+    reclaim::{Handovers, PassTiming, Reclaimer, Reservation},
     status,
     stores::Stores,
 };
@@ -252,7 +252,7 @@ async fn pass(
     let now = clock::now();
     let recovered = handovers.recover(&shared.term, now).await;
     let decided = run_pass(shared, tasks, handovers, carried, started, now);
-    let found = Found {
+    let found = PassTiming {
         started,
         started_at: now,
         planned: decided.planned,
@@ -272,7 +272,7 @@ async fn pass(
     for outcome in begun {
         match outcome {
             Begun::Started(started) => {
-                let Started { owner, handover } = *started;
+                let Reservation { owner, handover } = *started;
                 shared.assumed().admitted(owner);
                 handovers.start(&shared.term, handover);
             }
@@ -483,7 +483,7 @@ fn apply(
 /// What became of starting one reclaim.
 enum Begun {
     /// The owner is released (remembered as admitted); the rest runs in a task.
-    Started(Box<Started>),
+    Started(Box<Reservation>),
     /// Not started: the owner or a victim moved on (decided again on the next change), or
     /// the owner has a write in flight.
     Nothing,
@@ -492,7 +492,12 @@ enum Begun {
 }
 
 /// Records the reclaim's intent and releases its owner (see [`Reclaimer::begin`]).
-async fn begin_reclaim(shared: &Shared, stored: &Pod, plan: &ReclaimPlan, found: Found) -> Begun {
+async fn begin_reclaim(
+    shared: &Shared,
+    stored: &Pod,
+    plan: &ReclaimPlan,
+    found: PassTiming,
+) -> Begun {
     let context = &shared.context;
     {
         let assumed = shared.assumed();

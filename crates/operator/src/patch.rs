@@ -210,7 +210,7 @@ pub async fn set_waiting_reason(
     .map_err(|source| classify(pod, source))
 }
 
-fn classify(pod: &Pod, source: kube::Error) -> PatchError {
+pub(crate) fn classify(pod: &Pod, source: kube::Error) -> PatchError {
     let pod = describe(pod);
     match &source {
         kube::Error::Api(status) if status.code == 422 || status.code == 409 => {

@@ -10,8 +10,8 @@ use std::time::Duration;
 use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointPolicy, GpuQueue, PauseMode};
 use gpuqueue_fake_vllm::{Config, ErrorStyle, FakeVllm, Fault, FaultAction, Profile};
 use gpuqueue_operator::checkpoint::{
-    CallError, CheckpointClient, CheckpointReport, Checkpointer, Evidence, Outcome, SkipReason,
-    Step,
+    CallError, CheckpointClient, CheckpointOutcome, CheckpointReport, Checkpointer, Evidence,
+    SkipReason, Step,
 };
 use tokio::time::Instant;
 
@@ -108,7 +108,7 @@ async fn vllm_pauses_with_abort_waits_until_idle_and_confirms() {
 
         assert_eq!(
             report.outcome,
-            Outcome::Succeeded(Evidence::Drained),
+            CheckpointOutcome::Succeeded(Evidence::Drained),
             "{style:?}"
         );
         assert_eq!(report.target, Some(server.addr()));
@@ -146,7 +146,10 @@ async fn vllm_waits_for_the_kv_offload_tail_to_land() {
 
     let report = vllm_checkpoint(&server, None, DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
     assert_eq!(server.snapshot().offload_pending_bytes, 0);
     assert!(server.snapshot().offload_bytes_total > 0);
     assert_one_pause_never_sleep(&server);
@@ -160,7 +163,10 @@ async fn vllm_wait_mode_lets_requests_finish() {
 
     let report = vllm_checkpoint(&server, Some(PauseMode::Wait), DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
     let state = server.snapshot();
     assert_eq!(state.finished_length, 3);
     assert_eq!(state.finished_abort, 0);
@@ -177,7 +183,10 @@ async fn vllm_keep_mode_freezes_requests_and_keeps_the_cache() {
 
     let report = vllm_checkpoint(&server, Some(PauseMode::Keep), DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Frozen));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Frozen)
+    );
     let pause = &server.calls_to("/pause")[0];
     assert_eq!(pause.query_param("mode"), Some("keep"));
     assert_eq!(pause.query_param("clear_cache"), Some("false"));
@@ -201,7 +210,7 @@ async fn vllm_without_dev_mode_is_unsupported_and_nothing_else_is_called() {
 
         assert_eq!(
             report.outcome,
-            Outcome::Unsupported {
+            CheckpointOutcome::Unsupported {
                 step: Step::Pause,
                 status: 404
             },
@@ -231,7 +240,10 @@ async fn vllm_v0_14_ignores_mode_and_aborts_by_default() {
 
     let report = vllm_checkpoint(&server, None, DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
     assert_eq!(server.snapshot().finished_abort, 3);
     assert_one_pause_never_sleep(&server);
 }
@@ -249,7 +261,10 @@ async fn vllm_v0_14_waits_when_asked_to_through_its_own_parameter() {
 
     let report = vllm_checkpoint(&server, Some(PauseMode::Wait), DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
     assert_eq!(server.snapshot().finished_abort, 0);
     assert_eq!(server.snapshot().finished_length, 2);
 }
@@ -263,7 +278,7 @@ async fn vllm_pause_that_hangs_times_out_at_the_deadline() {
 
     assert_eq!(
         report.outcome,
-        Outcome::TimedOut {
+        CheckpointOutcome::TimedOut {
             step: Step::Pause,
             last_load: None
         }
@@ -283,7 +298,7 @@ async fn vllm_policy_timeout_cuts_a_longer_deadline_short() {
 
     assert!(matches!(
         report.outcome,
-        Outcome::TimedOut {
+        CheckpointOutcome::TimedOut {
             step: Step::Pause,
             ..
         }
@@ -299,7 +314,7 @@ async fn vllm_metrics_that_hang_time_out_while_draining() {
 
     assert_eq!(
         report.outcome,
-        Outcome::TimedOut {
+        CheckpointOutcome::TimedOut {
             step: Step::Drain,
             last_load: None
         }
@@ -318,7 +333,7 @@ async fn vllm_still_busy_at_the_deadline_times_out_with_the_last_load() {
     let report = vllm_checkpoint(&server, None, SHORT_DEADLINE).await;
 
     match report.outcome {
-        Outcome::TimedOut {
+        CheckpointOutcome::TimedOut {
             step: Step::Drain,
             last_load: Some(load),
         } => assert_eq!(load.running, 3),
@@ -341,7 +356,7 @@ async fn vllm_pause_500_fails_without_waiting() {
 
     assert_eq!(
         report.outcome,
-        Outcome::Failed {
+        CheckpointOutcome::Failed {
             step: Step::Pause,
             error: CallError::Status(500)
         }
@@ -361,7 +376,7 @@ async fn vllm_refusing_connections_fails() {
     assert!(
         matches!(
             &report.outcome,
-            Outcome::Failed { step: Step::Pause, error: CallError::Connect(why) } if why.contains("refused")
+            CheckpointOutcome::Failed { step: Step::Pause, error: CallError::Connect(why) } if why.contains("refused")
         ),
         "{:?}",
         report.outcome
@@ -378,7 +393,7 @@ async fn vllm_nobody_listening_fails() {
 
     assert!(matches!(
         report.outcome,
-        Outcome::Failed {
+        CheckpointOutcome::Failed {
             step: Step::Pause,
             error: CallError::Connect(_)
         }
@@ -395,7 +410,7 @@ async fn vllm_connection_dropped_mid_call_fails() {
     assert!(
         matches!(
             report.outcome,
-            Outcome::Failed {
+            CheckpointOutcome::Failed {
                 step: Step::Pause,
                 error: CallError::Transport(_)
             }
@@ -413,7 +428,10 @@ async fn vllm_without_request_metrics_settles_briefly_and_succeeds() {
 
     let report = vllm_checkpoint(&server, None, DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Unmeasured));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Unmeasured)
+    );
     assert_one_pause_never_sleep(&server);
 }
 
@@ -431,7 +449,10 @@ async fn vllm_metrics_errors_are_retried_until_they_clear() {
 
     let report = vllm_checkpoint(&server, None, DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
     assert!(server.calls_to("/metrics").len() >= 3);
     assert_one_pause_never_sleep(&server);
 }
@@ -449,7 +470,10 @@ async fn vllm_pause_latency_within_the_deadline_still_succeeds() {
 
     let report = vllm_checkpoint(&server, None, DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
     assert_one_pause_never_sleep(&server);
 }
 
@@ -461,31 +485,31 @@ async fn none_driver_and_missing_targets_call_nothing() {
     let none = CheckpointPolicy::default();
     assert_eq!(
         run(&none, ip, DEADLINE).await.outcome,
-        Outcome::Skipped(SkipReason::DriverNone)
+        CheckpointOutcome::Skipped(SkipReason::DriverNone)
     );
 
     let vllm_policy = policy(CheckpointDriver::Vllm, server.addr().port());
     assert_eq!(
         run(&vllm_policy, None, DEADLINE).await.outcome,
-        Outcome::Skipped(SkipReason::NoPodIp)
+        CheckpointOutcome::Skipped(SkipReason::NoPodIp)
     );
 
     let metadata: IpAddr = "169.254.169.254".parse().unwrap();
     assert_eq!(
         run(&vllm_policy, Some(metadata), DEADLINE).await.outcome,
-        Outcome::Skipped(SkipReason::NotAPodIp(metadata))
+        CheckpointOutcome::Skipped(SkipReason::NotAPodIp(metadata))
     );
 
     assert_eq!(
         run(&vllm_policy, ip, Duration::ZERO).await.outcome,
-        Outcome::Skipped(SkipReason::NoTimeLeft)
+        CheckpointOutcome::Skipped(SkipReason::NoTimeLeft)
     );
 
     let mut no_port = vllm_policy.clone();
     no_port.port = None;
     assert!(matches!(
         run(&no_port, ip, DEADLINE).await.outcome,
-        Outcome::Skipped(SkipReason::Misconfigured(_))
+        CheckpointOutcome::Skipped(SkipReason::Misconfigured(_))
     ));
 
     assert!(server.calls().is_empty(), "{:#?}", server.calls());
@@ -564,7 +588,7 @@ async fn http_driver_2xx_is_a_durable_checkpoint() {
 
     assert_eq!(
         report.outcome,
-        Outcome::Succeeded(Evidence::Acknowledged { status: 204 })
+        CheckpointOutcome::Succeeded(Evidence::Acknowledged { status: 204 })
     );
     assert_eq!(report.driver_label(), "http");
     let bodies = sidecar.bodies.lock().unwrap().clone();
@@ -582,7 +606,7 @@ async fn http_driver_5xx_fails() {
 
     assert_eq!(
         report.outcome,
-        Outcome::Failed {
+        CheckpointOutcome::Failed {
             step: Step::Post,
             error: CallError::Status(503)
         }
@@ -603,7 +627,7 @@ async fn http_driver_hang_times_out() {
 
     assert_eq!(
         report.outcome,
-        Outcome::TimedOut {
+        CheckpointOutcome::TimedOut {
             step: Step::Post,
             last_load: None
         }
@@ -623,7 +647,7 @@ async fn http_driver_unknown_path_fails_with_its_status() {
 
     assert_eq!(
         report.outcome,
-        Outcome::Failed {
+        CheckpointOutcome::Failed {
             step: Step::Post,
             error: CallError::Status(404)
         }
@@ -646,7 +670,10 @@ async fn parallel_checkpoints_each_pause_their_own_server_once() {
 
     for (server, report) in servers.iter().zip(reports) {
         assert_eq!(report.target, Some(server.addr()));
-        assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+        assert_eq!(
+            report.outcome,
+            CheckpointOutcome::Succeeded(Evidence::Drained)
+        );
         assert_one_pause_never_sleep(server);
     }
 }
@@ -673,7 +700,10 @@ async fn the_vllm_example_queue_checkpoints_a_vllm_pod() {
 
     let report = run(&policy, Some(addr.ip()), DEADLINE).await;
 
-    assert_eq!(report.outcome, Outcome::Succeeded(Evidence::Drained));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
     assert_eq!(
         server.calls_to("/pause")[0].query_param("mode"),
         Some("abort")
@@ -690,7 +720,7 @@ async fn the_http_example_queue_checkpoints_through_its_sidecar() {
 
     assert_eq!(
         report.outcome,
-        Outcome::Succeeded(Evidence::Acknowledged { status: 204 })
+        CheckpointOutcome::Succeeded(Evidence::Acknowledged { status: 204 })
     );
     assert_eq!(sidecar.bodies.lock().unwrap()[0].0, "/checkpoint");
 }
@@ -699,6 +729,9 @@ async fn the_http_example_queue_checkpoints_through_its_sidecar() {
 async fn the_none_example_queue_calls_nothing() {
     let policy = example_policy("checkpoint-none.yaml");
     let report = run(&policy, Some("127.201.0.3".parse().unwrap()), DEADLINE).await;
-    assert_eq!(report.outcome, Outcome::Skipped(SkipReason::DriverNone));
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Skipped(SkipReason::DriverNone)
+    );
     assert_eq!(report.result(), "skipped");
 }

@@ -23,6 +23,19 @@ pub enum CallError {
     NotPaused,
 }
 
+impl CallError {
+    /// The kind of failure, in snake case: the label a failure counter carries.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Status(_) => "status",
+            Self::Connect(_) => "connect",
+            Self::Transport(_) => "transport",
+            Self::Body(_) => "body",
+            Self::NotPaused => "not_paused",
+        }
+    }
+}
+
 impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -8,7 +8,8 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::client::{CallError, CheckpointClient};
-use super::{Evidence, Outcome, Progress, Step};
+use super::outcome::{CheckpointOutcome, Evidence, Step};
+use super::progress::Progress;
 
 const REPLY_BODY_CAP: usize = 64 * 1024;
 
@@ -18,20 +19,20 @@ pub(super) async fn checkpoint(
     path: &str,
     deadline: Instant,
     progress: &Progress,
-) -> Outcome {
+) -> CheckpointOutcome {
     progress.at(Step::Post);
     let remaining = deadline.saturating_duration_since(Instant::now());
     let body = json!({ "deadlineMs": remaining.as_millis() });
     let url = format!("http://{target}{path}");
     match client.post(&url, Some(&body), REPLY_BODY_CAP).await {
-        Ok(reply) if reply.is_success() => Outcome::Succeeded(Evidence::Acknowledged {
+        Ok(reply) if reply.is_success() => CheckpointOutcome::Succeeded(Evidence::Acknowledged {
             status: reply.status,
         }),
-        Ok(reply) => Outcome::Failed {
+        Ok(reply) => CheckpointOutcome::Failed {
             step: Step::Post,
             error: CallError::Status(reply.status),
         },
-        Err(error) => Outcome::Failed {
+        Err(error) => CheckpointOutcome::Failed {
             step: Step::Post,
             error,
         },

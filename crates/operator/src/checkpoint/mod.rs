@@ -5,120 +5,29 @@
 //! and waits until its metrics show it idle, `http` posts to a sidecar, `none` does nothing.
 //! Whatever happens, the call returns a [`CheckpointReport`] by the deadline the caller gives:
 //! a checkpoint never blocks an eviction, it is recorded and the owner's guarantee wins.
+//!
+//! This file builds a driver from the policy and runs it under the deadline; the drivers
+//! (`vllm`, `http`) share the `client`, report through `outcome`, and leave their
+//! `progress` where a timeout can read it.
 
 mod client;
 mod http;
+mod outcome;
+mod progress;
 mod prometheus;
 mod vllm;
 
-use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointPolicy, PauseMode};
 use tokio::time::Instant;
 
 pub use client::{CallError, CheckpointClient};
-
-/// What a checkpoint achieved.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
-    /// The pod confirmed it is ready to be evicted.
-    Succeeded(Evidence),
-    /// A call failed (connection refused, 5xx, a server that says it is not paused).
-    Failed { step: Step, error: CallError },
-    /// The deadline came first; `last_load` is what the metrics said last, if anything.
-    TimedOut {
-        step: Step,
-        last_load: Option<EngineLoad>,
-    },
-    /// The pod does not offer the call (vLLM without dev mode answers 404 on `/pause`).
-    Unsupported { step: Step, status: u16 },
-    /// Nothing was called.
-    Skipped(SkipReason),
-}
-
-/// How a successful checkpoint was confirmed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Evidence {
-    /// vLLM is paused, no request is running or waiting, and the KV offload counters settled.
-    Drained,
-    /// vLLM is paused with its requests frozen (`pauseMode: keep`), offload counters settled.
-    Frozen,
-    /// vLLM accepted the pause but exposes no request metrics; a short settle wait stood in.
-    Unmeasured,
-    /// The sidecar answered 2xx: the checkpoint is durable.
-    Acknowledged { status: u16 },
-}
-
-/// The call a checkpoint was at.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Step {
-    /// `POST /pause?mode=...`
-    Pause,
-    /// `GET /metrics` until idle.
-    Drain,
-    /// `GET /is_paused`
-    ConfirmPaused,
-    /// The sidecar's `POST <path>`.
-    Post,
-}
-
-/// vLLM's request gauges, summed over engines.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EngineLoad {
-    pub running: u64,
-    pub waiting: u64,
-}
-
-/// Why nothing was called.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SkipReason {
-    /// The queue's driver is `none`.
-    DriverNone,
-    /// The pod has no IP yet (not started), so there is nothing to call.
-    NoPodIp,
-    /// The pod's IP cannot be a pod's (unspecified, multicast, link-local such as the cloud
-    /// metadata address): never called.
-    NotAPodIp(IpAddr),
-    /// The policy lacks a field its driver needs (the CRD's rules prevent this).
-    Misconfigured(&'static str),
-    /// The deadline had passed before the checkpoint could start.
-    NoTimeLeft,
-}
-
-/// The result of one checkpoint: what was called, what came of it and how long it took.
-#[derive(Clone, Debug, PartialEq)]
-pub struct CheckpointReport {
-    pub driver: CheckpointDriver,
-    /// The address called (`None` when skipped before a target was known).
-    pub target: Option<SocketAddr>,
-    pub outcome: Outcome,
-    pub elapsed: Duration,
-}
-
-impl CheckpointReport {
-    /// The `result` label of the checkpoint-outcome metric.
-    pub fn result(&self) -> &'static str {
-        match self.outcome {
-            Outcome::Succeeded(_) => "succeeded",
-            Outcome::Failed { .. } => "failed",
-            Outcome::TimedOut { .. } => "timed_out",
-            Outcome::Unsupported { .. } => "unsupported",
-            Outcome::Skipped(_) => "skipped",
-        }
-    }
-
-    /// The `driver` label of the checkpoint-outcome metric.
-    pub fn driver_label(&self) -> &'static str {
-        match self.driver {
-            CheckpointDriver::Vllm => "vllm",
-            CheckpointDriver::Http => "http",
-            CheckpointDriver::None => "none",
-        }
-    }
-}
+pub use outcome::{
+    CheckpointOutcome, CheckpointReport, EngineLoad, Evidence, SkipReason, Step, driver_name,
+};
+use progress::Progress;
 
 /// A queue's checkpoint driver, ready to call pods.
 #[derive(Clone, Debug)]
@@ -184,6 +93,11 @@ impl Checkpointer {
         }
     }
 
+    /// The policy's own limit on a checkpoint (a negative one, which the CRD refuses, as zero).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Checkpoints the pod at `pod_ip` (from the pod's status in the API, never from anything a
     /// tenant writes). Returns by `deadline` (or the policy's timeout, if sooner) whatever
     /// happens; the outcome says what did.
@@ -194,7 +108,7 @@ impl Checkpointer {
         let skipped = |target, reason| CheckpointReport {
             driver,
             target,
-            outcome: Outcome::Skipped(reason),
+            outcome: CheckpointOutcome::Skipped(reason),
             elapsed: started.elapsed(),
         };
         let port = match &self.driver {
@@ -221,7 +135,7 @@ impl Checkpointer {
                     http::checkpoint(&self.client, target, path, deadline, &progress).await
                 }
                 Driver::None | Driver::Misconfigured(..) => {
-                    Outcome::Skipped(SkipReason::DriverNone)
+                    CheckpointOutcome::Skipped(SkipReason::DriverNone)
                 }
             }
         };
@@ -259,97 +173,6 @@ fn pod_target(ip: IpAddr, port: u16) -> Result<SocketAddr, SkipReason> {
         Err(SkipReason::NotAPodIp(ip))
     } else {
         Ok(SocketAddr::new(ip, port))
-    }
-}
-
-/// Where a driver got to, kept outside its future so a timeout can report it.
-#[derive(Debug)]
-struct Progress {
-    state: Mutex<(Step, Option<EngineLoad>)>,
-}
-
-impl Progress {
-    fn new() -> Self {
-        Self {
-            state: Mutex::new((Step::Pause, None)),
-        }
-    }
-
-    fn at(&self, step: Step) {
-        self.lock().0 = step;
-    }
-
-    fn saw(&self, load: EngineLoad) {
-        self.lock().1 = Some(load);
-    }
-
-    fn timed_out(&self) -> Outcome {
-        let (step, last_load) = *self.lock();
-        Outcome::TimedOut { step, last_load }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Step, Option<EngineLoad>)> {
-        crate::sync::lock(&self.state)
-    }
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Pause => "POST /pause",
-            Self::Drain => "GET /metrics",
-            Self::ConfirmPaused => "GET /is_paused",
-            Self::Post => "POST to the sidecar",
-        })
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Succeeded(Evidence::Drained) => {
-                f.write_str("paused; no request running or waiting, KV offload settled")
-            }
-            Self::Succeeded(Evidence::Frozen) => {
-                f.write_str("paused with requests frozen; KV offload settled")
-            }
-            Self::Succeeded(Evidence::Unmeasured) => {
-                f.write_str("paused; no request metrics to confirm idleness")
-            }
-            Self::Succeeded(Evidence::Acknowledged { status }) => {
-                write!(f, "sidecar answered {status}: checkpoint durable")
-            }
-            Self::Failed { step, error } => write!(f, "{step} failed: {error}"),
-            Self::TimedOut {
-                step,
-                last_load: Some(load),
-            } => write!(
-                f,
-                "timed out at {step} with {} running and {} waiting",
-                load.running, load.waiting
-            ),
-            Self::TimedOut {
-                step,
-                last_load: None,
-            } => write!(f, "timed out at {step}"),
-            Self::Unsupported { step, status } => write!(
-                f,
-                "{step} answered {status}: not offered (vLLM dev mode off?); evicting without it"
-            ),
-            Self::Skipped(reason) => write!(f, "skipped: {reason}"),
-        }
-    }
-}
-
-impl fmt::Display for SkipReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::DriverNone => f.write_str("the queue's checkpoint driver is none"),
-            Self::NoPodIp => f.write_str("the pod has no IP"),
-            Self::NotAPodIp(ip) => write!(f, "{ip} cannot be a pod IP"),
-            Self::Misconfigured(why) => f.write_str(why),
-            Self::NoTimeLeft => f.write_str("no time left in the budget"),
-        }
     }
 }
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use gpuqueue_api::v1alpha1::PauseMode;
 
 use super::client::{CallError, CheckpointClient};
-use super::{EngineLoad, Evidence, Outcome, Progress, Step, prometheus};
+use super::outcome::{CheckpointOutcome, EngineLoad, Evidence, Step};
+use super::progress::Progress;
+use super::prometheus;
 
 /// How often the metrics are read while the server drains.
 const POLL_INTERVAL: Duration = Duration::from_millis(50);
@@ -42,7 +44,7 @@ pub(super) async fn checkpoint(
     target: SocketAddr,
     mode: PauseMode,
     progress: &Progress,
-) -> Outcome {
+) -> CheckpointOutcome {
     progress.at(Step::Pause);
     let pause = format!("http://{target}/pause?{}", pause_query(mode));
     match client.post(&pause, None, CONTROL_BODY_CAP).await {
@@ -50,19 +52,19 @@ pub(super) async fn checkpoint(
         // 404: dev mode off (the route is not registered); other 4xx: a release that does not
         // understand us. Either way there is nothing to wait for: evict.
         Ok(reply) if (400..500).contains(&reply.status) => {
-            return Outcome::Unsupported {
+            return CheckpointOutcome::Unsupported {
                 step: Step::Pause,
                 status: reply.status,
             };
         }
         Ok(reply) => {
-            return Outcome::Failed {
+            return CheckpointOutcome::Failed {
                 step: Step::Pause,
                 error: CallError::Status(reply.status),
             };
         }
         Err(error) => {
-            return Outcome::Failed {
+            return CheckpointOutcome::Failed {
                 step: Step::Pause,
                 error,
             };
@@ -77,13 +79,13 @@ pub(super) async fn checkpoint(
 
     progress.at(Step::ConfirmPaused);
     match is_paused(client, target).await {
-        Some(false) => Outcome::Failed {
+        Some(false) => CheckpointOutcome::Failed {
             step: Step::ConfirmPaused,
             error: CallError::NotPaused,
         },
         // Paused, or a release without a readable `/is_paused`: the pause call and the metrics
         // already vouch for it.
-        Some(true) | None => Outcome::Succeeded(evidence),
+        Some(true) | None => CheckpointOutcome::Succeeded(evidence),
     }
 }
 
@@ -94,7 +96,7 @@ async fn drain(
     target: SocketAddr,
     mode: PauseMode,
     progress: &Progress,
-) -> Result<Evidence, Outcome> {
+) -> Result<Evidence, CheckpointOutcome> {
     let metrics = format!("http://{target}/metrics");
     let mut previous_offload: Option<Option<f64>> = None;
     loop {
@@ -139,7 +141,7 @@ async fn drain(
             }
             // The server went away: nothing left to drain.
             Err(CallError::Connect(why)) => {
-                return Err(Outcome::Failed {
+                return Err(CheckpointOutcome::Failed {
                     step: Step::Drain,
                     error: CallError::Connect(why),
                 });

@@ -100,7 +100,7 @@ impl Eviction {
 
 /// One victim to evict.
 #[derive(Clone, Debug)]
-pub struct Target<'a> {
+pub struct EvictionTarget<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
     pub uid: &'a str,
@@ -112,7 +112,7 @@ pub struct Target<'a> {
 pub async fn evict(
     client: &Client,
     term: &Term,
-    target: &Target<'_>,
+    target: &EvictionTarget<'_>,
     deadline: Instant,
     mut refused: impl FnMut(&Refusal),
 ) -> Eviction {
@@ -159,7 +159,7 @@ pub async fn evict(
 /// One request to the Eviction API, honouring PodDisruptionBudgets: `Evicted` or `AlreadyGone`,
 /// or the refusal. For a victim no owner waits for any more (its reclaim was abandoned), this
 /// is all: a budget that refuses is respected.
-pub async fn try_evict(client: &Client, target: &Target<'_>) -> Result<Eviction, Refusal> {
+pub async fn try_evict(client: &Client, target: &EvictionTarget<'_>) -> Result<Eviction, Refusal> {
     let refused = |error: kube::Error| match error {
         kube::Error::Api(status) => Refusal {
             status: Some(status.code),
@@ -185,7 +185,7 @@ pub async fn try_evict(client: &Client, target: &Target<'_>) -> Result<Eviction,
 
 /// `POST …/pods/<name>/eviction` with a complete `policy/v1` Eviction.
 fn eviction_request(
-    target: &Target<'_>,
+    target: &EvictionTarget<'_>,
 ) -> Result<http::Request<Vec<u8>>, Box<dyn std::error::Error + Send + Sync>> {
     let eviction = EvictionRequest {
         metadata: ObjectMeta {
@@ -214,7 +214,7 @@ fn eviction_request(
 async fn delete_after_refusal(
     api: &Api<Pod>,
     term: &Term,
-    target: &Target<'_>,
+    target: &EvictionTarget<'_>,
     params: &DeleteParams,
     refusal: Refusal,
     refusals: u32,
@@ -249,7 +249,7 @@ async fn delete_after_refusal(
 
 /// The victim's queue's grace period, and a uid precondition so that a namesake created
 /// meanwhile (a StatefulSet's replacement) is never evicted in its place.
-fn delete_params(target: &Target<'_>) -> DeleteParams {
+fn delete_params(target: &EvictionTarget<'_>) -> DeleteParams {
     DeleteParams {
         grace_period_seconds: Some(u32::try_from(target.grace.as_secs()).unwrap_or(u32::MAX)),
         preconditions: Some(Preconditions {
@@ -323,8 +323,8 @@ mod tests {
         (term, state)
     }
 
-    fn target() -> Target<'static> {
-        Target {
+    fn target() -> EvictionTarget<'static> {
+        EvictionTarget {
             namespace: "batch",
             name: "victim",
             uid: "uid-1",

@@ -331,7 +331,7 @@ mod tests {
         let release = patch::Admission {
             node_pin: "gpu-node-2",
             queue: "online",
-            admitted_as: "guaranteed",
+            admitted_as: gpuqueue_core::model::AdmittedAs::Guaranteed.as_str(),
             at: "2026-01-01T00:00:00Z".parse().unwrap(),
         };
         let done = apply(&owner, &owner_patch(&owner, &intent(), &release).unwrap()).unwrap();

@@ -16,6 +16,12 @@
 //!                                                               metrics; clear the owner's intent
 //! ```
 //!
+//! The files follow the diagram: `begin` writes the intent and releases the owner, `execute`
+//! checkpoints, evicts (`evict`), waits and records (`record`), `resume` finds what an
+//! earlier leader left, and `announce` holds every event text. `handover` says what a
+//! handover is, `intent` how it is written on pods, `timeline` how it is timed, and
+//! `reclaimer` is the handle they all run on; this file drives the tasks.
+//!
 //! Every phase is timed from the start of the admission pass that found the owner blocked
 //! ([`timeline`]). The intent and the owner's release are written inside that pass, so the next
 //! pass already sees the owner admitted on its node and the node closed to other pods; the rest
@@ -38,11 +44,15 @@
 //! its replacement pods wait behind the owner, who already holds the freed GPUs in the
 //! snapshot. `gpuqueue_reclaims_per_minute` shows the rate.
 
+mod announce;
+mod begin;
 mod crash;
 mod evict;
+mod execute;
 mod handover;
 mod intent;
 mod metrics;
+mod reclaimer;
 mod record;
 mod resume;
 mod timeline;
@@ -50,78 +60,31 @@ mod timeline;
 use std::collections::{HashMap, HashSet};
 
 use jiff::{SignedDuration, Timestamp};
-use kube::Client;
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
+use tracing::Instrument;
 
-pub use crash::{BadCrashPoint, CrashPoint, ENV as CRASH_ENV};
-pub use evict::{Eviction, Refusal};
-pub use handover::{BeginError, COMPLETED, Found, Handover, Started};
-pub use intent::{Intent, Mark};
+pub use begin::{BeginError, Reservation};
+pub use crash::{BadCrashPoint, CrashPoint};
+use execute::HandoverEnd;
+pub use handover::{Handover, PassTiming};
+use intent::Mark;
 pub use metrics::ReclaimMetrics;
-pub use record::upsert as upsert_record;
-pub use resume::{Recovery, scan};
-pub use timeline::{Phase, Timeline};
+pub use reclaimer::Reclaimer;
+pub use resume::Recovery;
 
-use crate::{checkpoint::CheckpointClient, events::Events, leader::Term, stores::Stores};
+use crate::leader::Term;
 
 /// How long a reclaim whose recovery did not settle (a refused eviction, a failed write) waits
 /// before it is tried again.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// What handovers need from the operator; cheap to clone, shared by the loop and the tasks.
-#[derive(Clone)]
-pub struct Reclaimer {
-    /// A client that never retries by itself (see the module documentation).
-    client: Client,
-    checkpoints: CheckpointClient,
-    stores: Stores,
-    metrics: ReclaimMetrics,
-    events: Events,
-    crash: Option<CrashPoint>,
-}
-
-impl std::fmt::Debug for Reclaimer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Reclaimer")
-            .field("crash", &self.crash)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Reclaimer {
-    /// `client` must be built with `Config::default_retry` off.
-    pub fn new(
-        client: Client,
-        checkpoints: CheckpointClient,
-        stores: Stores,
-        metrics: ReclaimMetrics,
-        events: Events,
-        crash: Option<CrashPoint>,
-    ) -> Self {
-        if let Some(point) = crash {
-            tracing::warn!(
-                ?point,
-                "{CRASH_ENV} is set: this process exits in the middle of a handover (a test hook)"
-            );
-        }
-        Self {
-            client,
-            checkpoints,
-            stores,
-            metrics,
-            events,
-            crash,
-        }
-    }
-}
 
 /// The admission loop's side of the executor: the running handover tasks and what the next
 /// passes must know about them. Dropping it aborts every task.
 #[derive(Debug)]
 pub struct Handovers {
     reclaimer: Reclaimer,
-    tasks: JoinSet<handover::Finished>,
+    tasks: JoinSet<HandoverEnd>,
     running: HashMap<String, Id>,
     by_task: HashMap<Id, String>,
     /// Reclaims whose recovery did not settle, and when to try again.
@@ -139,7 +102,7 @@ pub struct Handovers {
 
 /// What recovery means for the rest of the pass.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Recovered {
+pub struct RecoveryEffect {
     /// Stale intents are being taken back: plan no new reclaim in this pass, since the plan
     /// would count their victims as taken and could evict others instead.
     pub defer_reclaims: bool,
@@ -186,9 +149,13 @@ impl Handovers {
 
     fn spawn(&mut self, term: &Term, handover: Handover) {
         let id = handover.id.clone();
-        let task = self
-            .tasks
-            .spawn(self.reclaimer.clone().run(term.clone(), handover));
+        let span = handover.span();
+        let task = self.tasks.spawn(
+            self.reclaimer
+                .clone()
+                .run(term.clone(), handover)
+                .instrument(span),
+        );
         self.by_task.insert(task.id(), id.clone());
         self.running.insert(id, task.id());
     }
@@ -222,7 +189,7 @@ impl Handovers {
 
     /// Finds the handovers no task of this process runs and resumes or abandons them (see
     /// [`resume`]). Runs at the start of every pass.
-    pub async fn recover(&mut self, term: &Term, now: Timestamp) -> Recovered {
+    pub async fn recover(&mut self, term: &Term, now: Timestamp) -> RecoveryEffect {
         let instant = Instant::now();
         self.reap(instant);
         let pods = self.reclaimer.stores.pods.state();
@@ -241,7 +208,7 @@ impl Handovers {
             },
             now,
         );
-        let mut recovered = Recovered::default();
+        let mut recovered = RecoveryEffect::default();
         for recovery in found {
             match recovery {
                 Recovery::Resume { id, owner, victims } => {
@@ -254,24 +221,17 @@ impl Handovers {
                         continue;
                     }
                     tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
-                    self.reclaimer.events.send(
-                        handover.owner.reference.clone(),
-                        crate::events::Notice {
-                            warning: false,
-                            reason: "ReclaimResumed",
-                            action: "Reclaim",
-                            note: format!(
-                                "reclaim {id}: the operator that started it stopped; this leader finishes it without repeating a checkpoint or an eviction"
-                            ),
-                        },
-                    );
+                    self.reclaimer.announce_resumed(&handover);
                     self.spawn(term, handover);
                 }
                 Recovery::Abandon { id, owner, victims } => {
                     recovered.defer_reclaims = true;
+                    let span =
+                        tracing::info_span!("handover", reclaim = %id, victims = victims.len());
                     let settled = self
                         .reclaimer
                         .abandon(term, &id, owner.as_deref(), &victims)
+                        .instrument(span)
                         .await;
                     if !settled {
                         self.retry.insert(id, instant + RETRY_AFTER);
@@ -279,22 +239,19 @@ impl Handovers {
                 }
                 Recovery::NotYet { until, .. } => {
                     recovered.defer_reclaims = true;
-                    recovered.wake = earliest(recovered.wake, Some(until));
+                    recovered.wake = recovered.wake.into_iter().chain(Some(until)).min();
                 }
             }
         }
         if let Some(retry) = self.retry.values().min() {
             let wait = SignedDuration::try_from(retry.saturating_duration_since(instant))
                 .unwrap_or_default();
-            recovered.wake = earliest(recovered.wake, now.checked_add(wait).ok());
+            recovered.wake = recovered
+                .wake
+                .into_iter()
+                .chain(now.checked_add(wait).ok())
+                .min();
         }
         recovered
-    }
-}
-
-fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }

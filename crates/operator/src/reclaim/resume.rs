@@ -25,14 +25,16 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
+use gpuqueue_core::model::is_gated;
+
 use super::{
-    Reclaimer,
     evict::{self, Eviction},
-    handover::{Handover, Target, Victim, admitted_queue},
+    handover::{Handover, HandoverPod, Victim, admitted_queue, checkpoint_policy},
     intent::{self, Mark, Role},
+    reclaimer::Reclaimer,
     timeline::Timeline,
 };
-use crate::{events::Notice, leader::Term, observe::is_gated};
+use crate::leader::Term;
 
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]
@@ -105,6 +107,16 @@ pub fn scan(pods: &[Arc<Pod>], skip: impl Fn(&str) -> bool, now: Timestamp) -> V
         .collect()
 }
 
+/// What became of one pod of an abandoned reclaim.
+enum PodAbandon {
+    /// Taken out; the note of its event.
+    Done(String),
+    /// Nothing left to do (gone, or no longer carrying this reclaim): nothing to announce.
+    Nothing,
+    /// Refused or failed: a later pass tries again.
+    Later,
+}
+
 impl Reclaimer {
     /// The handover of a released owner, rebuilt from the annotations and the queues' specs.
     pub fn rebuild(
@@ -151,7 +163,7 @@ impl Reclaimer {
         }
         Handover {
             id: id.to_owned(),
-            owner: Target::of(owner),
+            owner: HandoverPod::of(owner),
             owner_queue,
             node: mark.and_then(|m| m.node).unwrap_or_default(),
             victims: rebuilt,
@@ -174,7 +186,7 @@ impl Reclaimer {
         let reason = match owner {
             Some(owner) => format!(
                 "its owner {} was never released before the deadline (the operator that started it stopped)",
-                super::handover::Target::of(owner).key
+                HandoverPod::of(owner).key
             ),
             None => "its owner was never released before the deadline (the operator that started it stopped), or is gone".to_owned(),
         };
@@ -183,69 +195,74 @@ impl Reclaimer {
             if !term.is_current() {
                 return false;
             }
-            let mark = Mark::read(pod);
-            let paused = mark.as_ref().is_some_and(|m| m.checkpoint_started)
-                && pod.metadata.deletion_timestamp.is_none();
-            let target = Target::of(pod);
-            let note = if paused {
-                let queue = admitted_queue(pod).unwrap_or_default();
-                let (_, grace) = self.victim_settings(queue);
-                let evicting = evict::Target {
-                    namespace: &target.key.namespace,
-                    name: &target.key.name,
-                    uid: &target.uid,
-                    grace,
-                };
-                match evict::try_evict(&self.client, &evicting).await {
-                    Ok(eviction) => {
-                        self.metrics.evicted(eviction.outcome());
-                        if matches!(eviction, Eviction::AlreadyGone) {
-                            continue;
-                        }
-                        format!(
-                            "reclaim {id} was abandoned: {reason}; its checkpoint had been made (the server is paused), so it is evicted"
-                        )
-                    }
-                    Err(refusal) => {
-                        settled = false;
-                        tracing::warn!(reclaim = id, pod = %target.key, message = %refusal.message,
-                            "evicting the checkpointed victim of an abandoned reclaim was refused; tried again later");
-                        continue;
-                    }
+            let target = HandoverPod::of(pod);
+            match self.abandon_pod(id, &reason, pod, &target).await {
+                PodAbandon::Done(note) => {
+                    tracing::warn!(reclaim = id, pod = %target.key, "{note}");
+                    self.announce_abandoned(&target, note);
                 }
-            } else {
-                let cleared = match intent::clear_patch(pod, id) {
-                    Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
-                    Err(error) => Err(error),
-                };
-                match cleared {
-                    Ok(()) => {}
-                    Err(error) if error.is_stale() => continue,
-                    Err(error) => {
-                        settled = false;
-                        tracing::warn!(reclaim = id, pod = %target.key, %error, "clearing a stale reclaim intent failed; tried again later");
-                        continue;
-                    }
-                }
-                format!(
-                    "reclaim {id} was abandoned: {reason}; its intent was removed and the pod is decided again"
-                )
-            };
-            tracing::warn!(reclaim = id, pod = %target.key, "{note}");
-            self.events.send(
-                target.reference,
-                Notice {
-                    warning: true,
-                    reason: "ReclaimAbandoned",
-                    action: "Reclaim",
-                    note,
-                },
-            );
+                PodAbandon::Nothing => {}
+                PodAbandon::Later => settled = false,
+            }
         }
         if settled {
             self.metrics.finished("abandoned");
         }
         settled
+    }
+
+    /// Takes one pod out of an abandoned reclaim: a victim whose checkpoint was made (its
+    /// server is paused) is evicted, honouring its PodDisruptionBudget; any other pod has the
+    /// intent removed. `reason` says why the reclaim was abandoned.
+    async fn abandon_pod(
+        &self,
+        id: &str,
+        reason: &str,
+        pod: &Pod,
+        target: &HandoverPod,
+    ) -> PodAbandon {
+        let paused = Mark::read(pod).is_some_and(|m| m.checkpoint_started)
+            && pod.metadata.deletion_timestamp.is_none();
+        if paused {
+            let queue = admitted_queue(pod).unwrap_or_default();
+            let (_, grace) = self.victim_settings(queue);
+            let evicting = evict::EvictionTarget {
+                namespace: &target.key.namespace,
+                name: &target.key.name,
+                uid: &target.uid,
+                grace,
+            };
+            return match evict::try_evict(&self.client, &evicting).await {
+                Ok(eviction) => {
+                    self.metrics.evicted(eviction.outcome());
+                    if matches!(eviction, Eviction::AlreadyGone) {
+                        return PodAbandon::Nothing;
+                    }
+                    PodAbandon::Done(format!(
+                        "reclaim {id} was abandoned: {reason}; its checkpoint had been made (the server is paused), so it is evicted"
+                    ))
+                }
+                Err(refusal) => {
+                    tracing::warn!(reclaim = id, pod = %target.key, message = %refusal.message,
+                        "evicting the checkpointed victim of an abandoned reclaim was refused; tried again later");
+                    PodAbandon::Later
+                }
+            };
+        }
+        let cleared = match intent::clear_patch(pod, id) {
+            Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
+            Err(error) => Err(error),
+        };
+        match cleared {
+            Ok(()) => PodAbandon::Done(format!(
+                "reclaim {id} was abandoned: {reason}; its intent was removed and the pod is decided again"
+            )),
+            Err(error) if error.is_stale() => PodAbandon::Nothing,
+            Err(error) => {
+                tracing::warn!(reclaim = id, pod = %target.key, %error, "clearing a stale reclaim intent failed; tried again later");
+                PodAbandon::Later
+            }
+        }
     }
 
     /// A queue's reclaim settings as the store shows them (defaults for a queue that is gone
@@ -271,7 +288,7 @@ impl Reclaimer {
     ) {
         let settings = self.settings(queue);
         (
-            super::handover::policy(&settings.checkpoint),
+            checkpoint_policy(&settings.checkpoint),
             settings.victim_grace,
         )
     }

@@ -1,0 +1,269 @@
+//! The events a handover sends, one function per moment: started, a victim's checkpoint, the
+//! Eviction API's refusal, a victim's removal, the end (on the owner and on every queue
+//! involved), and a reclaim resumed or abandoned by a later leader. Their reasons and texts are what users and the end-to-end tests read.
+
+use std::collections::BTreeSet;
+
+use gpuqueue_core::model::format_duration;
+
+use super::{
+    evict::{Eviction, Refusal},
+    handover::{COMPLETED, Handover, HandoverPod, Victim},
+    reclaimer::Reclaimer,
+    timeline::millis,
+};
+use crate::{
+    checkpoint::{CheckpointOutcome, CheckpointReport, SkipReason},
+    events::Notice,
+};
+
+impl Reclaimer {
+    pub(super) fn announce_start(&self, handover: &Handover) {
+        let victims: Vec<String> = handover
+            .victims
+            .iter()
+            .map(|v| format!("{} (queue {})", v.target.key, v.queue))
+            .collect();
+        let mut note = format!(
+            "reclaim {}: freeing node {} for this pod by evicting {}, within {}",
+            handover.id,
+            handover.node,
+            victims.join(", "),
+            format_duration(handover.timeline.budget)
+        );
+        if handover.overrides_min_borrow {
+            note.push_str(
+                "; a victim is younger than its queue's minBorrowDuration, but no plan spares it",
+            );
+        }
+        self.events.send(
+            handover.owner.reference.clone(),
+            Notice {
+                warning: false,
+                reason: "Reclaiming",
+                action: "Reclaim",
+                note,
+            },
+        );
+    }
+
+    pub(super) fn announce_checkpoint(
+        &self,
+        handover: &Handover,
+        victim: &Victim,
+        report: &CheckpointReport,
+    ) {
+        // A queue without a checkpoint driver asked for none: the metric and the record say so.
+        if matches!(
+            report.outcome,
+            CheckpointOutcome::Skipped(SkipReason::DriverNone)
+        ) {
+            return;
+        }
+        let ok = matches!(report.outcome, CheckpointOutcome::Succeeded(_));
+        self.events.send(
+            victim.target.reference.clone(),
+            Notice {
+                warning: !ok,
+                reason: if ok {
+                    "Checkpointed"
+                } else {
+                    "CheckpointFailed"
+                },
+                action: "Checkpoint",
+                note: format!(
+                    "reclaim {} for {}: checkpoint ({}) {} after {}ms; eviction goes ahead",
+                    handover.id,
+                    handover.owner.key,
+                    report.driver_label(),
+                    report.outcome,
+                    report.elapsed.as_millis()
+                ),
+            },
+        );
+    }
+
+    pub(super) fn announce_refusal(&self, handover: &Handover, victim: &Victim, refusal: &Refusal) {
+        let (reason, what) = if refusal.is_budget() {
+            (
+                "EvictionBlocked",
+                "a PodDisruptionBudget refuses the eviction (429)",
+            )
+        } else if refusal.is_misconfigured() {
+            (
+                "EvictionMisconfigured",
+                "the Eviction API cannot decide (500): more than one PodDisruptionBudget selects this pod",
+            )
+        } else {
+            ("EvictionRefused", "the Eviction API refused")
+        };
+        tracing::warn!(reclaim = %handover.id, victim = %victim.target.key, status = ?refusal.status, message = %refusal.message, "{what}");
+        self.events.send(
+            victim.target.reference.clone(),
+            Notice {
+                warning: true,
+                reason,
+                action: "Evict",
+                note: format!(
+                    "reclaim {}: {what}: {}; retried until the handover deadline, then the pod is deleted (borrowed GPUs are reclaimable)",
+                    handover.id, refusal.message
+                ),
+            },
+        );
+    }
+
+    pub(super) fn announce_eviction(
+        &self,
+        handover: &Handover,
+        victim: &Victim,
+        eviction: &Eviction,
+    ) {
+        let (warning, reason, note) = match eviction {
+            Eviction::Evicted { .. } => (
+                false,
+                "Evicted",
+                format!(
+                    "reclaim {}: evicted to hand node {} back to {} (queue {}), grace period {}s",
+                    handover.id,
+                    handover.node,
+                    handover.owner.key,
+                    handover.owner_queue,
+                    victim.grace.as_secs()
+                ),
+            ),
+            Eviction::DeletedAfterRefusal { refusal, refusals } => (
+                true,
+                "DeletedAfterEvictionRefused",
+                format!(
+                    "reclaim {}: the Eviction API refused {refusals} time(s) until the handover deadline ({}); deleted instead, grace period {}s, because {} (queue {}) is within its guarantee",
+                    handover.id,
+                    refusal.message,
+                    victim.grace.as_secs(),
+                    handover.owner.key,
+                    handover.owner_queue
+                ),
+            ),
+            Eviction::Failed { error } => (
+                true,
+                "EvictionFailed",
+                format!("reclaim {}: could not remove the pod: {error}", handover.id),
+            ),
+            Eviction::AlreadyGone | Eviction::NotLeader => return,
+        };
+        self.events.send(
+            victim.target.reference.clone(),
+            Notice {
+                warning,
+                reason,
+                action: "Evict",
+                note,
+            },
+        );
+    }
+
+    pub(super) fn announce_finish(
+        &self,
+        handover: &Handover,
+        outcome: &str,
+        victim_queues: &BTreeSet<&str>,
+    ) {
+        let completed = outcome == COMPLETED;
+        let timeline = format!(
+            "{} (budget {}ms)",
+            handover.timeline.summary(),
+            millis(handover.timeline.budget)
+        );
+        let resumed = if handover.resumed {
+            " after a new leader resumed it"
+        } else {
+            ""
+        };
+        let victims: Vec<String> = handover
+            .victims
+            .iter()
+            .map(|v| v.target.key.to_string())
+            .collect();
+        self.events.send(
+            handover.owner.reference.clone(),
+            Notice {
+                warning: !completed,
+                reason: if completed {
+                    "HandoverCompleted"
+                } else {
+                    "HandoverIncomplete"
+                },
+                action: "Reclaim",
+                note: format!(
+                    "reclaim {} {outcome}{resumed} on node {}: {timeline}",
+                    handover.id, handover.node
+                ),
+            },
+        );
+        if let Some(queue) = self.queue_ref(&handover.owner_queue) {
+            self.events.send(
+                queue,
+                Notice {
+                    warning: !completed,
+                    reason: "Reclaimed",
+                    action: "Reclaim",
+                    note: format!(
+                        "reclaim {} for {} from queue(s) {} on node {}: {outcome}; {timeline}",
+                        handover.id,
+                        handover.owner.key,
+                        victim_queues.iter().copied().collect::<Vec<_>>().join(", "),
+                        handover.node
+                    ),
+                },
+            );
+        }
+        for name in victim_queues {
+            if let Some(queue) = self.queue_ref(name) {
+                self.events.send(
+                    queue,
+                    Notice {
+                        warning: false,
+                        reason: "ReclaimedFrom",
+                        action: "Reclaim",
+                        note: format!(
+                            "reclaim {}: borrowed GPUs on node {} handed back to {} (queue {}) by evicting {}: {outcome}",
+                            handover.id,
+                            handover.node,
+                            handover.owner.key,
+                            handover.owner_queue,
+                            victims.join(", ")
+                        ),
+                    },
+                );
+            }
+        }
+    }
+
+    /// A reclaim an earlier leader started, resumed by this one.
+    pub(super) fn announce_resumed(&self, handover: &Handover) {
+        self.events.send(
+            handover.owner.reference.clone(),
+            Notice {
+                warning: false,
+                reason: "ReclaimResumed",
+                action: "Reclaim",
+                note: format!(
+                    "reclaim {}: the operator that started it stopped; this leader finishes it without repeating a checkpoint or an eviction",
+                    handover.id
+                ),
+            },
+        );
+    }
+
+    /// One pod of an abandoned reclaim taken out of it; `note` says how.
+    pub(super) fn announce_abandoned(&self, target: &HandoverPod, note: String) {
+        self.events.send(
+            target.reference.clone(),
+            Notice {
+                warning: true,
+                reason: "ReclaimAbandoned",
+                action: "Reclaim",
+                note,
+            },
+        );
+    }
+}

@@ -1,0 +1,523 @@
+//! Carrying out a started handover, in a task of its own: checkpoint and evict each victim,
+//! wait for the victims to be gone and the owner to be bound, record what happened on the
+//! queues, and clear the owner's intent last.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointResult, GpuQueue, HandoverRecord};
+use gpuqueue_core::{model::PodKey, reclaim::checkpoint_allowance};
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
+use kube::{Api, api::Patch};
+use tokio::time::Instant;
+
+use super::{
+    evict::{self, Eviction},
+    handover::{COMPLETED, Handover, Victim},
+    intent::{self, Role},
+    reclaimer::Reclaimer,
+    record,
+    timeline::{Phase, millis},
+};
+use crate::{
+    checkpoint::{CheckpointOutcome, CheckpointReport, Checkpointer, driver_name},
+    leader::Term,
+};
+
+/// After the deadline, how long the executor still waits for victims to go and the owner to
+/// be bound (beyond the victims' grace period) before it records the handover as incomplete.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// How a handover ended, for the loop.
+#[derive(Debug)]
+pub struct HandoverEnd {
+    pub id: String,
+    /// Recorded and cleared; `false` when it stopped early (leadership lost, a write failed)
+    /// and a later pass or leader has to resume it.
+    pub done: bool,
+    /// Its end is counted in the metrics and announced: a retry must not do it again.
+    pub counted: bool,
+}
+
+impl Reclaimer {
+    /// Checkpoints and evicts every victim, waits for them to be gone and the owner bound, and
+    /// records the handover. Stops (leaving the intent for the next leader) when the term ends.
+    pub async fn run(self, term: Term, mut handover: Handover) -> HandoverEnd {
+        let id = handover.id.clone();
+        let deadline = handover.timeline.deadline();
+        tracing::info!(reclaim = %id, owner = %handover.owner.key, node = %handover.node,
+            victims = handover.victims.len(), resumed = handover.resumed, "handover running");
+
+        // 3-4. Each victim: checkpoint, then evict; all victims at once.
+        let outcomes = join_all(
+            handover
+                .victims
+                .iter()
+                .map(|victim| self.remove_victim(&term, &handover, victim)),
+        )
+        .await;
+        if outcomes
+            .iter()
+            .any(|o| matches!(o.eviction, Eviction::NotLeader))
+        {
+            tracing::warn!(reclaim = %id, "leadership lost during the handover; the next leader resumes it");
+            return HandoverEnd {
+                id,
+                done: false,
+                counted: handover.counted,
+            };
+        }
+        if let Some(at) = outcomes.iter().filter_map(|o| o.checkpointed_at).max() {
+            handover.timeline.end(Phase::Checkpoint, at);
+        }
+        if let Some(at) = outcomes.iter().filter_map(|o| o.evicted_at).max() {
+            handover.timeline.end(Phase::EvictAccepted, at);
+        }
+        self.crash_after(Phase::EvictAccepted, &id);
+
+        // 5-6. Wait until the watch shows the victims gone and the owner bound.
+        let grace = handover
+            .victims
+            .iter()
+            .map(|v| v.grace)
+            .max()
+            .unwrap_or_default();
+        let settled = self
+            .settle(&term, &mut handover, deadline + grace + SETTLE_LIMIT)
+            .await;
+        let Some(settled) = settled else {
+            return HandoverEnd {
+                id,
+                done: false,
+                counted: handover.counted,
+            };
+        };
+
+        let outcome = outcome(&settled, &outcomes);
+        self.finish(&term, &handover, &outcomes, &outcome).await
+    }
+
+    /// Checkpoint (unless already started or pointless), then evict one victim.
+    async fn remove_victim(
+        &self,
+        term: &Term,
+        handover: &Handover,
+        victim: &Victim,
+    ) -> VictimRemoval {
+        let checkpoint = self.checkpoint(term, handover, victim).await;
+        let checkpointed_at = checkpoint.as_ref().map(|(_, at)| *at);
+        if checkpointed_at.is_some() {
+            self.crash_after(Phase::Checkpoint, &handover.id);
+        }
+        let result = checkpoint.map_or_else(
+            || skipped_checkpoint(handover, victim),
+            |(result, _)| result,
+        );
+        let eviction = if victim.terminating {
+            Eviction::AlreadyGone
+        } else {
+            let target = evict::EvictionTarget {
+                namespace: &victim.target.key.namespace,
+                name: &victim.target.key.name,
+                uid: &victim.target.uid,
+                grace: victim.grace,
+            };
+            evict::evict(
+                &self.client,
+                term,
+                &target,
+                handover.timeline.deadline(),
+                |refusal| self.announce_refusal(handover, victim, refusal),
+            )
+            .await
+        };
+        // Only an eviction this process made ends the phase (not one it found done).
+        let evicted_at = (!victim.terminating && eviction.removed()).then(Instant::now);
+        if !matches!(eviction, Eviction::NotLeader) {
+            self.metrics.evicted(eviction.outcome());
+            self.announce_eviction(handover, victim, &eviction);
+        }
+        VictimRemoval {
+            victim: victim.target.key.clone(),
+            checkpoint: result,
+            checkpointed_at,
+            eviction,
+            evicted_at,
+        }
+    }
+
+    /// The victim's checkpoint, if this process makes one: the progress mark is written first,
+    /// so that no process ever makes the call twice. `None` when no call is made.
+    async fn checkpoint(
+        &self,
+        term: &Term,
+        handover: &Handover,
+        victim: &Victim,
+    ) -> Option<(CheckpointResult, Instant)> {
+        if victim.checkpoint_started || victim.terminating {
+            return None;
+        }
+        let checkpointer = Checkpointer::from_policy(&victim.checkpoint, &self.checkpoints);
+        let started = Instant::now();
+        let allowance = checkpoint_allowance(
+            handover.timeline.budget,
+            checkpointer.timeout(),
+            handover.timeline.elapsed(started),
+        );
+        // Nothing to call, or no time to call it: no mark needed, the driver reports why.
+        let calls = checkpointer.driver() != CheckpointDriver::None
+            && !allowance.is_zero()
+            && victim.ip.is_some();
+        if calls {
+            if !term.is_current() {
+                return None;
+            }
+            let pods: Api<Pod> = Api::namespaced(self.client.clone(), &victim.target.key.namespace);
+            let marked = match intent::progress_patch(&stub(victim), &handover.id) {
+                Ok(patch) => pods
+                    .patch(
+                        &victim.target.key.name,
+                        &Self::params(),
+                        &Patch::Json::<()>(patch),
+                    )
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            if let Err(error) = marked {
+                tracing::warn!(reclaim = %handover.id, victim = %victim.target.key, %error,
+                    "could not record the checkpoint before making it; evicting without one");
+                let result = CheckpointResult {
+                    pod: victim.target.key.to_string(),
+                    driver: driver_name(victim.checkpoint.driver).to_owned(),
+                    result: "Skipped".into(),
+                    millis: 0,
+                    message: format!(
+                        "not called: recording the call beforehand failed ({error}), and an unrecorded call could be repeated by the next leader"
+                    ),
+                };
+                return Some((result, Instant::now()));
+            }
+        }
+        let report = checkpointer
+            .checkpoint(victim.ip, Instant::now() + allowance)
+            .await;
+        let done = Instant::now();
+        self.metrics
+            .checkpointed(report.driver_label(), report.result());
+        self.announce_checkpoint(handover, victim, &report);
+        Some((checkpoint_result(victim, &report), done))
+    }
+
+    /// Waits until the store shows every victim gone and the owner bound, until `limit`.
+    /// `None` when the term ended first.
+    async fn settle(
+        &self,
+        term: &Term,
+        handover: &mut Handover,
+        limit: Instant,
+    ) -> Option<Settlement> {
+        let mut changes = self.stores.changes();
+        let mut term_watch = term.clone();
+        let mut crashed_checked = false;
+        loop {
+            changes.borrow_and_update();
+            let now = Instant::now();
+            let gone = handover
+                .victims
+                .iter()
+                .all(|v| !self.stored_uid_is(&v.target));
+            if gone {
+                handover.timeline.end(Phase::VictimsGone, now);
+                if !crashed_checked {
+                    crashed_checked = true;
+                    self.crash_after(Phase::VictimsGone, &handover.id);
+                }
+            }
+            let owner = self.stored(&handover.owner);
+            let owner_gone = owner.is_none();
+            let bound = owner
+                .as_ref()
+                .and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.node_name.clone());
+            if let Some(node) = &bound {
+                handover.timeline.end(Phase::OwnerBound, now);
+                if node != &handover.node {
+                    tracing::warn!(reclaim = %handover.id, %node, freed = %handover.node,
+                        "the owner was bound to another node than the one freed for it");
+                }
+            }
+            if (gone && bound.is_some()) || owner_gone || now >= limit {
+                return Some(Settlement {
+                    gone,
+                    bound,
+                    owner_gone,
+                });
+            }
+            tokio::select! {
+                signal = changes.changed() => if signal.is_err() { return None },
+                () = tokio::time::sleep_until(limit) => {}
+                () = term_watch.lost() => return None,
+            }
+        }
+    }
+
+    /// Records the handover on both queues, announces it, and clears the owner's intent last
+    /// (a crash before that makes the next leader record it again, under the same id).
+    async fn finish(
+        &self,
+        term: &Term,
+        handover: &Handover,
+        removals: &[VictimRemoval],
+        outcome: &str,
+    ) -> HandoverEnd {
+        let id = handover.id.clone();
+        let victim_queues: BTreeSet<&str> =
+            handover.victims.iter().map(|v| v.queue.as_str()).collect();
+        let writes = record_writes(handover, &victim_queues, removals, outcome);
+        if !term.is_current() {
+            return HandoverEnd {
+                id,
+                done: false,
+                counted: handover.counted,
+            };
+        }
+        let recorded = self.write_records(&writes).await;
+        if !handover.counted {
+            self.count_finish(handover, outcome, &victim_queues);
+        }
+
+        // The owner's intent goes last: it is what makes the next leader finish this handover.
+        if !recorded || !term.is_current() {
+            return HandoverEnd {
+                id,
+                done: false,
+                counted: true,
+            };
+        }
+        HandoverEnd {
+            done: self.clear_owner_intent(handover).await,
+            id,
+            counted: true,
+        }
+    }
+
+    /// Writes every record at once; whether all of them were written.
+    async fn write_records(&self, writes: &[(&str, HandoverRecord)]) -> bool {
+        let queues: Api<GpuQueue> = Api::all(self.client.clone());
+        let results = join_all(
+            writes
+                .iter()
+                .map(|(queue, record)| record::write(&queues, queue, record)),
+        )
+        .await;
+        let mut recorded = true;
+        for error in results.into_iter().filter_map(Result::err) {
+            recorded = false;
+            tracing::warn!(%error, "writing a handover record failed");
+        }
+        recorded
+    }
+
+    /// Counts the end of the handover in the metrics and announces it (once per handover).
+    fn count_finish(&self, handover: &Handover, outcome: &str, victim_queues: &BTreeSet<&str>) {
+        let timeline = &handover.timeline;
+        for phase in Phase::ALL {
+            if let Some(at) = timeline.at(phase) {
+                self.metrics.phase(phase, at);
+            }
+        }
+        let completed = outcome == COMPLETED;
+        self.metrics
+            .finished(if completed { "completed" } else { "incomplete" });
+        self.announce_finish(handover, outcome, victim_queues);
+        tracing::info!(reclaim = %handover.id, outcome, resumed = handover.resumed, timeline = %timeline.summary(), "handover finished");
+    }
+
+    /// Clears the owner's intent, if the store still holds the owner; `false` when that
+    /// failed and must be retried.
+    async fn clear_owner_intent(&self, handover: &Handover) -> bool {
+        let Some(owner) = self.stored(&handover.owner) else {
+            return true;
+        };
+        let cleared = match intent::clear_patch(&owner, &handover.id) {
+            Ok(patch) => self.patch_pod(&owner, patch).await.map(drop),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = cleared
+            && !error.is_stale()
+        {
+            tracing::warn!(reclaim = %handover.id, %error, "clearing the owner's intent failed; retried");
+            return false;
+        }
+        true
+    }
+}
+
+/// The record of the handover for the owner's queue and for each victim's queue, as they
+/// stand now (an owner not bound yet counts the time until now).
+fn record_writes<'a>(
+    handover: &'a Handover,
+    victim_queues: &BTreeSet<&'a str>,
+    removals: &[VictimRemoval],
+    outcome: &str,
+) -> Vec<(&'a str, HandoverRecord)> {
+    let timeline = &handover.timeline;
+    let total = timeline
+        .at(Phase::OwnerBound)
+        .unwrap_or_else(|| timeline.elapsed(Instant::now()));
+    let record = |role: &str| HandoverRecord {
+        id: handover.id.clone(),
+        role: role.to_owned(),
+        owner_pod: handover.owner.key.to_string(),
+        node: handover.node.clone(),
+        victims: handover
+            .victims
+            .iter()
+            .map(|v| v.target.key.to_string())
+            .collect(),
+        started_at: Some(Time(timeline.started_at)),
+        outcome: outcome.to_owned(),
+        budget_millis: millis(timeline.budget),
+        total_millis: millis(total),
+        phases: timeline.phase_timings(),
+        checkpoints: removals.iter().map(|r| r.checkpoint.clone()).collect(),
+    };
+    let mut writes = vec![(handover.owner_queue.as_str(), record(Role::Owner.as_str()))];
+    writes.extend(
+        victim_queues
+            .iter()
+            .map(|q| (*q, record(Role::Victim.as_str()))),
+    );
+    writes
+}
+
+/// What the wait for the victims and the owner saw.
+#[derive(Debug)]
+struct Settlement {
+    gone: bool,
+    bound: Option<String>,
+    owner_gone: bool,
+}
+
+/// One victim's checkpoint and eviction.
+#[derive(Debug)]
+struct VictimRemoval {
+    victim: PodKey,
+    checkpoint: CheckpointResult,
+    checkpointed_at: Option<Instant>,
+    eviction: Eviction,
+    evicted_at: Option<Instant>,
+}
+
+/// `Completed`, or the reason it was not.
+fn outcome(settled: &Settlement, removals: &[VictimRemoval]) -> String {
+    if settled.owner_gone {
+        return "OwnerGone: the owner pod was deleted before it was bound".into();
+    }
+    if let Some(failed) = removals.iter().find(|r| !r.eviction.removed()) {
+        let why = match &failed.eviction {
+            Eviction::Failed { error } => error.clone(),
+            other => other.outcome().to_owned(),
+        };
+        return format!("EvictionFailed: {}: {why}", failed.victim);
+    }
+    match (&settled.bound, settled.gone) {
+        (Some(_), true) => COMPLETED.into(),
+        (_, false) => "VictimsNotGone: a victim was still terminating at the limit".into(),
+        (None, true) => {
+            "OwnerNotBound: the victims are gone but kube-scheduler has not bound the owner".into()
+        }
+    }
+}
+
+/// The record of a victim whose checkpoint this process did not make.
+fn skipped_checkpoint(handover: &Handover, victim: &Victim) -> CheckpointResult {
+    let message = if victim.checkpoint_started {
+        "made by an earlier leader before it stopped; never repeated".to_owned()
+    } else if victim.terminating {
+        "the pod was already terminating or gone".to_owned()
+    } else {
+        format!(
+            "the term of this replica ended before reclaim {}'s checkpoint",
+            handover.id
+        )
+    };
+    CheckpointResult {
+        pod: victim.target.key.to_string(),
+        driver: driver_name(victim.checkpoint.driver).to_owned(),
+        result: "Skipped".into(),
+        millis: 0,
+        message,
+    }
+}
+
+fn checkpoint_result(victim: &Victim, report: &CheckpointReport) -> CheckpointResult {
+    let result = match report.outcome {
+        CheckpointOutcome::Succeeded(_) => "Succeeded",
+        CheckpointOutcome::Failed { .. } => "Failed",
+        CheckpointOutcome::TimedOut { .. } => "TimedOut",
+        CheckpointOutcome::Unsupported { .. } => "Unsupported",
+        CheckpointOutcome::Skipped(_) => "Skipped",
+    };
+    CheckpointResult {
+        pod: victim.target.key.to_string(),
+        driver: report.driver_label().to_owned(),
+        result: result.to_owned(),
+        millis: millis(report.elapsed),
+        message: match report.outcome {
+            CheckpointOutcome::Succeeded(_) => String::new(),
+            _ => report.outcome.to_string(),
+        },
+    }
+}
+
+/// Enough of a victim for the progress patch's tests (uid and reclaim id).
+fn stub(victim: &Victim) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.name = Some(victim.target.key.name.clone());
+    pod.metadata.namespace = Some(victim.target.key.namespace.clone());
+    pod.metadata.uid = Some(victim.target.uid.clone());
+    pod
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn removal(eviction: Eviction) -> VictimRemoval {
+        VictimRemoval {
+            victim: PodKey::new("b", "v"),
+            checkpoint: CheckpointResult::default(),
+            checkpointed_at: None,
+            eviction,
+            evicted_at: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_outcome_names_what_did_not_happen() {
+        let evicted = [removal(Eviction::Evicted { refusals: 0 })];
+        let settled = |gone, bound: Option<&str>, owner_gone| Settlement {
+            gone,
+            bound: bound.map(str::to_owned),
+            owner_gone,
+        };
+        assert_eq!(
+            outcome(&settled(true, Some("n"), false), &evicted),
+            "Completed"
+        );
+        assert!(outcome(&settled(false, Some("n"), false), &evicted).starts_with("VictimsNotGone"));
+        assert!(outcome(&settled(true, None, false), &evicted).starts_with("OwnerNotBound"));
+        assert!(outcome(&settled(true, None, true), &evicted).starts_with("OwnerGone"));
+        let failed = [removal(Eviction::Failed {
+            error: "forbidden".into(),
+        })];
+        assert_eq!(
+            outcome(&settled(false, None, false), &failed),
+            "EvictionFailed: b/v: forbidden"
+        );
+    }
+}

@@ -1,0 +1,117 @@
+//! The executor's handle: what every handover needs from the operator (a client that never
+//! retries by itself, the checkpoint client, the stores, metrics and events), and the pod reads
+//! and writes the steps of a handover share.
+
+use std::sync::Arc;
+
+use gpuqueue_api::FIELD_MANAGER;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::{
+    Api, Client, Resource,
+    api::{Patch, PatchParams},
+    runtime::reflector::ObjectRef,
+};
+
+use super::{handover::HandoverPod, metrics::ReclaimMetrics, timeline::Phase};
+use crate::{
+    checkpoint::CheckpointClient,
+    events::Events,
+    patch::{self, PatchError},
+    stores::Stores,
+};
+
+/// What handovers need from the operator; cheap to clone, shared by the loop and the tasks.
+#[derive(Clone)]
+pub struct Reclaimer {
+    /// A client that never retries by itself (see the module documentation of [`super`]).
+    pub(super) client: Client,
+    pub(super) checkpoints: CheckpointClient,
+    pub(super) stores: Stores,
+    pub(super) metrics: ReclaimMetrics,
+    pub(super) events: Events,
+    crash: Option<super::crash::CrashPoint>,
+}
+
+impl std::fmt::Debug for Reclaimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reclaimer")
+            .field("crash", &self.crash)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reclaimer {
+    /// `client` must be built with `Config::default_retry` off.
+    pub fn new(
+        client: Client,
+        checkpoints: CheckpointClient,
+        stores: Stores,
+        metrics: ReclaimMetrics,
+        events: Events,
+        crash: Option<super::crash::CrashPoint>,
+    ) -> Self {
+        if let Some(point) = crash {
+            tracing::warn!(
+                ?point,
+                "{} is set: this process exits in the middle of a handover (a test hook)",
+                super::crash::ENV
+            );
+        }
+        Self {
+            client,
+            checkpoints,
+            stores,
+            metrics,
+            events,
+            crash,
+        }
+    }
+
+    /// `Some(pod)` if the store holds the target (same uid).
+    /// Exits the process if the test hook asks to crash after `phase` (see `super::crash`).
+    pub(super) fn crash_after(&self, phase: Phase, reclaim: &str) {
+        super::crash::check(self.crash, phase, reclaim);
+    }
+
+    pub(super) fn stored(&self, target: &HandoverPod) -> Option<Arc<Pod>> {
+        self.stores
+            .pods
+            .get(&ObjectRef::new(&target.key.name).within(&target.key.namespace))
+            .filter(|pod| pod.metadata.uid.as_deref() == Some(target.uid.as_str()))
+    }
+
+    pub(super) fn stored_uid_is(&self, target: &HandoverPod) -> bool {
+        self.stored(target).is_some()
+    }
+
+    pub(super) fn params() -> PatchParams {
+        PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        }
+    }
+
+    /// Applies a JSON patch to `pod`; the pod as the API server returned it.
+    pub(super) async fn patch_pod(
+        &self,
+        pod: &Pod,
+        patch: json_patch::Patch,
+    ) -> Result<Pod, PatchError> {
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+        );
+        api.patch(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &Self::params(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+        .map_err(|source| patch::classify(pod, source))
+    }
+
+    pub(super) fn queue_ref(&self, name: &str) -> Option<ObjectReference> {
+        let stored = self.stores.queues.get(&ObjectRef::new(name))?;
+        stored.0.as_ref().ok().map(|queue| queue.object_ref(&()))
+    }
+}
