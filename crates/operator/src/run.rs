@@ -23,21 +23,28 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
+use gpuqueue_core::model::is_gpu_pod;
+use prometheus_client::registry::Registry;
+
 use crate::{
     Args,
-    admission::{self, Context},
-    at_creation::AtCreation,
+    admission::{
+        self, Context,
+        at_creation::AtCreation,
+        metrics::{AdmissionMetrics, FragmentationGauges, QueueGauges},
+    },
     checkpoint::CheckpointClient,
-    debounce::Debounce,
-    events::Events,
+    cluster::{debounce::Debounce, metrics::WatchMetrics, stores::Stores},
     http::{self, Readiness},
-    leader::{self, LeaderConfig},
-    metrics::{self, Metrics},
-    observe::{self, StoreGatePolicy},
-    reclaim::{self, CrashPoint, Reclaimer},
-    stores::Stores,
+    leader::{self, LeaderConfig, LeaderMetrics},
+    metrics,
+    reclaim::{self, CrashPoint, ReclaimMetrics, Reclaimer},
     telemetry,
-    webhook::{self, WebhookConfig, certs::RotationPolicy},
+    webhook::{
+        self, WebhookConfig, certs::RotationPolicy, metrics::WebhookMetrics,
+        policy::StoreGatePolicy,
+    },
+    writes::events::Events,
 };
 
 /// Why the operator stopped.
@@ -67,6 +74,33 @@ pub enum RunError {
     CrashPoint(#[from] reclaim::BadCrashPoint),
 }
 
+/// Every component's metrics, registered here at the wiring and handed to each component.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub admission: AdmissionMetrics,
+    pub queues: QueueGauges,
+    pub fragmentation: FragmentationGauges,
+    pub webhook: WebhookMetrics,
+    pub watches: WatchMetrics,
+    pub leader: LeaderMetrics,
+    pub reclaim: ReclaimMetrics,
+}
+
+impl Metrics {
+    /// Registers every component's metrics (in this order, which is the order of `/metrics`).
+    pub fn register(registry: &mut Registry) -> Self {
+        Self {
+            admission: AdmissionMetrics::register(registry),
+            queues: QueueGauges::register(registry),
+            fragmentation: FragmentationGauges::register(registry),
+            webhook: WebhookMetrics::register(registry),
+            watches: WatchMetrics::register(registry),
+            leader: LeaderMetrics::register(registry),
+            reclaim: ReclaimMetrics::register(registry),
+        }
+    }
+}
+
 /// Runs the operator until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> Result<(), RunError> {
     telemetry::init(&args.log)?;
@@ -93,7 +127,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let mut registry = metrics::registry();
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::default();
-    let (stores, watches) = Stores::new(&client, observe::pod_filter(), &metrics.watches);
+    let (stores, watches) = Stores::new(&client, Arc::new(is_gpu_pod), &metrics.watches);
     tokio::spawn(watches.run());
     let http = tokio::spawn(http::serve(
         args.http.metrics_addr,
@@ -150,7 +184,9 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let context = Context {
         client,
         stores,
-        metrics,
+        metrics: metrics.admission,
+        queue_gauges: metrics.queues,
+        fragmentation_gauges: metrics.fragmentation,
         events,
         reclaimer,
         at_creation,

@@ -37,9 +37,11 @@ use super::{
 };
 use crate::{
     checkpoint::{CheckpointReport, Checkpointer, Outcome, SkipReason},
-    events::Notice,
     leader::Term,
-    patch::{self, PatchError},
+    writes::{
+        events::Notice,
+        pod::{self as patch, PatchError},
+    },
 };
 
 /// After the deadline, how long the executor still waits for victims to go and the owner to

@@ -63,7 +63,9 @@ pub use record::upsert as upsert_record;
 pub use resume::{Recovery, scan};
 pub use timeline::{Phase, Timeline};
 
-use crate::{checkpoint::CheckpointClient, events::Events, leader::Term, stores::Stores};
+use crate::{
+    checkpoint::CheckpointClient, cluster::stores::Stores, leader::Term, writes::events::Events,
+};
 
 /// How long a reclaim whose recovery did not settle (a refused eviction, a failed write) waits
 /// before it is tried again.
@@ -256,7 +258,7 @@ impl Handovers {
                     tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
                     self.reclaimer.events.send(
                         handover.owner.reference.clone(),
-                        crate::events::Notice {
+                        crate::writes::events::Notice {
                             warning: false,
                             reason: "ReclaimResumed",
                             action: "Reclaim",

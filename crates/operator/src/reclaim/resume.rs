@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpuqueue_core::model::ReclaimSettings;
+use gpuqueue_core::model::{ReclaimSettings, is_gated};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
@@ -32,7 +32,7 @@ use super::{
     intent::{self, Mark, Role},
     timeline::Timeline,
 };
-use crate::{events::Notice, leader::Term, observe::is_gated};
+use crate::{leader::Term, writes::events::Notice};
 
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]

@@ -31,7 +31,9 @@
 
 pub mod ca_bundle;
 pub mod certs;
+pub mod metrics;
 pub mod mutate;
+pub mod policy;
 pub mod server;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
@@ -48,9 +50,10 @@ use tokio_util::sync::CancellationToken;
 use self::{
     ca_bundle::{BundleError, Publisher, TrustSet},
     certs::{CaStep, CertError, CertResolver, CertificateAuthority, RotationPolicy},
+    metrics::WebhookMetrics,
     mutate::GatePolicy,
 };
-use crate::{clock, http::Readiness, metrics::WebhookMetrics};
+use crate::{clock, http::Readiness};
 
 /// After a failed publication, try again this much later (watch events also retry it).
 const PUBLISH_RETRY: Duration = Duration::from_secs(5);

@@ -21,7 +21,8 @@ use kube::core::{
 };
 use serde_json::json;
 
-use crate::{at_creation::CreationAdmission, metrics::WebhookResult, patch::pin_and_annotate};
+use super::metrics::WebhookResult;
+use crate::{admission::at_creation::CreationAdmission, writes::pod::pin_and_annotate};
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {

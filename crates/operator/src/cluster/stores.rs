@@ -39,7 +39,9 @@ use kube::{
 };
 use tokio::sync::watch;
 
-use crate::{metrics::WatchMetrics, observe::is_gated};
+use gpuqueue_core::model::is_gated;
+
+use super::metrics::WatchMetrics;
 
 /// The annotation `kubectl apply` writes: a full copy of the object, never read here.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -60,19 +62,19 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
-    changes: watch::Receiver<u64>,
-    urgent_changes: watch::Receiver<u64>,
+    pub(super) changes: watch::Receiver<u64>,
+    pub(super) urgent_changes: watch::Receiver<u64>,
 }
 
 /// The senders of [`Stores::changes`] and [`Stores::urgent_changes`].
 #[derive(Clone)]
-struct Signals {
+pub(super) struct Signals {
     all: watch::Sender<u64>,
     urgent: watch::Sender<u64>,
 }
 
 impl Signals {
-    fn new() -> (Self, watch::Receiver<u64>, watch::Receiver<u64>) {
+    pub(super) fn new() -> (Self, watch::Receiver<u64>, watch::Receiver<u64>) {
         let (all, changes) = watch::channel(0_u64);
         let (urgent, urgent_changes) = watch::channel(0_u64);
         (Self { all, urgent }, changes, urgent_changes)
@@ -306,69 +308,6 @@ where
     })
 }
 
-/// Stores filled by hand, for tests of the modules that read them.
-#[cfg(test)]
-pub(crate) mod testing {
-    use super::*;
-
-    /// Stores with their writers; `add_*` puts an object in as a watch event would.
-    pub(crate) struct TestStores {
-        pub stores: Stores,
-        queues: Writer<StoredQueue>,
-        pods: Writer<Pod>,
-        nodes: Writer<Node>,
-        namespaces: Writer<Namespace>,
-        _signals: Signals,
-    }
-
-    impl TestStores {
-        pub(crate) fn new() -> Self {
-            let (signals, changes, urgent_changes) = Signals::new();
-            let (queues, queue_writer) = reflector::store();
-            let (pods, pod_writer) = reflector::store();
-            let (nodes, node_writer) = reflector::store();
-            let (namespaces, namespace_writer) = reflector::store();
-            Self {
-                stores: Stores {
-                    queues,
-                    pods,
-                    nodes,
-                    namespaces,
-                    changes,
-                    urgent_changes,
-                },
-                queues: queue_writer,
-                pods: pod_writer,
-                nodes: node_writer,
-                namespaces: namespace_writer,
-                _signals: signals,
-            }
-        }
-
-        pub(crate) fn add_queue(&mut self, queue: serde_json::Value) {
-            let queue: StoredQueue = serde_json::from_value(queue).unwrap();
-            self.queues
-                .apply_watcher_event(&watcher::Event::Apply(queue));
-        }
-
-        pub(crate) fn add_pod(&mut self, pod: serde_json::Value) {
-            let pod: Pod = serde_json::from_value(pod).unwrap();
-            self.pods.apply_watcher_event(&watcher::Event::Apply(pod));
-        }
-
-        pub(crate) fn add_node(&mut self, node: serde_json::Value) {
-            let node: Node = serde_json::from_value(node).unwrap();
-            self.nodes.apply_watcher_event(&watcher::Event::Apply(node));
-        }
-
-        pub(crate) fn add_namespace(&mut self, namespace: serde_json::Value) {
-            let namespace: Namespace = serde_json::from_value(namespace).unwrap();
-            self.namespaces
-                .apply_watcher_event(&watcher::Event::Apply(namespace));
-        }
-    }
-}
-
 /// Drops the parts of an object's metadata the operator never reads.
 fn strip_metadata<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
@@ -412,8 +351,9 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
     use serde_json::json;
 
+    use super::super::metrics::WatchMetrics;
     use super::*;
-    use crate::metrics::{self, Metrics};
+    use crate::metrics;
 
     fn pod(name: &str, gpu: bool) -> Pod {
         let mut annotations = BTreeMap::new();
@@ -525,7 +465,7 @@ mod tests {
         let (store, writer) = reflector::store::<Pod>();
         let (signals, changes, urgent_changes) = Signals::new();
         let mut registry = metrics::registry();
-        let metrics = Metrics::register(&mut registry);
+        let metrics = WatchMetrics::register(&mut registry);
         let events = stream::iter(vec![
             Ok(watcher::Event::Init),
             Ok(watcher::Event::InitApply(pod("a", true))),
@@ -538,15 +478,7 @@ mod tests {
             let store = store.clone();
             move |event: &_| is_urgent(event, &store)
         };
-        reflect(
-            "pods",
-            writer,
-            events,
-            (signals, urgent),
-            &metrics.watches,
-            || {},
-        )
-        .await;
+        reflect("pods", writer, events, (signals, urgent), &metrics, || {}).await;
         assert_eq!(
             *changes.borrow(),
             2,
@@ -581,7 +513,7 @@ mod tests {
         let (store, writer) = reflector::store::<StoredQueue>();
         let (signals, _changes, _urgent) = Signals::new();
         let mut registry = metrics::registry();
-        let metrics = Metrics::register(&mut registry);
+        let metrics = WatchMetrics::register(&mut registry);
         let events = stream::iter(vec![
             Ok(watcher::Event::Init),
             Ok(watcher::Event::InitApply(good)),
@@ -591,7 +523,7 @@ mod tests {
         .inspect_ok(report_invalid_queue);
         let count = {
             let store = store.clone();
-            let metrics = metrics.watches.clone();
+            let metrics = metrics.clone();
             move || {
                 let invalid = store.state().iter().filter(|q| q.0.is_err()).count();
                 metrics.set_invalid_queues(i64::try_from(invalid).unwrap());
@@ -602,7 +534,7 @@ mod tests {
             writer,
             events,
             (signals, |_: &_| true),
-            &metrics.watches,
+            &metrics,
             count,
         )
         .await;

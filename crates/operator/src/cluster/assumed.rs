@@ -25,7 +25,7 @@ use gpuqueue_api::{
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::observe::is_gated;
+use gpuqueue_core::model::is_gated;
 
 /// Pods admitted and reasons recorded by this process whose watch events have not arrived.
 #[derive(Debug, Default)]

@@ -1,0 +1,355 @@
+//! The admission loop: the leader's work. Each pass is a short pipeline, run when the stores
+//! change (debounced; while no pod waits, a change that calls for no decision is taken in
+//! within [`BOOKKEEPING`]) and never on a timer unless a decision names a time:
+//!
+//! 1. **observe**: read the stores into the core's model (pods seen through [`Assumed`]).
+//! 2. **decide**: `gpuqueue_core::admission::admission_cycle` orders the waiting pods fairly and
+//!    decides each: admit (node and quota), reclaim, or wait with a reason.
+//! 3. **apply**: release the gate on the chosen node (JSON patch that tests the gate), or,
+//!    once the pod has waited [`FIRST_REASON_AFTER`], record why it waits (annotation, and an
+//!    event when the cause changes).
+//! 4. **report**: queue status by server-side apply when it changed, events for quota edits and
+//!    condition changes, and the queue and fragmentation gauges.
+//!
+//! The writes of steps 3 and 4 run in the background, at most [`WRITE_CONCURRENCY`] at once and
+//! one per object, while the next pass already decides: what they will write is assumed at
+//! once ([`Assumed`]) and corrected by the API server's answer, so no capacity is promised twice
+//! and a burst of pods is not held back by the round trips of the one before.
+//!
+//! Nothing is written unless this replica's leadership [`Term`] is current at that moment, and
+//! nothing runs before every store has synced (fail closed). When the term ends this future and
+//! every write it started are aborted.
+//!
+//! Reclaims (see [`crate::reclaim`]): each pass first resumes or abandons handovers an earlier
+//! leader left in the intent annotations; a `Reclaim` decision writes its intent and releases
+//! the owner before the next pass (so that pass sees the node taken), and the rest of the
+//! handover runs in a task the loop owns, aborted with it when the term ends.
+
+mod apply;
+pub mod at_creation;
+mod context;
+pub mod metrics;
+pub mod observe;
+mod report;
+mod waiting;
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use gpuqueue_core::{
+    Snapshot,
+    admission::{self, Decision, WaitReason},
+    fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
+    placement::{FragmentationAware, TieBreak},
+    reclaim::ReclaimPlan,
+    status::queue_reports,
+};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::{
+    sync::{Notify, Semaphore},
+    task::JoinSet,
+};
+
+pub use context::{Context, WRITE_CONCURRENCY};
+
+use crate::{
+    clock,
+    cluster::{debounce::Debounce, stores::Stores},
+    leader::Term,
+    reclaim::{Found, Handovers, Started},
+};
+use apply::{Begun, admitted_at_creation, apply, begin_reclaim, earliest};
+use at_creation::AtCreation;
+use context::{RETRY_AFTER, Shared};
+use observe::{Observed, PodModels};
+use report::{publish_fragmentation, start_reports};
+use waiting::WaitingSince;
+
+/// How soon a change that calls for no decision (see `Stores::urgent_changes`) reaches the
+/// queue status and the gauges while no pod waits: in a burst of pods admitted at their
+/// creation, a pass every few milliseconds would only count them again.
+const BOOKKEEPING: Debounce = Debounce {
+    quiet: Duration::from_millis(500),
+    max: Duration::from_millis(500),
+};
+
+/// Runs passes for as long as `term` lasts (the caller aborts this future when it ends, which
+/// aborts its writes too).
+pub async fn run(context: Context, term: Term) {
+    if context.stores.synced().await.is_err() {
+        return;
+    }
+    tracing::info!(term = term.number(), "admission loop started");
+    // However the term ends (this future is aborted), the webhook stops admitting at creation.
+    let _withdraw = Withdraw(context.at_creation.clone());
+    let mut changes = context.stores.changes();
+    let mut urgent_changes = context.stores.urgent_changes();
+    let shared = Shared {
+        context,
+        term,
+        assumed: Arc::default(),
+        retry: Arc::new(Notify::new()),
+        permits: Arc::new(Semaphore::new(WRITE_CONCURRENCY)),
+    };
+    let mut tasks = JoinSet::new();
+    // Dropped (aborting every handover task) when the term ends and this future is aborted.
+    let mut handovers = Handovers::new(shared.context.reclaimer.clone());
+    let mut carried = Carried::default();
+    loop {
+        while tasks.try_join_next().is_some() {}
+        // The pass reads everything: what changed until now is in it.
+        changes.borrow_and_update();
+        urgent_changes.borrow_and_update();
+        let Next { wake, waiting } = pass(&shared, &mut tasks, &mut handovers, &mut carried).await;
+        // While pods wait, any change may let one in; otherwise only the urgent ones call for
+        // a decision, and the rest is taken in within [`BOOKKEEPING`].
+        let bookkeeping = if waiting {
+            shared.context.debounce
+        } else {
+            BOOKKEEPING
+        };
+        let timer = async {
+            match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None if wake.is_some() => {}
+                None => std::future::pending().await,
+            }
+        };
+        // Every branch leads to a pass, which reads everything: a change consumed by an
+        // interrupted debounce is not lost.
+        tokio::select! {
+            more = shared.context.debounce.next_burst(&mut urgent_changes) => if !more { return },
+            more = bookkeeping.next_burst(&mut changes) => if !more { return },
+            () = shared.retry.notified() => {}
+            () = timer => {}
+        }
+    }
+}
+
+/// Withdraws the live snapshot from the webhook when dropped.
+struct Withdraw(AtCreation);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        self.0.withdraw();
+    }
+}
+
+/// What the next pass waits for.
+struct Next {
+    /// When it must run even without a change.
+    wake: Option<Timestamp>,
+    /// Whether pods were left waiting (then any change may let one in).
+    waiting: bool,
+}
+
+/// One pass with its reclaims: handovers an earlier leader left half done are resumed or
+/// abandoned first, then [`run_pass`] decides, and the reclaims it planned are started (intent
+/// written, owner released) before the next pass.
+async fn pass(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    handovers: &mut Handovers,
+    carried: &mut Carried,
+) -> Next {
+    let started = tokio::time::Instant::now();
+    let now = clock::now();
+    let recovered = handovers.recover(&shared.term, now).await;
+    let decided = run_pass(shared, tasks, handovers, carried, started, now);
+    let found = Found {
+        started,
+        started_at: now,
+        planned: decided.planned,
+    };
+    let reclaims = if recovered.defer_reclaims {
+        Vec::new()
+    } else {
+        decided.reclaims
+    };
+    let begun = futures::future::join_all(
+        reclaims
+            .iter()
+            .map(|(pod, plan)| begin_reclaim(shared, pod, plan, found)),
+    )
+    .await;
+    let mut failed = false;
+    for outcome in begun {
+        match outcome {
+            Begun::Started(started) => {
+                let Started { owner, handover } = *started;
+                shared.assumed().admitted(owner);
+                handovers.start(&shared.term, handover);
+            }
+            Begun::Failed => failed = true,
+            Begun::Nothing => {}
+        }
+    }
+    if failed {
+        let retry = shared.retry.clone();
+        tasks.spawn(async move {
+            tokio::time::sleep(RETRY_AFTER).await;
+            retry.notify_one();
+        });
+    }
+    Next {
+        wake: earliest(decided.wake, recovered.wake),
+        waiting: decided.waiting,
+    }
+}
+
+/// What [`run_pass`] leaves to the async part of the pass.
+struct Decided {
+    wake: Option<Timestamp>,
+    /// Whether pods were left waiting.
+    waiting: bool,
+    /// When the decisions were ready: the end of a handover's `plan` phase.
+    planned: tokio::time::Instant,
+    /// Owners to reclaim GPUs for, with their plans.
+    reclaims: Vec<(Arc<Pod>, ReclaimPlan)>,
+}
+
+/// One pass: decide, start the writes, publish the gauges; the reclaims it plans are returned
+/// to be started.
+fn run_pass(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    handovers: &Handovers,
+    carried: &mut Carried,
+    started: tokio::time::Instant,
+    now: Timestamp,
+) -> Decided {
+    let context = &shared.context;
+    // Held to the end of the pass: the webhook admits at creation on this pass's result only.
+    let mut creation = context.at_creation.pass();
+
+    // 1. observe
+    let (observed, settled) = {
+        let mut assumed = shared.assumed();
+        let stored = context.stores.pods.state();
+        assumed.settle(stored.iter().map(AsRef::as_ref));
+        let settled = creation.settle(&stored, now);
+        // One read of the pod store for all three, so that a pod arriving meanwhile is not
+        // counted both as itself and as its reservation.
+        let mut observed =
+            Observed::read(&context.stores, &stored, &assumed, &mut carried.pod_models);
+        // Pods admitted at creation that the store does not show yet hold their room.
+        observed.pods.extend(creation.reserved_pods());
+        (observed, settled)
+    };
+    for settled in settled {
+        admitted_at_creation(context, &settled);
+    }
+    for problem in &observed.problems {
+        tracing::debug!(%problem, "object left out of the snapshot");
+    }
+    let mix = WorkloadMix::from_shapes(
+        observed.pods.iter().map(TaskShape::of_pod),
+        DEFAULT_POPULARITY,
+    );
+    let mut builder = Snapshot::builder()
+        .queues(observed.queues)
+        .namespaces(observed.namespaces)
+        .nodes(observed.nodes)
+        .pods(observed.pods)
+        .workload_mix(mix);
+    // When each queue was last reclaimed from (its borrowing cool-down): from the queues'
+    // handover records, and from this process's handovers whose records are not written yet.
+    for (queue, at) in last_reclaims(&context.stores)
+        .into_iter()
+        .chain(handovers.reclaimed_from())
+    {
+        builder = builder.reclaimed_from(queue, at);
+    }
+    let (mut snapshot, issues) = builder.build();
+    for issue in &issues {
+        tracing::debug!(%issue, "snapshot left an object out");
+    }
+
+    // 2. decide
+    let decisions =
+        admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
+    let cooldown = earliest_cooldown(&decisions);
+    let planned = tokio::time::Instant::now();
+    let left_waiting = !observed.unreadable_pods.is_empty()
+        || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
+
+    // 3. apply
+    let applied = apply(
+        shared,
+        tasks,
+        decisions,
+        observed.unreadable_pods,
+        &mut carried.waiting_since,
+        now,
+    );
+
+    // 4. report
+    let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let reports = queue_reports(&snapshot);
+    let statuses = start_reports(
+        shared,
+        tasks,
+        &reports,
+        &observed.invalid_queues,
+        status_time,
+    );
+    publish_fragmentation(context, &snapshot);
+    let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
+    let took = started.elapsed();
+    context.metrics.pass_took(took.as_secs_f64());
+    tracing::debug!(
+        ?took,
+        admitted = applied.admitted,
+        waiting = applied.waiting,
+        reclaims = applied.reclaims.len(),
+        statuses,
+        "admission pass"
+    );
+    Decided {
+        wake: earliest(earliest(cooldown, applied.first_reason_due), reopen),
+        waiting: left_waiting,
+        planned,
+        reclaims: applied.reclaims,
+    }
+}
+
+/// What a pass leaves to the next (this term's only).
+#[derive(Debug, Default)]
+struct Carried {
+    waiting_since: WaitingSince,
+    pod_models: PodModels,
+}
+
+/// When each queue was last reclaimed from, from the reclaim records in its status.
+fn last_reclaims(stores: &Stores) -> Vec<(String, Timestamp)> {
+    let mut last: HashMap<String, Timestamp> = HashMap::new();
+    for stored in stores.queues.state() {
+        let Ok(queue) = &stored.0 else { continue };
+        let Some(status) = &queue.status else {
+            continue;
+        };
+        for record in status.last_handovers.iter().filter(|r| r.role == "victim") {
+            if let Some(at) = &record.started_at {
+                let entry = last
+                    .entry(queue.metadata.name.clone().unwrap_or_default())
+                    .or_insert(at.0);
+                *entry = (*entry).max(at.0);
+            }
+        }
+    }
+    last.into_iter().collect()
+}
+
+/// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).
+fn earliest_cooldown(decisions: &[Decision]) -> Option<Timestamp> {
+    decisions
+        .iter()
+        .filter_map(|decision| match decision {
+            Decision::Wait(wait) => match &wait.reason {
+                WaitReason::BorrowCooldown { until, .. } => Some(*until),
+                _ => None,
+            },
+            _ => None,
+        })
+        .min()
+}
