@@ -63,7 +63,8 @@ pub(super) fn apply(
             Recording::Started => applied.waiting += 1,
             Recording::Unchanged => {}
             Recording::After(at) => {
-                applied.first_reason_due = earliest(applied.first_reason_due, Some(at));
+                applied.first_reason_due =
+                    applied.first_reason_due.into_iter().chain(Some(at)).min();
             }
         }
     };
@@ -77,22 +78,14 @@ pub(super) fn apply(
                     usize::from(start_admission(shared, tasks, &pod, admission, now));
             }
             Decision::Wait(wait) => {
-                let line = WaitLine {
-                    queue: wait.queue.clone(),
-                    code: wait.reason.code(),
-                    line: format!("{}: {}", wait.reason.code(), wait.reason),
-                };
+                let line = WaitLine::new(wait.queue.clone(), wait.reason.code(), &wait.reason);
                 record(tasks, &mut applied, &pod, line);
             }
             Decision::Reclaim(plan) => applied.reclaims.push((pod, plan)),
         }
     }
     for (pod, error) in unreadable_pods {
-        let line = WaitLine {
-            queue: None,
-            code: "InvalidRequest",
-            line: format!("InvalidRequest: {error}"),
-        };
+        let line = WaitLine::new(None, "InvalidRequest", error);
         record(tasks, &mut applied, &pod, line);
     }
     *waiting_since = still_waiting;
@@ -327,20 +320,13 @@ pub(super) fn waits(context: &Context, pod: &Pod, wait: &WaitLine) {
         .metrics
         .decided(wait.queue.as_deref().unwrap_or_default(), Outcome::Wait);
     tracing::info!(pod = %patch::describe(pod), reason = %wait.line, "waiting");
-    let note = wait
-        .line
-        .split_once(": ")
-        .map_or_else(|| wait.line.clone(), |(_, text)| text.to_owned());
     context.events.send(
         pod.object_ref(&()),
         Notice {
-            warning: matches!(
-                wait.code,
-                "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
-            ),
+            warning: wait.warns(),
             reason: wait.code,
             action: "Wait",
-            note,
+            note: wait.text().to_owned(),
         },
     );
 }
@@ -353,13 +339,6 @@ pub(super) fn write_failed(context: &Context, error: &PatchError) -> Written {
         context.metrics.apply_failed();
         tracing::warn!(%error, "write failed; retrying");
         Written::Failed
-    }
-}
-
-pub(super) fn earliest(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
 

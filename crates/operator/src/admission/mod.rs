@@ -56,9 +56,9 @@ use crate::{
     clock,
     cluster::{debounce::Debounce, stores::Stores},
     leader::Term,
-    reclaim::{Found, Handovers, Started},
+    reclaim::{Found, Handovers, Started, VICTIM},
 };
-use apply::{Begun, admitted_at_creation, apply, begin_reclaim, earliest};
+use apply::{Begun, admitted_at_creation, apply, begin_reclaim};
 use at_creation::AtCreation;
 use context::{RETRY_AFTER, Shared};
 use observe::{Observed, PodModels};
@@ -192,7 +192,7 @@ async fn pass(
         });
     }
     Next {
-        wake: earliest(decided.wake, recovered.wake),
+        wake: decided.wake.into_iter().chain(recovered.wake).min(),
         waiting: decided.waiting,
     }
 }
@@ -306,7 +306,11 @@ fn run_pass(
         "admission pass"
     );
     Decided {
-        wake: earliest(earliest(cooldown, applied.first_reason_due), reopen),
+        wake: cooldown
+            .into_iter()
+            .chain(applied.first_reason_due)
+            .chain(reopen)
+            .min(),
         waiting: left_waiting,
         planned,
         reclaims: applied.reclaims,
@@ -328,7 +332,7 @@ fn last_reclaims(stores: &Stores) -> Vec<(String, Timestamp)> {
         let Some(status) = &queue.status else {
             continue;
         };
-        for record in status.last_handovers.iter().filter(|r| r.role == "victim") {
+        for record in status.last_handovers.iter().filter(|r| r.role == VICTIM) {
             if let Some(at) = &record.started_at {
                 let entry = last
                     .entry(queue.metadata.name.clone().unwrap_or_default())

@@ -1,7 +1,7 @@
 //! When a waiting pod's reason is written: pure rules over what this process knows of the
 //! pod's recorded reason and how long it has waited.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, fmt::Display};
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
@@ -78,19 +78,46 @@ impl Known<'_> {
 
     /// Whether the recorded cause differs from `code` (then an event is due).
     pub(super) fn cause_changed(&self, code: &str) -> bool {
-        self.reason
-            .and_then(|reason| reason.split_once(": "))
-            .map(|(cause, _)| cause)
-            != Some(code)
+        self.reason.and_then(recorded_cause) != Some(code)
     }
 }
 
-/// A waiting reason to record: `<code>: <text>`.
+/// The cause of a recorded reason. The recorded line is the only record of a reason written
+/// before this process started, so it is read back here, and only here.
+fn recorded_cause(line: &str) -> Option<&str> {
+    line.split_once(": ").map(|(cause, _)| cause)
+}
+
+/// A waiting reason to record: `<code>: <text>`, with its cause kept as the code it was built
+/// from.
 #[derive(Debug)]
 pub(super) struct WaitLine {
     pub(super) queue: Option<String>,
     pub(super) code: &'static str,
     pub(super) line: String,
+}
+
+impl WaitLine {
+    pub(super) fn new(queue: Option<String>, code: &'static str, text: impl Display) -> Self {
+        Self {
+            queue,
+            code,
+            line: format!("{code}: {text}"),
+        }
+    }
+
+    /// The text after the code: the note of the event that announces it.
+    pub(super) fn text(&self) -> &str {
+        &self.line[self.code.len() + 2..]
+    }
+
+    /// Whether the cause is one the pod's owner must fix (then its event is a warning).
+    pub(super) fn warns(&self) -> bool {
+        matches!(
+            self.code,
+            "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
+        )
+    }
 }
 
 #[cfg(test)]
@@ -194,5 +221,14 @@ mod tests {
             third,
             "waits again: anew"
         );
+    }
+
+    #[test]
+    fn a_wait_line_is_its_code_and_text() {
+        let line = WaitLine::new(Some("batch".into()), "NoRoom", "queue team: full");
+        assert_eq!(line.line, "NoRoom: queue team: full");
+        assert_eq!(line.text(), "queue team: full");
+        assert!(!line.warns());
+        assert!(WaitLine::new(None, "NoQueue", "x").warns());
     }
 }

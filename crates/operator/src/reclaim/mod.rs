@@ -57,7 +57,7 @@ use tokio::time::Instant;
 pub use crash::{BadCrashPoint, CrashPoint, ENV as CRASH_ENV};
 pub use evict::{Eviction, Refusal};
 pub use handover::{BeginError, COMPLETED, Found, Handover, Started};
-pub use intent::{Intent, Mark};
+pub use intent::{Intent, Mark, VICTIM};
 pub use metrics::ReclaimMetrics;
 pub use record::upsert as upsert_record;
 pub use resume::{Recovery, scan};

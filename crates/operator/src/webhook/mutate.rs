@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations};
+use gpuqueue_core::model::is_gated;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
@@ -88,7 +89,7 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
     let Some(queue) = policy.managing_queue(&pod) else {
         return allow(WebhookResult::NotManaged);
     };
-    if gates.is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE)) {
+    if is_gated(&pod) {
         return allow(WebhookResult::AlreadyGated);
     }
     // A dry run creates nothing, so it must reserve nothing: it sees the gate.
