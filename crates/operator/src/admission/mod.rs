@@ -33,15 +33,12 @@ pub mod observe;
 mod report;
 mod waiting;
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use gpuqueue_core::{
-    Snapshot,
     admission::{self, Decision, WaitReason},
-    fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
     placement::{FragmentationAware, TieBreak},
     reclaim::ReclaimPlan,
-    status::queue_reports,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -54,15 +51,15 @@ pub use context::{Context, WRITE_CONCURRENCY};
 
 use crate::{
     clock,
-    cluster::{debounce::Debounce, stores::Stores},
+    cluster::debounce::Debounce,
     leader::Term,
-    reclaim::{Found, Handovers, Started, VICTIM},
+    reclaim::{Found, Handovers, Started},
 };
 use apply::{Begun, admitted_at_creation, apply, begin_reclaim};
 use at_creation::AtCreation;
 use context::{RETRY_AFTER, Shared};
-use observe::{Observed, PodModels};
-use report::{publish_fragmentation, start_reports};
+use observe::{Observation, PodModels};
+use report::report;
 use waiting::WaitingSince;
 
 /// How soon a change that calls for no decision (see `Stores::urgent_changes`) reaches the
@@ -209,7 +206,7 @@ struct Decided {
 }
 
 /// One pass: decide, start the writes, publish the gauges; the reclaims it plans are returned
-/// to be started.
+/// to be started. Each numbered phase is one call.
 fn run_pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
@@ -222,78 +219,44 @@ fn run_pass(
     // Held to the end of the pass: the webhook admits at creation on this pass's result only.
     let mut creation = context.at_creation.pass();
 
-    // 1. observe
-    let (observed, settled) = {
-        let mut assumed = shared.assumed();
-        let stored = context.stores.pods.state();
-        assumed.settle(stored.iter().map(AsRef::as_ref));
-        let settled = creation.settle(&stored, now);
-        // One read of the pod store for all three, so that a pod arriving meanwhile is not
-        // counted both as itself and as its reservation.
-        let mut observed =
-            Observed::read(&context.stores, &stored, &assumed, &mut carried.pod_models);
-        // Pods admitted at creation that the store does not show yet hold their room.
-        observed.pods.extend(creation.reserved_pods());
-        (observed, settled)
-    };
+    // 1. observe (no client): stores, assumed writes, reservations and cool-downs
+    let (observed, settled) = observe::read(
+        &context.stores,
+        &mut shared.assumed(),
+        &mut creation,
+        &mut carried.pod_models,
+        now,
+    );
     for settled in settled {
         admitted_at_creation(context, &settled);
     }
-    for problem in &observed.problems {
-        tracing::debug!(%problem, "object left out of the snapshot");
-    }
-    let mix = WorkloadMix::from_shapes(
-        observed.pods.iter().map(TaskShape::of_pod),
-        DEFAULT_POPULARITY,
-    );
-    let mut builder = Snapshot::builder()
-        .queues(observed.queues)
-        .namespaces(observed.namespaces)
-        .nodes(observed.nodes)
-        .pods(observed.pods)
-        .workload_mix(mix);
-    // When each queue was last reclaimed from (its borrowing cool-down): from the queues'
-    // handover records, and from this process's handovers whose records are not written yet.
-    for (queue, at) in last_reclaims(&context.stores)
-        .into_iter()
-        .chain(handovers.reclaimed_from())
-    {
-        builder = builder.reclaimed_from(queue, at);
-    }
-    let (mut snapshot, issues) = builder.build();
-    for issue in &issues {
-        tracing::debug!(%issue, "snapshot left an object out");
-    }
+    let observation = observe::snapshot(observed, &context.stores, handovers.reclaimed_from());
+    let Observation {
+        mut snapshot,
+        unreadable_pods,
+        invalid_queues,
+    } = observation;
 
-    // 2. decide
+    // 2. decide (pure, in the core)
     let decisions =
         admission::admission_cycle(&mut snapshot, &FragmentationAware, TieBreak::First, now);
     let cooldown = earliest_cooldown(&decisions);
     let planned = tokio::time::Instant::now();
-    let left_waiting = !observed.unreadable_pods.is_empty()
-        || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
+    let left_waiting =
+        !unreadable_pods.is_empty() || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
 
-    // 3. apply
+    // 3. apply: the writes the decisions call for start in the background
     let applied = apply(
         shared,
         tasks,
         decisions,
-        observed.unreadable_pods,
+        unreadable_pods,
         &mut carried.waiting_since,
         now,
     );
 
-    // 4. report
-    let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
-    let reports = queue_reports(&snapshot);
-    let statuses = start_reports(
-        shared,
-        tasks,
-        &reports,
-        &observed.invalid_queues,
-        status_time,
-    );
-    publish_fragmentation(context, &snapshot);
+    // 4. report: queue status and events (background writes), gauges, the live snapshot
+    let statuses = report(shared, tasks, &snapshot, &invalid_queues, now);
     let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
     let took = started.elapsed();
     context.metrics.pass_took(took.as_secs_f64());
@@ -322,26 +285,6 @@ fn run_pass(
 struct Carried {
     waiting_since: WaitingSince,
     pod_models: PodModels,
-}
-
-/// When each queue was last reclaimed from, from the reclaim records in its status.
-fn last_reclaims(stores: &Stores) -> Vec<(String, Timestamp)> {
-    let mut last: HashMap<String, Timestamp> = HashMap::new();
-    for stored in stores.queues.state() {
-        let Ok(queue) = &stored.0 else { continue };
-        let Some(status) = &queue.status else {
-            continue;
-        };
-        for record in status.last_handovers.iter().filter(|r| r.role == VICTIM) {
-            if let Some(at) = &record.started_at {
-                let entry = last
-                    .entry(queue.metadata.name.clone().unwrap_or_default())
-                    .or_insert(at.0);
-                *entry = (*entry).max(at.0);
-            }
-        }
-    }
-    last.into_iter().collect()
 }
 
 /// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).

@@ -5,11 +5,20 @@
 use std::{collections::HashMap, sync::Arc};
 
 use gpuqueue_api::v1alpha1::GpuQueueStatus;
-use gpuqueue_core::model::{self, Converted, FieldError, PodError, QueueError};
+use gpuqueue_core::{
+    Snapshot,
+    fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
+    model::{self, Converted, FieldError, PodError, QueueError},
+};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use crate::cluster::{assumed::Assumed, stores::Stores};
+use super::at_creation::{Pass, Settled};
+use crate::{
+    cluster::{assumed::Assumed, stores::Stores},
+    reclaim::VICTIM,
+};
 
 /// A queue that cannot be used, with what its status should say.
 #[derive(Debug, Clone)]
@@ -138,6 +147,94 @@ fn unreadable(invalid: &kube::core::error_boundary::InvalidObject) -> InvalidQue
         generation: invalid.metadata.generation,
         status: None,
     }
+}
+
+/// What the observe phase hands to the rest of the pass.
+#[derive(Debug)]
+pub struct Observation {
+    /// The core's snapshot: queues, namespaces, nodes and pods (reservations included), with
+    /// the workload mix and each queue's last reclaim.
+    pub snapshot: Snapshot,
+    /// GPU pods the core cannot model, with why: they stay at the gate, and say so.
+    pub unreadable_pods: Vec<(Arc<Pod>, String)>,
+    pub invalid_queues: Vec<InvalidQueue>,
+}
+
+/// Phase 1 of a pass, first half (under the lock of `assumed`): reads the stores as `assumed`
+/// shows them, with the pods the webhook admitted at creation (`creation`). Also returns the
+/// reservations whose pods the store now shows.
+pub fn read(
+    stores: &Stores,
+    assumed: &mut Assumed,
+    creation: &mut Pass<'_>,
+    models: &mut PodModels,
+    now: Timestamp,
+) -> (Observed, Vec<Settled>) {
+    let pods = stores.pods.state();
+    assumed.settle(pods.iter().map(AsRef::as_ref));
+    let settled = creation.settle(&pods, now);
+    // One read of the pod store for all three, so that a pod arriving meanwhile is not
+    // counted both as itself and as its reservation.
+    let mut observed = Observed::read(stores, &pods, assumed, models);
+    // Pods admitted at creation that the store does not show yet hold their room.
+    observed.pods.extend(creation.reserved_pods());
+    (observed, settled)
+}
+
+/// Phase 1 of a pass, second half: what was read into the core's snapshot, with each queue's
+/// last reclaim (from its records, and from `reclaimed_from`, the reclaims not yet recorded).
+pub fn snapshot(
+    observed: Observed,
+    stores: &Stores,
+    reclaimed_from: impl IntoIterator<Item = (String, Timestamp)>,
+) -> Observation {
+    for problem in &observed.problems {
+        tracing::debug!(%problem, "object left out of the snapshot");
+    }
+    let mix = WorkloadMix::from_shapes(
+        observed.pods.iter().map(TaskShape::of_pod),
+        DEFAULT_POPULARITY,
+    );
+    let mut builder = Snapshot::builder()
+        .queues(observed.queues)
+        .namespaces(observed.namespaces)
+        .nodes(observed.nodes)
+        .pods(observed.pods)
+        .workload_mix(mix);
+    // When each queue was last reclaimed from (its borrowing cool-down): from the queues'
+    // handover records, and from this process's handovers whose records are not written yet.
+    for (queue, at) in last_reclaims(stores).into_iter().chain(reclaimed_from) {
+        builder = builder.reclaimed_from(queue, at);
+    }
+    let (snapshot, issues) = builder.build();
+    for issue in &issues {
+        tracing::debug!(%issue, "snapshot left an object out");
+    }
+    Observation {
+        snapshot,
+        unreadable_pods: observed.unreadable_pods,
+        invalid_queues: observed.invalid_queues,
+    }
+}
+
+/// When each queue was last reclaimed from, from the reclaim records in its status.
+fn last_reclaims(stores: &Stores) -> Vec<(String, Timestamp)> {
+    let mut last: HashMap<String, Timestamp> = HashMap::new();
+    for stored in stores.queues.state() {
+        let Ok(queue) = &stored.0 else { continue };
+        let Some(status) = &queue.status else {
+            continue;
+        };
+        for record in status.last_handovers.iter().filter(|r| r.role == VICTIM) {
+            if let Some(at) = &record.started_at {
+                let entry = last
+                    .entry(queue.metadata.name.clone().unwrap_or_default())
+                    .or_insert(at.0);
+                *entry = (*entry).max(at.0);
+            }
+        }
+    }
+    last.into_iter().collect()
 }
 
 #[cfg(test)]

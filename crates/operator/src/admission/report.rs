@@ -9,7 +9,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_core::{
     Snapshot,
-    status::{QueueReport, invalid_spec_status},
+    status::{QueueReport, invalid_spec_status, queue_reports},
 };
 use jiff::Timestamp;
 use kube::{Api, Resource};
@@ -25,15 +25,55 @@ use crate::writes::{
     queue_status as status,
 };
 
+/// Phase 4 of a pass: the queues' status and events, and the queue and fragmentation gauges.
+/// Returns how many status writes started.
+pub(super) fn report(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    snapshot: &Snapshot,
+    invalid: &[InvalidQueue],
+    now: Timestamp,
+) -> usize {
+    let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let reports = queue_reports(snapshot);
+    let statuses = start_reports(shared, tasks, &reports, invalid, status_time);
+    publish_fragmentation(&shared.context, snapshot);
+    statuses
+}
+
+/// A queue's status to write, with the one this process last knew.
+struct StatusWrite {
+    queue: Arc<GpuQueue>,
+    previous: Option<GpuQueueStatus>,
+    status: GpuQueueStatus,
+}
+
 /// Starts writing the queues' status where it changed (events for quota edits and condition
 /// changes follow each write), and publishes the queue gauges. Returns how many writes started.
-pub(super) fn start_reports(
+fn start_reports(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
     reports: &[QueueReport],
     invalid: &[InvalidQueue],
     now: Timestamp,
 ) -> usize {
+    let (desired, rows) = desired_statuses(shared, reports, invalid, now);
+    shared.context.queue_gauges.publish(rows);
+    let mut started = 0;
+    for write in desired {
+        started += usize::from(start_status_write(shared, tasks, write));
+    }
+    started
+}
+
+/// Each queue's status as this pass reports it (valid queues, then invalid ones), with the
+/// rows of the queue gauges.
+fn desired_statuses(
+    shared: &Shared,
+    reports: &[QueueReport],
+    invalid: &[InvalidQueue],
+    now: Timestamp,
+) -> (Vec<StatusWrite>, Vec<QueueRow>) {
     let context = &shared.context;
     let stored: Vec<Arc<GpuQueue>> = context
         .stores
@@ -64,7 +104,11 @@ pub(super) fn start_reports(
                 admitted_pods: i64::from(status.admitted_pods),
                 pending_pods: i64::from(status.pending_pods),
             });
-            desired.push((queue.clone(), previous, status));
+            desired.push(StatusWrite {
+                queue: queue.clone(),
+                previous,
+                status,
+            });
         }
         for queue in invalid {
             let Some(stored_queue) = find(&queue.name) else {
@@ -73,43 +117,53 @@ pub(super) fn start_reports(
             let previous = assumed.status(stored_queue).cloned();
             let status =
                 invalid_spec_status(&queue.error, queue.generation, now, previous.as_ref());
-            desired.push((stored_queue.clone(), previous, status));
+            desired.push(StatusWrite {
+                queue: stored_queue.clone(),
+                previous,
+                status,
+            });
         }
     }
-    context.queue_gauges.publish(rows);
-    let mut started = 0;
-    for (queue, previous, status) in desired {
-        let Some(uid) = queue.metadata.uid.clone() else {
-            continue;
-        };
-        {
-            let mut assumed = shared.assumed();
-            if !status::needs_write(previous.as_ref(), &status) || !assumed.begin(&uid) {
-                continue;
-            }
-            assumed.status_written(&uid, status.clone());
+    (desired, rows)
+}
+
+/// Starts writing one queue's status when it changed and no write to the queue is in flight.
+/// Returns whether it started.
+fn start_status_write(shared: &Shared, tasks: &mut JoinSet<()>, write: StatusWrite) -> bool {
+    let StatusWrite {
+        queue,
+        previous,
+        status,
+    } = write;
+    let Some(uid) = queue.metadata.uid.clone() else {
+        return false;
+    };
+    {
+        let mut assumed = shared.assumed();
+        if !status::needs_write(previous.as_ref(), &status) || !assumed.begin(&uid) {
+            return false;
         }
-        started += 1;
-        let context = context.clone();
-        let assumed = shared.assumed.clone();
-        shared.spawn(tasks, uid.clone(), async move {
-            let api: Api<GpuQueue> = Api::all(context.client.clone());
-            let name = queue.metadata.name.clone().unwrap_or_default();
-            match status::write(&api, &name, &status).await {
-                Ok(()) => {
-                    announce_changes(&context.events, &queue, previous.as_ref(), &status);
-                    Written::Done
-                }
-                Err(error) => {
-                    crate::sync::lock(&assumed).forget_status(&uid);
-                    tracing::warn!(%error, "status write failed; retrying");
-                    context.metrics.apply_failed();
-                    Written::Failed
-                }
-            }
-        });
+        assumed.status_written(&uid, status.clone());
     }
-    started
+    let context = shared.context.clone();
+    let assumed = shared.assumed.clone();
+    shared.spawn(tasks, uid.clone(), async move {
+        let api: Api<GpuQueue> = Api::all(context.client.clone());
+        let name = queue.metadata.name.clone().unwrap_or_default();
+        match status::write(&api, &name, &status).await {
+            Ok(()) => {
+                announce_changes(&context.events, &queue, previous.as_ref(), &status);
+                Written::Done
+            }
+            Err(error) => {
+                crate::sync::lock(&assumed).forget_status(&uid);
+                tracing::warn!(%error, "status write failed; retrying");
+                context.metrics.apply_failed();
+                Written::Failed
+            }
+        }
+    });
+    true
 }
 
 /// Events on a queue for what changed since its last status: quota edits (guaranteed or

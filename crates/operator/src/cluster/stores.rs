@@ -25,7 +25,7 @@ use std::{
     },
 };
 
-use futures::{StreamExt, TryStreamExt, future};
+use futures::{Stream, StreamExt, TryStreamExt, future};
 use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
@@ -38,6 +38,7 @@ use kube::{
     },
 };
 use tokio::sync::watch;
+use tracing::Instrument;
 
 use gpuqueue_core::model::is_gated;
 
@@ -130,61 +131,19 @@ impl Stores {
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
 
-        let invalid_queues = {
-            let queues: Store<StoredQueue> = queues.clone();
-            let metrics = metrics.clone();
-            move || {
-                let invalid = queues
-                    .state()
-                    .iter()
-                    .filter(|queue| queue.0.is_err())
-                    .count();
-                metrics.set_invalid_queues(i64::try_from(invalid).unwrap_or(i64::MAX));
-            }
-        };
-
-        let queue_events = watcher(
-            Api::<StoredQueue>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(|queue| queue.meta_mut().managed_fields = None)
-        .inspect_ok(report_invalid_queue);
-        let pod_events = watcher(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().fields(LIVE_PODS),
-        )
-        .default_backoff()
-        .modify(strip_metadata)
-        .try_filter_map(move |event| future::ready(Ok(keep_pods(event, keep_pod.as_ref()))));
-        let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(|node| {
-                strip_metadata(node);
-                if let Some(status) = node.status.as_mut() {
-                    status.images = None;
-                }
-            });
-        let namespace_events = watcher(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(strip_metadata);
-
         let tasks = vec![
             reflect(
                 "gpuqueues",
                 queue_writer,
-                queue_events,
+                queue_events(client.clone()),
                 (signals.clone(), |_: &_| true),
                 metrics,
-                invalid_queues,
+                count_invalid_queues(queues.clone(), metrics.clone()),
             ),
             reflect(
                 "pods",
                 pod_writer,
-                pod_events,
+                pod_events(client.clone(), keep_pod),
                 (signals.clone(), {
                     let pods = pods.clone();
                     move |event: &_| is_urgent(event, &pods)
@@ -195,7 +154,7 @@ impl Stores {
             reflect(
                 "nodes",
                 node_writer,
-                node_events,
+                node_events(client.clone()),
                 (signals.clone(), |_: &_| true),
                 metrics,
                 || {},
@@ -203,7 +162,7 @@ impl Stores {
             reflect(
                 "namespaces",
                 namespace_writer,
-                namespace_events,
+                namespace_events(client.clone()),
                 (signals, |_: &_| true),
                 metrics,
                 || {},
@@ -263,6 +222,68 @@ fn is_urgent(event: &watcher::Event<Pod>, pods: &Store<Pod>) -> bool {
     }
 }
 
+/// The GpuQueue watch; objects the operator cannot read are kept (as errors) and logged.
+fn queue_events(
+    client: Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<StoredQueue>>> + Send + use<> {
+    watcher(Api::<StoredQueue>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(|queue| queue.meta_mut().managed_fields = None)
+        .inspect_ok(report_invalid_queue)
+}
+
+/// The watch of live pods, keeping only those `keep_pod` accepts.
+fn pod_events(
+    client: Client,
+    keep_pod: PodFilter,
+) -> impl Stream<Item = watcher::Result<watcher::Event<Pod>>> + Send + use<> {
+    watcher(
+        Api::<Pod>::all(client),
+        watcher::Config::default().fields(LIVE_PODS),
+    )
+    .default_backoff()
+    .modify(strip_metadata)
+    .try_filter_map(move |event| future::ready(Ok(keep_pods(event, keep_pod.as_ref()))))
+}
+
+/// The node watch, without the nodes' image lists.
+fn node_events(
+    client: Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + use<> {
+    watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(|node| {
+            strip_metadata(node);
+            if let Some(status) = node.status.as_mut() {
+                status.images = None;
+            }
+        })
+}
+
+/// The namespace watch.
+fn namespace_events(
+    client: Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<Namespace>>> + Send + use<> {
+    watcher(Api::<Namespace>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(strip_metadata)
+}
+
+/// After each queue change: sets the gauge of queue objects the operator cannot read.
+fn count_invalid_queues(
+    queues: Store<StoredQueue>,
+    metrics: WatchMetrics,
+) -> impl Fn() + Send + 'static {
+    move || {
+        let invalid = queues
+            .state()
+            .iter()
+            .filter(|queue| queue.0.is_err())
+            .count();
+        metrics.set_invalid_queues(i64::try_from(invalid).unwrap_or(i64::MAX));
+    }
+}
+
 /// Feeds one watch into its store; bumps the signals after each applied change (the urgent
 /// one when `urgent` says so of the event, asked before the store applies it).
 fn reflect<K, S, U>(
@@ -287,7 +308,7 @@ where
         let pending = pending.clone();
         move |event| pending.store(urgent(event), Ordering::Relaxed)
     });
-    Box::pin(async move {
+    let task = async move {
         let mut events = std::pin::pin!(reflector::reflector(writer, events));
         while let Some(event) = events.next().await {
             match event {
@@ -305,7 +326,8 @@ where
                 }
             }
         }
-    })
+    };
+    Box::pin(task.instrument(tracing::info_span!("watch", resource)))
 }
 
 /// Drops the parts of an object's metadata the operator never reads.
