@@ -80,6 +80,25 @@ pub enum RunError {
     },
 }
 
+impl RunError {
+    /// The error's kind, for logs and metrics (snake case).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Telemetry(_) => "telemetry",
+            Self::Kubeconfig(_) => "kubeconfig",
+            Self::InferConfig(_) => "infer_config",
+            Self::Client(_) => "client",
+            Self::CrdMissing(_) => "crd_missing",
+            Self::Http(_) => "http",
+            Self::Webhook(error) => error.category(),
+            Self::Leader(_) => "leader",
+            Self::CheckpointClient(_) => "checkpoint_client",
+            Self::CrashPoint(_) => "crash_point",
+            Self::Task { .. } => "task",
+        }
+    }
+}
+
 /// Every component's metrics, registered here at the wiring and handed to each component.
 #[derive(Debug, Clone)]
 pub struct Metrics {

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     cluster::stores::Stores,
-    reclaim::{Found, Started},
+    reclaim::{BeginError, Found, Started},
     writes::{
         events::Notice,
         pod::{self as patch, PatchError},
@@ -137,10 +137,19 @@ pub(super) async fn begin_reclaim(
             Begun::Nothing
         }
         Err(error) => {
-            context.metrics.apply_failed();
+            context.metrics.apply_failed(begin_error_kind(&error));
             tracing::warn!(%error, "starting a reclaim failed; retrying");
             Begun::Failed
         }
+    }
+}
+
+/// The kind of a reclaim that failed to start, as `apply_failed` labels it.
+fn begin_error_kind(error: &BeginError) -> &'static str {
+    match error {
+        BeginError::Write(error) => error.category(),
+        BeginError::VictimGone(_) => "victim_gone",
+        BeginError::NotLeader => "not_leader",
     }
 }
 
@@ -336,7 +345,7 @@ pub(super) fn write_failed(context: &Context, error: &PatchError) -> Written {
         tracing::debug!(%error, "pod moved on; decided again");
         Written::Stale
     } else {
-        context.metrics.apply_failed();
+        context.metrics.apply_failed(error.category());
         tracing::warn!(%error, "write failed; retrying");
         Written::Failed
     }

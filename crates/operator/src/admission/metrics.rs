@@ -73,7 +73,13 @@ pub struct AdmissionMetrics {
     latency: Histogram,
     passes: Counter,
     pass_duration: Histogram,
-    apply_errors: Counter,
+    apply_errors: Family<ApplyErrorLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApplyErrorLabels {
+    /// The error's `category()`: which write failed, and how.
+    kind: &'static str,
 }
 
 impl AdmissionMetrics {
@@ -85,7 +91,7 @@ impl AdmissionMetrics {
             latency: Histogram::new(exponential_buckets(0.005, 2.0, 19)),
             passes: Counter::default(),
             pass_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
-            apply_errors: Counter::default(),
+            apply_errors: Family::default(),
         };
         registry.register(
             "admission_decisions",
@@ -111,7 +117,7 @@ impl AdmissionMetrics {
         );
         registry.register(
             "admission_apply_errors",
-            "API writes of the admission loop that failed (they are retried on the next pass)",
+            "API writes of the admission loop that failed, by error kind (they are retried on the next pass)",
             metrics.apply_errors.clone(),
         );
         metrics
@@ -138,9 +144,11 @@ impl AdmissionMetrics {
         self.pass_duration.observe(seconds);
     }
 
-    /// Counts a failed API write.
-    pub fn apply_failed(&self) {
-        self.apply_errors.inc();
+    /// Counts a failed API write, by its error's category.
+    pub fn apply_failed(&self, kind: &'static str) {
+        self.apply_errors
+            .get_or_create(&ApplyErrorLabels { kind })
+            .inc();
     }
 }
 
@@ -477,6 +485,21 @@ mod tests {
             text.contains(r#"gpuqueue_admission_decisions_total{queue="online",outcome="wait"} 1"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn failed_writes_are_counted_by_error_kind() {
+        let (registry, metrics) = setup();
+        metrics.admission.apply_failed("pod_api");
+        metrics.admission.apply_failed("pod_api");
+        metrics.admission.apply_failed("queue_status_api");
+        let text = encode(&registry).unwrap();
+        for line in [
+            r#"gpuqueue_admission_apply_errors_total{kind="pod_api"} 2"#,
+            r#"gpuqueue_admission_apply_errors_total{kind="queue_status_api"} 1"#,
+        ] {
+            assert!(text.contains(line), "missing {line} in\n{text}");
+        }
     }
 
     #[test]

@@ -46,6 +46,7 @@ use tokio::{
     sync::{Notify, Semaphore},
     task::JoinSet,
 };
+use tracing::Instrument;
 
 pub use context::{Context, WRITE_CONCURRENCY};
 
@@ -92,12 +93,21 @@ pub async fn run(context: Context, term: Term) {
     // Dropped (aborting every handover task) when the term ends and this future is aborted.
     let mut handovers = Handovers::new(shared.context.reclaimer.clone());
     let mut carried = Carried::default();
-    loop {
+    for number in 1_u64.. {
         while tasks.try_join_next().is_some() {}
         // The pass reads everything: what changed until now is in it.
         changes.borrow_and_update();
         urgent_changes.borrow_and_update();
-        let Next { wake, waiting } = pass(&shared, &mut tasks, &mut handovers, &mut carried).await;
+        let span = tracing::info_span!(
+            "admission_pass",
+            term = shared.term.number(),
+            pass = number,
+            pending = tracing::field::Empty,
+            decisions = tracing::field::Empty,
+        );
+        let Next { wake, waiting } = pass(&shared, &mut tasks, &mut handovers, &mut carried)
+            .instrument(span)
+            .await;
         // While pods wait, any change may let one in; otherwise only the urgent ones call for
         // a decision, and the rest is taken in within [`BOOKKEEPING`].
         let bookkeeping = if waiting {
@@ -244,6 +254,9 @@ fn run_pass(
     let planned = tokio::time::Instant::now();
     let left_waiting =
         !unreadable_pods.is_empty() || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
+    tracing::Span::current()
+        .record("pending", decisions.len() + unreadable_pods.len())
+        .record("decisions", decisions.len());
 
     // 3. apply: the writes the decisions call for start in the background
     let applied = apply(

@@ -158,7 +158,7 @@ fn start_status_write(shared: &Shared, tasks: &mut JoinSet<()>, write: StatusWri
             Err(error) => {
                 crate::sync::lock(&assumed).forget_status(&uid);
                 tracing::warn!(%error, "status write failed; retrying");
-                context.metrics.apply_failed();
+                context.metrics.apply_failed(error.category());
                 Written::Failed
             }
         }

@@ -89,6 +89,18 @@ pub enum WebhookError {
     },
 }
 
+impl WebhookError {
+    /// The error's kind, for logs and metrics (snake case).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Rotation(_) => "rotation",
+            Self::Certificate(_) => "certificate",
+            Self::Tls(_) => "tls",
+            Self::Bind { .. } => "bind",
+        }
+    }
+}
+
 /// Serves the webhook until `shutdown`: binds, publishes the CA, renews certificates.
 pub async fn run(
     config: WebhookConfig,

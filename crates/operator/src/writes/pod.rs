@@ -51,6 +51,17 @@ pub enum PatchError {
 }
 
 impl PatchError {
+    /// The error's kind, as metrics label it (snake case).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::NotGated { .. } => "pod_not_gated",
+            Self::Changed { .. } => "pod_changed",
+            Self::Gone { .. } => "pod_gone",
+            Self::Api { .. } => "pod_api",
+            Self::Encode { .. } => "pod_encode",
+        }
+    }
+
     /// Whether the pod moved on under us (not a failure of the operator or the API).
     pub fn is_stale(&self) -> bool {
         matches!(
