@@ -20,6 +20,13 @@
 //! nothing runs before every store has synced (fail closed). When the term ends this future and
 //! every write it started are aborted.
 //!
+//! The phases are files: [`observe`] (1), the core (2), `apply` (3: plan the writes, then start
+//! them), `report` (4); `waiting` says when a waiting reason is due, and `context` holds what
+//! the loop and its background writes share.
+//!
+//! [`Assumed`]: crate::cluster::assumed::Assumed
+//! [`FIRST_REASON_AFTER`]: waiting::FIRST_REASON_AFTER
+//!
 //! Reclaims (see [`crate::reclaim`]): each pass first resumes or abandons handovers an earlier
 //! leader left in the intent annotations; a `Reclaim` decision writes its intent and releases
 //! the owner before the next pass (so that pass sees the node taken), and the rest of the

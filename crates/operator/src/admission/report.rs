@@ -1,7 +1,7 @@
 //! Stage 5: queue status by server-side apply where it changed, events for quota edits and
 //! condition changes, and the queue and fragmentation gauges.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use gpuqueue_api::{
     conditions::types,
@@ -20,9 +20,12 @@ use super::{
     metrics::{FragmentationReport, QueueRow},
     observe::InvalidQueue,
 };
-use crate::writes::{
-    events::{Events, Notice},
-    queue_status as status,
+use crate::{
+    cluster::{assumed::Assumed, stores::Stores},
+    writes::{
+        events::{Events, Notice},
+        queue_status as status,
+    },
 };
 
 /// Phase 4 of a pass: the queues' status and events, and the queue and fragmentation gauges.
@@ -57,7 +60,13 @@ fn start_reports(
     invalid: &[InvalidQueue],
     now: Timestamp,
 ) -> usize {
-    let (desired, rows) = desired_statuses(shared, reports, invalid, now);
+    let (desired, rows) = desired_statuses(
+        &shared.assumed,
+        &shared.context.stores,
+        reports,
+        invalid,
+        now,
+    );
     shared.context.queue_gauges.publish(rows);
     let mut started = 0;
     for write in desired {
@@ -69,29 +78,28 @@ fn start_reports(
 /// Each queue's status as this pass reports it (valid queues, then invalid ones), with the
 /// rows of the queue gauges.
 fn desired_statuses(
-    shared: &Shared,
+    assumed: &Mutex<Assumed>,
+    stores: &Stores,
     reports: &[QueueReport],
     invalid: &[InvalidQueue],
     now: Timestamp,
 ) -> (Vec<StatusWrite>, Vec<QueueRow>) {
-    let context = &shared.context;
-    let stored: Vec<Arc<GpuQueue>> = context
-        .stores
+    let queues: Vec<Arc<GpuQueue>> = stores
         .queues
         .state()
         .iter()
         .filter_map(|guarded| guarded.0.as_ref().ok().map(|queue| Arc::new(queue.clone())))
         .collect();
     let find = |name: &str| {
-        stored
+        queues
             .iter()
             .find(|q| q.metadata.name.as_deref() == Some(name))
     };
     let mut desired = Vec::new();
     let mut rows = Vec::new();
     {
-        let mut assumed = shared.assumed();
-        assumed.settle_queues(stored.iter().map(AsRef::as_ref));
+        let mut assumed = crate::sync::lock(assumed);
+        assumed.settle_queues(queues.iter().map(AsRef::as_ref));
         for report in reports {
             let Some(queue) = find(&report.queue) else {
                 continue;

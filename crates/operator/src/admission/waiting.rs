@@ -14,7 +14,7 @@ const REASON_REFRESH: SignedDuration = SignedDuration::from_secs(30);
 /// A pod's first waiting reason is written once it has waited this long (by this process's
 /// count): a pod admitted sooner never needs one, so a burst of pods that briefly wait costs no
 /// reason written and removed again, and the writes that admit pods go first.
-const FIRST_REASON_AFTER: SignedDuration = SignedDuration::from_secs(1);
+pub(super) const FIRST_REASON_AFTER: SignedDuration = SignedDuration::from_secs(1);
 
 /// When this process first saw each waiting pod wait (by uid), kept from pass to pass for the
 /// pods that still wait.

@@ -1,5 +1,5 @@
 //! The mutation: add the scheduling gate `gpuqueue.io/admission` to a pod that a queue manages,
-//! or, when the leader can admit it at once ([`crate::at_creation`]), pin it to its node and
+//! or, when the leader can admit it at once ([`crate::admission::at_creation`]), pin it to its node and
 //! annotate it as admitted instead, so it never waits at the gate.
 //!
 //! Which pods are managed is not decided here: a [`GatePolicy`] answers it from the stores by
