@@ -14,10 +14,10 @@ use kube::{Api, Resource, runtime::reflector::ObjectRef};
 use tokio::task::JoinSet;
 
 use super::{
-    at_creation::Settled,
-    context::{Context, Shared, Written},
+    at_creation::Arrival,
+    context::{Context, Shared, WriteResult},
     metrics::Outcome,
-    waiting::{Due, Known, WaitLine, WaitingSince},
+    waiting::{ReasonTiming, RecordedReason, WaitLine, WaitingSince},
 };
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
@@ -29,7 +29,7 @@ use crate::{
 };
 
 /// What [`apply`] started.
-pub(super) struct Applied {
+pub(super) struct ApplySummary {
     /// Gate releases started.
     pub(super) admitted: usize,
     /// Waiting reasons being written.
@@ -49,7 +49,7 @@ pub(super) fn apply(
     unreadable_pods: Vec<(Arc<Pod>, String)>,
     waiting_since: &mut WaitingSince,
     now: Timestamp,
-) -> Applied {
+) -> ApplySummary {
     let planned = plan(
         &shared.assumed,
         &shared.context.stores,
@@ -67,7 +67,7 @@ pub(super) fn apply(
     for write in planned.writes {
         start(shared, tasks, write, now);
     }
-    Applied {
+    ApplySummary {
         admitted,
         waiting,
         reclaims: planned.reclaims,
@@ -120,9 +120,9 @@ pub(super) fn plan(
     let mut record = |planned: &mut WritePlan, pod: &Pod, line| {
         let since = waiting_since.since(&mut still_waiting, pod, now);
         match plan_wait(&mut crate::sync::lock(assumed), pod, line, since, now) {
-            Recording::Write(write) => planned.writes.push(*write),
-            Recording::Unchanged => {}
-            Recording::After(at) => {
+            ReasonPlan::Write(write) => planned.writes.push(*write),
+            ReasonPlan::Unchanged => {}
+            ReasonPlan::After(at) => {
                 planned.first_reason_due =
                     planned.first_reason_due.into_iter().chain(Some(at)).min();
             }
@@ -153,7 +153,7 @@ pub(super) fn plan(
 }
 
 /// What became of starting one reclaim.
-pub(super) enum Begun {
+pub(super) enum ReclaimStart {
     /// The owner is released (remembered as admitted); the rest runs in a task.
     Started(Box<Started>),
     /// Not started: the owner or a victim moved on (decided again on the next change), or
@@ -169,7 +169,7 @@ pub(super) async fn begin_reclaim(
     stored: &Pod,
     plan: &ReclaimPlan,
     found: Found,
-) -> Begun {
+) -> ReclaimStart {
     let context = &shared.context;
     {
         let assumed = shared.assumed();
@@ -179,7 +179,7 @@ pub(super) async fn begin_reclaim(
             .as_deref()
             .is_none_or(|uid| assumed.in_flight(uid));
         if in_flight || !is_gated(assumed.view(stored)) {
-            return Begun::Nothing;
+            return ReclaimStart::Nothing;
         }
     }
     match context
@@ -190,16 +190,16 @@ pub(super) async fn begin_reclaim(
         Ok(started) => {
             context.metrics.decided(&plan.owner_queue, Outcome::Reclaim);
             tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
-            Begun::Started(Box::new(started))
+            ReclaimStart::Started(Box::new(started))
         }
         Err(error) if error.is_stale() => {
             tracing::debug!(%error, "reclaim not started; decided again on the next change");
-            Begun::Nothing
+            ReclaimStart::Nothing
         }
         Err(error) => {
             context.metrics.apply_failed(begin_error_kind(&error));
             tracing::warn!(%error, "starting a reclaim failed; retrying");
-            Begun::Failed
+            ReclaimStart::Failed
         }
     }
 }
@@ -261,7 +261,7 @@ fn start(shared: &Shared, tasks: &mut JoinSet<()>, write: PodWrite, now: Timesta
                 Ok(patched) => {
                     crate::sync::lock(&assumed).admitted(patched);
                     admitted(&context, &pod, &admission, now);
-                    Written::Done
+                    WriteResult::Done
                 }
                 Err(error) => {
                     crate::sync::lock(&assumed).forget_admission(&uid);
@@ -282,7 +282,7 @@ fn start(shared: &Shared, tasks: &mut JoinSet<()>, write: PodWrite, now: Timesta
                     if cause_changed {
                         waits(&context, &pod, &wait);
                     }
-                    Written::Done
+                    WriteResult::Done
                 }
                 Err(error) => {
                     crate::sync::lock(&assumed).forget_reason(&uid);
@@ -334,7 +334,7 @@ pub(super) fn announce_admitted(
 }
 
 /// Announces a pod the webhook admitted at its creation, now that it exists.
-pub(super) fn admitted_at_creation(context: &Context, settled: &Settled) {
+pub(super) fn admitted_at_creation(context: &Context, settled: &Arrival) {
     let admission = &settled.reservation.admission;
     let pod = &settled.pod;
     tracing::info!(pod = %format!("{}/{}", pod.metadata.namespace.as_deref().unwrap_or_default(), pod.metadata.name.as_deref().unwrap_or_default()),
@@ -344,14 +344,14 @@ pub(super) fn admitted_at_creation(context: &Context, settled: &Settled) {
 
 /// What [`plan_wait`] planned.
 #[derive(Debug)]
-pub(super) enum Recording {
+pub(super) enum ReasonPlan {
     Write(Box<PodWrite>),
     Unchanged,
     /// Nothing yet: the reason is due then.
     After(Timestamp),
 }
 
-/// Plans recording why the pod waits (it has since `waiting_since`), when [`Known::due`] says
+/// Plans recording why the pod waits (it has since `waiting_since`), when [`RecordedReason::due`] says
 /// so, assuming it done at once.
 fn plan_wait(
     assumed: &mut Assumed,
@@ -359,32 +359,32 @@ fn plan_wait(
     wait: WaitLine,
     waiting_since: Timestamp,
     now: Timestamp,
-) -> Recording {
+) -> ReasonPlan {
     let Some(uid) = stored.metadata.uid.clone() else {
-        return Recording::Unchanged;
+        return ReasonPlan::Unchanged;
     };
     let pod = assumed.view(stored);
     if !is_gated(pod) {
-        return Recording::Unchanged;
+        return ReasonPlan::Unchanged;
     }
-    let known = Known {
+    let known = RecordedReason {
         reason: assumed.waiting_reason(stored),
         written_at: assumed.reason_written_at(stored),
         waiting_since,
         now,
     };
     match known.due(wait.code, &wait.line) {
-        Due::Now => {}
-        Due::Not => return Recording::Unchanged,
-        Due::At(at) => return Recording::After(at),
+        ReasonTiming::Now => {}
+        ReasonTiming::Not => return ReasonPlan::Unchanged,
+        ReasonTiming::At(at) => return ReasonPlan::After(at),
     }
     let cause_changed = known.cause_changed(wait.code);
     let pod = pod.clone();
     if !assumed.begin(&uid) {
-        return Recording::Unchanged;
+        return ReasonPlan::Unchanged;
     }
     assumed.reason_recorded(&uid, Some(wait.line.clone()), now);
-    Recording::Write(Box::new(PodWrite::Reason {
+    ReasonPlan::Write(Box::new(PodWrite::Reason {
         uid,
         pod,
         wait,
@@ -409,14 +409,14 @@ pub(super) fn waits(context: &Context, pod: &Pod, wait: &WaitLine) {
     );
 }
 
-pub(super) fn write_failed(context: &Context, error: &PatchError) -> Written {
+pub(super) fn write_failed(context: &Context, error: &PatchError) -> WriteResult {
     if error.is_stale() {
         tracing::debug!(%error, "pod moved on; decided again");
-        Written::Stale
+        WriteResult::Stale
     } else {
         context.metrics.apply_failed(error.category());
         tracing::warn!(%error, "write failed; retrying");
-        Written::Failed
+        WriteResult::Failed
     }
 }
 

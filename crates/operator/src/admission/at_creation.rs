@@ -187,7 +187,7 @@ pub struct Pass<'a> {
 
 /// A reservation whose pod the store now shows.
 #[derive(Debug)]
-pub struct Settled {
+pub struct Arrival {
     pub reservation: Reservation,
     pub pod: Arc<Pod>,
 }
@@ -195,7 +195,7 @@ pub struct Settled {
 impl Pass<'_> {
     /// Drops the reservations whose pod the store shows (returned, to announce) and those past
     /// [`RESERVATION_TTL`] (their creation failed).
-    pub fn settle(&mut self, stored: &[Arc<Pod>], now: Timestamp) -> Vec<Settled> {
+    pub fn settle(&mut self, stored: &[Arc<Pod>], now: Timestamp) -> Vec<Arrival> {
         if self.state.reservations.is_empty() {
             return Vec::new();
         }
@@ -214,7 +214,7 @@ impl Pass<'_> {
         let mut kept = Vec::new();
         for reservation in std::mem::take(&mut self.state.reservations) {
             if let Some(pod) = by_token.remove(reservation.token.as_str()) {
-                settled.push(Settled {
+                settled.push(Arrival {
                     reservation,
                     pod: pod.clone(),
                 });

@@ -77,7 +77,7 @@ impl Shared {
     /// flight. The write waits for a permit, and is skipped if the term ended meanwhile.
     pub(super) fn spawn<F>(&self, tasks: &mut JoinSet<()>, uid: String, write: F)
     where
-        F: Future<Output = Written> + Send + 'static,
+        F: Future<Output = WriteResult> + Send + 'static,
     {
         let shared = self.clone();
         tasks.spawn(async move {
@@ -87,11 +87,11 @@ impl Shared {
             let written = if shared.term.is_current() {
                 write.await
             } else {
-                Written::NotLeader
+                WriteResult::NotLeader
             };
             shared.assumed().end(&uid);
             // A stale object brings its own watch event; a failure has to be retried.
-            if written == Written::Failed {
+            if written == WriteResult::Failed {
                 tokio::time::sleep(RETRY_AFTER).await;
                 shared.retry.notify_one();
             }
@@ -101,7 +101,7 @@ impl Shared {
 
 /// What became of one background write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Written {
+pub(super) enum WriteResult {
     Done,
     /// The object moved on under it; decided again from the store.
     Stale,

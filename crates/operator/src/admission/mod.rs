@@ -63,7 +63,7 @@ use crate::{
     leader::Term,
     reclaim::{Found, Handovers, Started},
 };
-use apply::{Begun, admitted_at_creation, apply, begin_reclaim};
+use apply::{ReclaimStart, admitted_at_creation, apply, begin_reclaim};
 use at_creation::AtCreation;
 use context::{RETRY_AFTER, Shared};
 use observe::{Observation, PodModels};
@@ -99,7 +99,7 @@ pub async fn run(context: Context, term: Term) {
     let mut tasks = JoinSet::new();
     // Dropped (aborting every handover task) when the term ends and this future is aborted.
     let mut handovers = Handovers::new(shared.context.reclaimer.clone());
-    let mut carried = Carried::default();
+    let mut carried = PassMemory::default();
     for number in 1_u64.. {
         while tasks.try_join_next().is_some() {}
         // The pass reads everything: what changed until now is in it.
@@ -112,7 +112,7 @@ pub async fn run(context: Context, term: Term) {
             pending = tracing::field::Empty,
             decisions = tracing::field::Empty,
         );
-        let Next { wake, waiting } = pass(&shared, &mut tasks, &mut handovers, &mut carried)
+        let Wakeup { wake, waiting } = pass(&shared, &mut tasks, &mut handovers, &mut carried)
             .instrument(span)
             .await;
         // While pods wait, any change may let one in; otherwise only the urgent ones call for
@@ -150,7 +150,7 @@ impl Drop for Withdraw {
 }
 
 /// What the next pass waits for.
-struct Next {
+struct Wakeup {
     /// When it must run even without a change.
     wake: Option<Timestamp>,
     /// Whether pods were left waiting (then any change may let one in).
@@ -164,8 +164,8 @@ async fn pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
     handovers: &mut Handovers,
-    carried: &mut Carried,
-) -> Next {
+    carried: &mut PassMemory,
+) -> Wakeup {
     let started = tokio::time::Instant::now();
     let now = clock::now();
     let recovered = handovers.recover(&shared.term, now).await;
@@ -189,13 +189,13 @@ async fn pass(
     let mut failed = false;
     for outcome in begun {
         match outcome {
-            Begun::Started(started) => {
+            ReclaimStart::Started(started) => {
                 let Started { owner, handover } = *started;
                 shared.assumed().admitted(owner);
                 handovers.start(&shared.term, handover);
             }
-            Begun::Failed => failed = true,
-            Begun::Nothing => {}
+            ReclaimStart::Failed => failed = true,
+            ReclaimStart::Nothing => {}
         }
     }
     if failed {
@@ -205,14 +205,14 @@ async fn pass(
             retry.notify_one();
         });
     }
-    Next {
+    Wakeup {
         wake: decided.wake.into_iter().chain(recovered.wake).min(),
         waiting: decided.waiting,
     }
 }
 
 /// What [`run_pass`] leaves to the async part of the pass.
-struct Decided {
+struct PassResult {
     wake: Option<Timestamp>,
     /// Whether pods were left waiting.
     waiting: bool,
@@ -228,10 +228,10 @@ fn run_pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
     handovers: &Handovers,
-    carried: &mut Carried,
+    carried: &mut PassMemory,
     started: tokio::time::Instant,
     now: Timestamp,
-) -> Decided {
+) -> PassResult {
     let context = &shared.context;
     // Held to the end of the pass: the webhook admits at creation on this pass's result only.
     let mut creation = context.at_creation.pass();
@@ -288,7 +288,7 @@ fn run_pass(
         statuses,
         "admission pass"
     );
-    Decided {
+    PassResult {
         wake: cooldown
             .into_iter()
             .chain(applied.first_reason_due)
@@ -302,7 +302,7 @@ fn run_pass(
 
 /// What a pass leaves to the next (this term's only).
 #[derive(Debug, Default)]
-struct Carried {
+struct PassMemory {
     waiting_since: WaitingSince,
     pod_models: PodModels,
 }

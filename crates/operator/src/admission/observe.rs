@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::at_creation::{Pass, Settled};
+use super::at_creation::{Arrival, Pass};
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
     reclaim::VICTIM,
@@ -169,7 +169,7 @@ pub fn read(
     creation: &mut Pass<'_>,
     models: &mut PodModels,
     now: Timestamp,
-) -> (Observed, Vec<Settled>) {
+) -> (Observed, Vec<Arrival>) {
     let pods = stores.pods.state();
     assumed.settle(pods.iter().map(AsRef::as_ref));
     let settled = creation.settle(&pods, now);

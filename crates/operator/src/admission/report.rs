@@ -16,7 +16,7 @@ use kube::{Api, Resource};
 use tokio::task::JoinSet;
 
 use super::{
-    context::{Context, Shared, Written},
+    context::{Context, Shared, WriteResult},
     metrics::{FragmentationReport, QueueRow},
     observe::InvalidQueue,
 };
@@ -161,13 +161,13 @@ fn start_status_write(shared: &Shared, tasks: &mut JoinSet<()>, write: StatusWri
         match status::write(&api, &name, &status).await {
             Ok(()) => {
                 announce_changes(&context.events, &queue, previous.as_ref(), &status);
-                Written::Done
+                WriteResult::Done
             }
             Err(error) => {
                 crate::sync::lock(&assumed).forget_status(&uid);
                 tracing::warn!(%error, "status write failed; retrying");
                 context.metrics.apply_failed(error.category());
-                Written::Failed
+                WriteResult::Failed
             }
         }
     });

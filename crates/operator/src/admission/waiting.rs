@@ -37,7 +37,7 @@ impl WaitingSince {
 
 /// What this process knows of a pod's recorded waiting reason.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Known<'a> {
+pub(super) struct RecordedReason<'a> {
     pub(super) reason: Option<&'a str>,
     pub(super) written_at: Option<Timestamp>,
     /// When this process first saw the pod wait.
@@ -47,32 +47,36 @@ pub(super) struct Known<'a> {
 
 /// Whether a waiting reason is to be written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Due {
+pub(super) enum ReasonTiming {
     Now,
     Not,
     /// At this time, if the pod still waits then.
     At(Timestamp),
 }
 
-impl Known<'_> {
+impl RecordedReason<'_> {
     /// Whether `line` (with cause `code`) should replace the recorded reason: a first reason
     /// once the pod has waited [`FIRST_REASON_AFTER`]; then always when the cause changed, and
     /// for new numbers only once the recorded line is [`REASON_REFRESH`] old.
-    pub(super) fn due(&self, code: &str, line: &str) -> Due {
+    pub(super) fn due(&self, code: &str, line: &str) -> ReasonTiming {
         let Some(reason) = self.reason else {
             let at = self.waiting_since + FIRST_REASON_AFTER;
-            return if self.now < at { Due::At(at) } else { Due::Now };
+            return if self.now < at {
+                ReasonTiming::At(at)
+            } else {
+                ReasonTiming::Now
+            };
         };
         if reason == line {
-            return Due::Not;
+            return ReasonTiming::Not;
         }
         let fresh = self
             .written_at
             .is_some_and(|at| self.now.duration_since(at) < REASON_REFRESH);
         if self.cause_changed(code) || !fresh {
-            Due::Now
+            ReasonTiming::Now
         } else {
-            Due::Not
+            ReasonTiming::Not
         }
     }
 
@@ -131,7 +135,7 @@ mod tests {
     #[test]
     pub(super) fn a_waiting_reason_is_rewritten_when_its_cause_changes_and_refreshed_when_stale() {
         let recorded = "NoRoom: queue team: ... (the most free on one suitable node is 2)";
-        let known = |written: &str, now: &str| Known {
+        let known = |written: &str, now: &str| RecordedReason {
             reason: Some(recorded),
             written_at: Some(at(written)),
             waiting_since: at("2026-01-01T00:00:00Z"),
@@ -140,37 +144,41 @@ mod tests {
         let fresh = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z");
         let stale = known("2026-01-01T00:00:00Z", "2026-01-01T00:00:31Z");
         let new_numbers = "NoRoom: queue team: ... (the most free on one suitable node is 1)";
-        assert_eq!(fresh.due("NoRoom", recorded), Due::Not, "unchanged");
+        assert_eq!(
+            fresh.due("NoRoom", recorded),
+            ReasonTiming::Not,
+            "unchanged"
+        );
         assert_eq!(
             fresh.due("NoRoom", new_numbers),
-            Due::Not,
+            ReasonTiming::Not,
             "same cause, recent: not yet"
         );
         assert_eq!(
             stale.due("NoRoom", new_numbers),
-            Due::Now,
+            ReasonTiming::Now,
             "same cause, stale: refreshed"
         );
         assert_eq!(
             fresh.due("OverCeiling", "OverCeiling: queue team: ..."),
-            Due::Now,
+            ReasonTiming::Now,
             "new cause"
         );
         assert!(fresh.cause_changed("OverCeiling") && !fresh.cause_changed("NoRoom"));
         // Written before this process started: unknown age, so refreshed.
-        let inherited = Known {
+        let inherited = RecordedReason {
             reason: Some(recorded),
             written_at: None,
             waiting_since: at("2026-01-01T00:00:00Z"),
             now: at("2026-01-01T00:00:00Z"),
         };
-        assert_eq!(inherited.due("NoRoom", new_numbers), Due::Now);
+        assert_eq!(inherited.due("NoRoom", new_numbers), ReasonTiming::Now);
     }
 
     #[test]
     pub(super) fn a_first_reason_is_written_once_the_pod_has_waited_a_second() {
         let recorded = "NoRoom: queue team: ...";
-        let first = |now: &str| Known {
+        let first = |now: &str| RecordedReason {
             reason: None,
             written_at: None,
             waiting_since: at("2026-01-01T00:00:00Z"),
@@ -178,12 +186,12 @@ mod tests {
         };
         assert_eq!(
             first("2026-01-01T00:00:00.300Z").due("NoRoom", recorded),
-            Due::At(at("2026-01-01T00:00:01Z")),
+            ReasonTiming::At(at("2026-01-01T00:00:01Z")),
             "a pod admitted within the second never gets one"
         );
         assert_eq!(
             first("2026-01-01T00:00:01Z").due("NoRoom", recorded),
-            Due::Now
+            ReasonTiming::Now
         );
         assert!(first("2026-01-01T00:00:01Z").cause_changed("NoRoom"));
     }
