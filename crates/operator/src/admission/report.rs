@@ -389,4 +389,36 @@ mod tests {
         );
         assert_eq!(condition_reason("SomethingNew"), "ConditionChanged");
     }
+
+    #[test]
+    fn a_pass_reports_each_stored_queue_with_its_gauge_row() {
+        use crate::{
+            admission::{at_creation::AtCreation, observe},
+            cluster::testing::{TestStores, queue},
+        };
+        let mut stores = TestStores::new();
+        let mut batch = queue("batch", &["batch"], None);
+        batch["metadata"]["uid"] = serde_json::json!("q-uid");
+        stores.add_queue(batch);
+        let assumed = Mutex::new(Assumed::default());
+        let now = Timestamp::UNIX_EPOCH;
+        let at_creation = AtCreation::new(false);
+        let (observed, _) = observe::read(
+            &stores.stores,
+            &mut crate::sync::lock(&assumed),
+            &mut at_creation.pass(),
+            &mut observe::PodModels::default(),
+            now,
+        );
+        let observation = observe::snapshot(observed, &stores.stores, []);
+        let reports = queue_reports(&observation.snapshot);
+        let (desired, rows) = desired_statuses(&assumed, &stores.stores, &reports, &[], now);
+        assert_eq!(desired.len(), 1);
+        assert_eq!(desired[0].queue.metadata.name.as_deref(), Some("batch"));
+        assert!(desired[0].previous.is_none());
+        assert!(status::needs_write(None, &desired[0].status));
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].queue, "batch");
+        assert_eq!(rows[0].resources[0].guaranteed, 8);
+    }
 }

@@ -128,12 +128,12 @@ impl WaitLine {
 mod tests {
     use super::*;
 
-    pub(super) fn at(s: &str) -> Timestamp {
+    fn at(s: &str) -> Timestamp {
         s.parse().unwrap()
     }
 
     #[test]
-    pub(super) fn a_waiting_reason_is_rewritten_when_its_cause_changes_and_refreshed_when_stale() {
+    fn a_waiting_reason_is_rewritten_when_its_cause_changes_and_refreshed_when_stale() {
         let recorded = "NoRoom: queue team: ... (the most free on one suitable node is 2)";
         let known = |written: &str, now: &str| RecordedReason {
             reason: Some(recorded),
@@ -176,7 +176,7 @@ mod tests {
     }
 
     #[test]
-    pub(super) fn a_first_reason_is_written_once_the_pod_has_waited_a_second() {
+    fn a_first_reason_is_written_once_the_pod_has_waited_a_second() {
         let recorded = "NoRoom: queue team: ...";
         let first = |now: &str| RecordedReason {
             reason: None,
@@ -197,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    pub(super) fn a_pod_keeps_its_waiting_time_while_it_waits_and_loses_it_when_it_stops() {
+    fn a_pod_keeps_its_waiting_time_while_it_waits_and_loses_it_when_it_stops() {
         let pod = |uid: &str| -> Pod {
             serde_json::from_value(serde_json::json!({"metadata": {"name": uid, "uid": uid}}))
                 .unwrap()
