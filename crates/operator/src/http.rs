@@ -137,7 +137,7 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::metrics::{self, Metrics};
+    use crate::{leader::LeaderMetrics, metrics};
 
     async fn get(router: &Router, path: &str) -> (StatusCode, String, Option<String>) {
         let response = router
@@ -158,9 +158,9 @@ mod tests {
         )
     }
 
-    fn app() -> (Router, Readiness, Metrics) {
+    fn app() -> (Router, Readiness, LeaderMetrics) {
         let mut registry = metrics::registry();
-        let metrics = Metrics::register(&mut registry);
+        let metrics = LeaderMetrics::register(&mut registry);
         let readiness = Readiness::default();
         (
             router(Arc::new(registry), readiness.clone()),
@@ -201,7 +201,7 @@ mod tests {
     #[tokio::test]
     async fn metrics_are_openmetrics_text() {
         let (router, _, metrics) = app();
-        metrics.leader.acting(true);
+        metrics.acting(true);
         let (status, body, content_type) = get(&router, "/metrics").await;
         assert_eq!(status, StatusCode::OK);
         assert!(

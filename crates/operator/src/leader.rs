@@ -26,10 +26,14 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
+use prometheus_client::{
+    metrics::{counter::Counter, gauge::Gauge},
+    registry::Registry,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::{clock, metrics::LeaderMetrics};
+use crate::clock;
 
 /// How long a stopping replica waits for its lease to be released.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -332,9 +336,58 @@ pub async fn run_while_leader<F, Fut>(
     }
 }
 
+// === impl LeaderMetrics ===
+
+/// Leader election.
+#[derive(Debug, Clone)]
+pub struct LeaderMetrics {
+    leader: Gauge,
+    terms: Counter,
+}
+
+impl LeaderMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            leader: Gauge::default(),
+            terms: Counter::default(),
+        };
+        registry.register(
+            "leader",
+            "1 while this replica holds the Lease and acts, 0 while it stands by",
+            metrics.leader.clone(),
+        );
+        registry.register(
+            "leader_terms",
+            "Times this replica became the leader",
+            metrics.terms.clone(),
+        );
+        metrics
+    }
+
+    pub fn acting(&self, acting: bool) {
+        if acting {
+            self.terms.inc();
+        }
+        self.leader.set(i64::from(acting));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::metrics::{encode, registry};
+
+    #[test]
+    fn leadership_is_exposed() {
+        let mut registry = registry();
+        let metrics = LeaderMetrics::register(&mut registry);
+        metrics.acting(true);
+        let text = encode(&registry).unwrap();
+        assert!(text.contains("gpuqueue_leader 1"), "{text}");
+        assert!(text.contains("gpuqueue_leader_terms_total 1"), "{text}");
+        metrics.acting(false);
+        assert!(encode(&registry).unwrap().contains("gpuqueue_leader 0"));
+    }
 
     const GRACE: Duration = Duration::from_secs(4);
 

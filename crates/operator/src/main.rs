@@ -9,7 +9,7 @@ async fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // Logging may not be up yet (a bad filter), so the reason goes to stderr as well.
-            tracing::error!(%error, "operator stopped");
+            tracing::error!(%error, category = error.category(), "operator stopped");
             eprintln!("gpuqueue-operator: {error}");
             std::process::ExitCode::FAILURE
         }

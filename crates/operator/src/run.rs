@@ -23,21 +23,28 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
+use gpuqueue_core::model::is_gpu_pod;
+use prometheus_client::registry::Registry;
+
 use crate::{
     Args,
-    admission::{self, Context},
-    at_creation::AtCreation,
+    admission::{
+        self, Context,
+        at_creation::AtCreation,
+        metrics::{AdmissionMetrics, FragmentationGauges, QueueGauges},
+    },
     checkpoint::CheckpointClient,
-    debounce::Debounce,
-    events::Events,
+    cluster::{debounce::Debounce, metrics::WatchMetrics, stores::Stores},
     http::{self, Readiness},
-    leader::{self, LeaderConfig},
-    metrics::{self, Metrics},
-    observe::{self, StoreGatePolicy},
-    reclaim::{self, CrashPoint, Reclaimer},
-    stores::Stores,
+    leader::{self, LeaderConfig, LeaderMetrics},
+    metrics,
+    reclaim::{self, CrashPoint, ReclaimMetrics, Reclaimer},
     telemetry,
-    webhook::{self, WebhookConfig, certs::RotationPolicy},
+    webhook::{
+        self, WebhookConfig, certs::RotationPolicy, metrics::WebhookMetrics,
+        policy::StoreGatePolicy,
+    },
+    writes::events::Events,
 };
 
 /// Why the operator stopped.
@@ -65,25 +72,66 @@ pub enum RunError {
     CheckpointClient(#[source] reqwest::Error),
     #[error(transparent)]
     CrashPoint(#[from] reclaim::BadCrashPoint),
+    #[error("the {task} task stopped: {source}")]
+    Task {
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+}
+
+impl RunError {
+    /// The error's kind, for logs and metrics (snake case).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Telemetry(_) => "telemetry",
+            Self::Kubeconfig(_) => "kubeconfig",
+            Self::InferConfig(_) => "infer_config",
+            Self::Client(_) => "client",
+            Self::CrdMissing(_) => "crd_missing",
+            Self::Http(_) => "http",
+            Self::Webhook(error) => error.category(),
+            Self::Leader(_) => "leader",
+            Self::CheckpointClient(_) => "checkpoint_client",
+            Self::CrashPoint(_) => "crash_point",
+            Self::Task { .. } => "task",
+        }
+    }
+}
+
+/// Every component's metrics, registered here at the wiring and handed to each component.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub admission: AdmissionMetrics,
+    pub queues: QueueGauges,
+    pub fragmentation: FragmentationGauges,
+    pub webhook: WebhookMetrics,
+    pub watches: WatchMetrics,
+    pub leader: LeaderMetrics,
+    pub reclaim: ReclaimMetrics,
+}
+
+impl Metrics {
+    /// Registers every component's metrics (in this order, which is the order of `/metrics`).
+    pub fn register(registry: &mut Registry) -> Self {
+        Self {
+            admission: AdmissionMetrics::register(registry),
+            queues: QueueGauges::register(registry),
+            fragmentation: FragmentationGauges::register(registry),
+            webhook: WebhookMetrics::register(registry),
+            watches: WatchMetrics::register(registry),
+            leader: LeaderMetrics::register(registry),
+            reclaim: ReclaimMetrics::register(registry),
+        }
+    }
 }
 
 /// Runs the operator until SIGTERM or SIGINT.
 pub async fn run(args: Args) -> Result<(), RunError> {
     telemetry::init(&args.log)?;
     let crash = CrashPoint::from_env()?;
-    let config = config(&args).await?;
-    let client = Client::try_from(config.clone()).map_err(RunError::Client)?;
-    // The reclaim executor handles every answer itself under the handover's deadline; kube's
-    // default retries (429 for minutes) would hide a PodDisruptionBudget's refusal.
-    let mut reclaim_config = config;
-    reclaim_config.default_retry = false;
-    let reclaim_client = Client::try_from(reclaim_config).map_err(RunError::Client)?;
-    let checkpoints = CheckpointClient::new().map_err(RunError::CheckpointClient)?;
-    // controller-rs's start-up check: a missing CRD is a clear error, not a watch retrying.
-    Api::<GpuQueue>::all(client.clone())
-        .list(&ListParams::default().limit(1))
-        .await
-        .map_err(RunError::CrdMissing)?;
+    let clients = Clients::connect(&args).await?;
+    let client = clients.api.clone();
 
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
@@ -93,7 +141,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let mut registry = metrics::registry();
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::default();
-    let (stores, watches) = Stores::new(&client, observe::pod_filter(), &metrics.watches);
+    let (stores, watches) = Stores::new(&client, Arc::new(is_gpu_pod), &metrics.watches);
     tokio::spawn(watches.run());
     let http = tokio::spawn(http::serve(
         args.http.metrics_addr,
@@ -125,40 +173,21 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     ));
 
     let (leadership, election) = leader::elect(
-        client.clone(),
-        LeaderConfig {
-            lease_name: args.leader.lease_name.clone(),
-            namespace: args.namespace.clone(),
-            identity: identity.clone(),
-            duration: args.leader.lease_duration,
-            grace: args.leader.lease_grace,
-        },
+        client,
+        lease_config(&args, &identity),
         metrics.leader.clone(),
         shutdown.clone(),
     )
     .await?;
-    let (events, publisher) = Events::new(client.clone(), &identity);
-    tokio::spawn(publisher.run());
-    let reclaimer = Reclaimer::new(
-        reclaim_client,
-        checkpoints,
-        stores.clone(),
-        metrics.reclaim.clone(),
-        events.clone(),
-        crash,
-    );
-    let context = Context {
-        client,
+    let context = admission_context(
+        &args,
+        &identity,
+        clients,
         stores,
         metrics,
-        events,
-        reclaimer,
         at_creation,
-        debounce: Debounce {
-            quiet: args.admission.debounce,
-            max: args.admission.debounce_max,
-        },
-    };
+        crash,
+    );
     let leading = leader::run_while_leader(leadership, shutdown.clone(), move |term| {
         admission::run(context.clone(), term)
     });
@@ -166,14 +195,94 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     // Runs until shutdown, or until a server fails (then everything stops).
     let result = tokio::select! {
         () = leading => Ok(()),
-        served = http => flatten(served, RunError::Http),
-        served = webhook => flatten(served, RunError::Webhook),
+        served = http => flatten(served, "http", RunError::Http),
+        served = webhook => flatten(served, "webhook", RunError::Webhook),
     };
     shutdown.cancel();
     // Waits for the Lease to be released.
     let _ = election.await;
     tracing::info!("stopped");
     result
+}
+
+/// The API clients the operator uses.
+struct Clients {
+    /// For the watches, the admission loop, the webhook and the Lease.
+    api: Client,
+    /// For the reclaim executor: without kube's default retries.
+    reclaim: Client,
+    checkpoints: CheckpointClient,
+}
+
+impl Clients {
+    /// Creates the clients and checks that the GpuQueue API is served.
+    async fn connect(args: &Args) -> Result<Self, RunError> {
+        let config = config(args).await?;
+        let api = Client::try_from(config.clone()).map_err(RunError::Client)?;
+        // The reclaim executor handles every answer itself under the handover's deadline;
+        // kube's default retries (429 for minutes) would hide a PodDisruptionBudget's refusal.
+        let mut reclaim_config = config;
+        reclaim_config.default_retry = false;
+        let reclaim = Client::try_from(reclaim_config).map_err(RunError::Client)?;
+        let checkpoints = CheckpointClient::new().map_err(RunError::CheckpointClient)?;
+        // controller-rs's start-up check: a missing CRD is a clear error, not a watch retrying.
+        Api::<GpuQueue>::all(api.clone())
+            .list(&ListParams::default().limit(1))
+            .await
+            .map_err(RunError::CrdMissing)?;
+        Ok(Self {
+            api,
+            reclaim,
+            checkpoints,
+        })
+    }
+}
+
+/// What the leader's admission loop needs, with the event publisher it sends through (started
+/// here, on every replica, so that it is ready when this replica leads).
+fn admission_context(
+    args: &Args,
+    identity: &str,
+    clients: Clients,
+    stores: Stores,
+    metrics: Metrics,
+    at_creation: AtCreation,
+    crash: Option<CrashPoint>,
+) -> Context {
+    let (events, publisher) = Events::new(clients.api.clone(), identity);
+    tokio::spawn(publisher.run());
+    let reclaimer = Reclaimer::new(
+        clients.reclaim,
+        clients.checkpoints,
+        stores.clone(),
+        metrics.reclaim,
+        events.clone(),
+        crash,
+    );
+    Context {
+        client: clients.api,
+        stores,
+        metrics: metrics.admission,
+        queue_gauges: metrics.queues,
+        fragmentation_gauges: metrics.fragmentation,
+        events,
+        reclaimer,
+        at_creation,
+        debounce: Debounce {
+            quiet: args.admission.debounce,
+            max: args.admission.debounce_max,
+        },
+    }
+}
+
+fn lease_config(args: &Args, identity: &str) -> LeaderConfig {
+    LeaderConfig {
+        lease_name: args.leader.lease_name.clone(),
+        namespace: args.namespace.clone(),
+        identity: identity.to_owned(),
+        duration: args.leader.lease_duration,
+        grace: args.leader.lease_grace,
+    }
 }
 
 fn webhook_config(args: &Args, identity: &str) -> WebhookConfig {
@@ -190,14 +299,17 @@ fn webhook_config(args: &Args, identity: &str) -> WebhookConfig {
     }
 }
 
+/// The result of the server task named `task`: its own error, or how the task itself ended
+/// (a panic, or an abort).
 fn flatten<E>(
     joined: Result<Result<(), E>, tokio::task::JoinError>,
+    task: &'static str,
     wrap: impl FnOnce(E) -> RunError,
 ) -> Result<(), RunError> {
     match joined {
         Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => Err(wrap(error)),
-        Err(error) => Err(RunError::Http(std::io::Error::other(error))),
+        Err(source) => Err(RunError::Task { task, source }),
     }
 }
 

@@ -14,7 +14,7 @@ use super::{
 };
 use crate::{
     checkpoint::{CheckpointOutcome, CheckpointReport, SkipReason},
-    events::Notice,
+    writes::events::Notice,
 };
 
 impl Reclaimer {

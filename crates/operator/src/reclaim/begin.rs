@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     leader::Term,
-    patch::{self, PatchError},
+    writes::pod::{self as patch, PatchError},
 };
 
 /// A handover whose owner is released: run it with [`Reclaimer::run`].
@@ -60,7 +60,7 @@ impl BeginError {
         match self {
             Self::VictimGone(_) => "victim_gone",
             Self::NotLeader => "not_leader",
-            Self::Write(_) => "write",
+            Self::Write(error) => error.category(),
         }
     }
 }
@@ -264,11 +264,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failure_categories_are_snake_case_labels() {
+    fn failure_categories_are_snake_case_labels_and_a_write_says_which() {
         let gone = BeginError::VictimGone(PodKey::new("b", "v"));
         let write = BeginError::Write(PatchError::Gone { pod: "b/v".into() });
         assert_eq!(gone.category(), "victim_gone");
         assert_eq!(BeginError::NotLeader.category(), "not_leader");
-        assert_eq!(write.category(), "write");
+        assert_eq!(write.category(), "pod_gone");
     }
 }

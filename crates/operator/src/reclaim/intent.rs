@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::patch::{self, PatchError};
+use crate::writes::pod::{self as patch, PatchError};
 
 /// `gpuqueue.io/reclaim-role` of the pod the GPUs are freed for.
 pub const OWNER: &str = "owner";

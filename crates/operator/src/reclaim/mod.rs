@@ -69,6 +69,7 @@ pub use crash::{BadCrashPoint, CrashPoint};
 use execute::HandoverEnd;
 pub use handover::{Handover, PassTiming};
 use intent::Mark;
+pub use intent::VICTIM;
 pub use metrics::ReclaimMetrics;
 pub use reclaimer::Reclaimer;
 pub use resume::Recovery;

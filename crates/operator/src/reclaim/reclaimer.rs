@@ -15,9 +15,11 @@ use kube::{
 use super::{handover::HandoverPod, metrics::ReclaimMetrics, timeline::Phase};
 use crate::{
     checkpoint::CheckpointClient,
-    events::Events,
-    patch::{self, PatchError},
-    stores::Stores,
+    cluster::stores::Stores,
+    writes::{
+        events::Events,
+        pod::{self as patch, PatchError},
+    },
 };
 
 /// What handovers need from the operator; cheap to clone, shared by the loop and the tasks.

@@ -19,13 +19,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpuqueue_core::model::ReclaimSettings;
+use gpuqueue_core::model::{ReclaimSettings, is_gated};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
-
-use gpuqueue_core::model::is_gated;
 
 use super::{
     evict::{self, Eviction},

@@ -188,8 +188,7 @@ impl Publisher {
     }
 
     fn trust(&self) -> TrustSet {
-        crate::sync::lock(&self.trust)
-            .clone()
+        crate::sync::lock(&self.trust).clone()
     }
 
     /// Makes every webhook of the configuration trust this process's CAs.

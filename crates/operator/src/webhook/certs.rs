@@ -151,10 +151,7 @@ impl CertResolver {
 
 impl ResolvesServerCert for CertResolver {
     fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(
-            crate::sync::read(&self.current)
-                .clone(),
-        )
+        Some(crate::sync::read(&self.current).clone())
     }
 }
 

@@ -31,26 +31,31 @@
 
 pub mod ca_bundle;
 pub mod certs;
+pub mod metrics;
 pub mod mutate;
+pub mod policy;
 pub mod server;
 
 use std::{net::SocketAddr, sync::Arc, time::Duration};
 
 use futures::StreamExt;
+use jiff::Timestamp;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::{
     Api, Client,
     runtime::{WatchStreamExt, watcher},
 };
+use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use self::{
     ca_bundle::{BundleError, Publisher, TrustSet},
     certs::{CaStep, CertError, CertResolver, CertificateAuthority, RotationPolicy},
+    metrics::WebhookMetrics,
     mutate::GatePolicy,
 };
-use crate::{clock, http::Readiness, metrics::WebhookMetrics};
+use crate::{clock, http::Readiness};
 
 /// After a failed publication, try again this much later (watch events also retry it).
 const PUBLISH_RETRY: Duration = Duration::from_secs(5);
@@ -84,6 +89,18 @@ pub enum WebhookError {
     },
 }
 
+impl WebhookError {
+    /// The error's kind, for logs and metrics (snake case).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::Rotation(_) => "rotation",
+            Self::Certificate(_) => "certificate",
+            Self::Tls(_) => "tls",
+            Self::Bind { .. } => "bind",
+        }
+    }
+}
+
 /// Serves the webhook until `shutdown`: binds, publishes the CA, renews certificates.
 pub async fn run(
     config: WebhookConfig,
@@ -94,31 +111,24 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), WebhookError> {
     config.rotation.validate().map_err(WebhookError::Rotation)?;
-    let ca_name = format!("gpuqueue webhook CA ({})", config.identity);
     let now = clock::now();
-    let mut authority = CertificateAuthority::generate(&ca_name, now, config.rotation.ca_validity)?;
-    let serving = authority.issue(&config.names, now, config.rotation.cert_validity)?;
+    let mut issuer = Issuer::new(
+        format!("gpuqueue webhook CA ({})", config.identity),
+        &config,
+        now,
+    )?;
+    let serving = issuer
+        .authority
+        .issue(&config.names, now, config.rotation.cert_validity)?;
     metrics.certificate_issued(serving.not_after.as_second());
     let resolver = Arc::new(CertResolver::new(&serving));
-    let listener = TcpListener::bind(config.addr)
-        .await
-        .map_err(|source| WebhookError::Bind {
-            addr: config.addr,
-            source,
-        })?;
-    tracing::info!(addr = %config.addr, names = ?config.names, "serving the webhook over TLS");
-    tokio::spawn(server::serve(
-        listener,
-        server::tls_config(resolver.clone())?,
-        server::router(policy, metrics.clone()),
-        shutdown.clone(),
-    ));
+    serve(&config, resolver.clone(), policy, &metrics, &shutdown).await?;
 
     let publisher = Arc::new(Publisher::new(
         Api::all(client),
         config.config_name.clone(),
         TrustSet {
-            trust: vec![authority.certificate().clone()],
+            trust: vec![issuer.authority.certificate().clone()],
             retire: vec![],
         },
     ));
@@ -130,7 +140,6 @@ pub async fn run(
     ));
 
     // Renew the serving certificate before it expires, and the CA before it ages out.
-    let mut successor: Option<CertificateAuthority> = None;
     let mut not_after = serving.not_after;
     loop {
         let renew_at = config.rotation.renewal_time(not_after);
@@ -140,51 +149,122 @@ pub async fn run(
             () = tokio::time::sleep(wait) => {}
         }
         let now = clock::now();
-        let mut retire = Vec::new();
-        match config
-            .rotation
-            .ca_step(now, authority.not_after(), successor.is_some())
-        {
-            CaStep::Keep => {}
-            CaStep::PrepareSuccessor => {
-                successor = Some(CertificateAuthority::generate(
-                    &ca_name,
-                    now,
-                    config.rotation.ca_validity,
-                )?);
-            }
-            CaStep::SwitchToSuccessor => {
-                if let Some(next) = successor.take() {
-                    retire.push(authority.certificate().clone());
-                    authority = next;
-                }
-            }
-            CaStep::ReplaceNow => {
-                let next =
-                    CertificateAuthority::generate(&ca_name, now, config.rotation.ca_validity)?;
-                // Trusted first, presented second; the old CA stays trusted until then.
-                publisher.set_trust(TrustSet {
-                    trust: vec![authority.certificate().clone(), next.certificate().clone()],
-                    retire: vec![],
-                });
-                publish_once(&publisher, &metrics, &readiness).await;
-                retire.push(authority.certificate().clone());
-                authority = next;
-            }
-        }
-        let serving = authority.issue(&config.names, now, config.rotation.cert_validity)?;
+        let retire = issuer
+            .step_ca(&config.rotation, now, &publisher, &metrics, &readiness)
+            .await?;
+        let serving = issuer
+            .authority
+            .issue(&config.names, now, config.rotation.cert_validity)?;
         resolver.replace(&serving);
         metrics.certificate_issued(serving.not_after.as_second());
         not_after = serving.not_after;
         tracing::info!(expires = %not_after, "renewed the webhook's serving certificate");
-        let mut trust = vec![authority.certificate().clone()];
-        trust.extend(successor.iter().map(|next| next.certificate().clone()));
-        publisher.set_trust(TrustSet { trust, retire });
+        publisher.set_trust(TrustSet {
+            trust: issuer.trusted(),
+            retire,
+        });
         publish_once(&publisher, &metrics, &readiness).await;
     }
     readiness.set_webhook_serving(false);
     republisher.abort();
     Ok(())
+}
+
+/// Binds the webhook's address and serves it over TLS (with the certificate `resolver` holds)
+/// in a task of its own, until `shutdown`.
+async fn serve(
+    config: &WebhookConfig,
+    resolver: Arc<CertResolver>,
+    policy: Arc<dyn GatePolicy>,
+    metrics: &WebhookMetrics,
+    shutdown: &CancellationToken,
+) -> Result<(), WebhookError> {
+    let listener = TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| WebhookError::Bind {
+            addr: config.addr,
+            source,
+        })?;
+    tracing::info!(addr = %config.addr, names = ?config.names, "serving the webhook over TLS");
+    tokio::spawn(server::serve(
+        listener,
+        server::tls_config(resolver)?,
+        server::router(policy, metrics.clone()),
+        shutdown.clone(),
+    ));
+    Ok(())
+}
+
+/// The CA that issues the serving certificates, and the successor it hands over to.
+struct Issuer {
+    ca_name: String,
+    ca_validity: Duration,
+    authority: CertificateAuthority,
+    successor: Option<CertificateAuthority>,
+}
+
+impl Issuer {
+    fn new(ca_name: String, config: &WebhookConfig, now: Timestamp) -> Result<Self, WebhookError> {
+        let ca_validity = config.rotation.ca_validity;
+        let authority = CertificateAuthority::generate(&ca_name, now, ca_validity)?;
+        Ok(Self {
+            ca_name,
+            ca_validity,
+            authority,
+            successor: None,
+        })
+    }
+
+    /// Takes the CA's step of this renewal (see [`RotationPolicy::ca_step`]). Returns the CA
+    /// certificates to retire from the trust set.
+    async fn step_ca(
+        &mut self,
+        rotation: &RotationPolicy,
+        now: Timestamp,
+        publisher: &Publisher,
+        metrics: &WebhookMetrics,
+        readiness: &Readiness,
+    ) -> Result<Vec<CertificateDer<'static>>, WebhookError> {
+        let mut retire = Vec::new();
+        match rotation.ca_step(now, self.authority.not_after(), self.successor.is_some()) {
+            CaStep::Keep => {}
+            CaStep::PrepareSuccessor => {
+                self.successor = Some(CertificateAuthority::generate(
+                    &self.ca_name,
+                    now,
+                    self.ca_validity,
+                )?);
+            }
+            CaStep::SwitchToSuccessor => {
+                if let Some(next) = self.successor.take() {
+                    retire.push(self.authority.certificate().clone());
+                    self.authority = next;
+                }
+            }
+            CaStep::ReplaceNow => {
+                let next = CertificateAuthority::generate(&self.ca_name, now, self.ca_validity)?;
+                // Trusted first, presented second; the old CA stays trusted until then.
+                publisher.set_trust(TrustSet {
+                    trust: vec![
+                        self.authority.certificate().clone(),
+                        next.certificate().clone(),
+                    ],
+                    retire: vec![],
+                });
+                publish_once(publisher, metrics, readiness).await;
+                retire.push(self.authority.certificate().clone());
+                self.authority = next;
+            }
+        }
+        Ok(retire)
+    }
+
+    /// The CA certificates clients should trust: the current one and its successor.
+    fn trusted(&self) -> Vec<CertificateDer<'static>> {
+        let mut trust = vec![self.authority.certificate().clone()];
+        trust.extend(self.successor.iter().map(|next| next.certificate().clone()));
+        trust
+    }
 }
 
 /// Publishes once and updates readiness from the result. Returns whether it succeeded.

@@ -1,5 +1,5 @@
 //! The mutation: add the scheduling gate `gpuqueue.io/admission` to a pod that a queue manages,
-//! or, when the leader can admit it at once ([`crate::at_creation`]), pin it to its node and
+//! or, when the leader can admit it at once ([`crate::admission::at_creation`]), pin it to its node and
 //! annotate it as admitted instead, so it never waits at the gate.
 //!
 //! Which pods are managed is not decided here: a [`GatePolicy`] answers it from the stores by
@@ -14,6 +14,7 @@
 use std::collections::BTreeMap;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations};
+use gpuqueue_core::model::is_gated;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
@@ -21,7 +22,8 @@ use kube::core::{
 };
 use serde_json::json;
 
-use crate::{at_creation::CreationAdmission, metrics::WebhookResult, patch::pin_and_annotate};
+use super::metrics::WebhookResult;
+use crate::{admission::at_creation::CreationAdmission, writes::pod::pin_and_annotate};
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {
@@ -87,7 +89,7 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
     let Some(queue) = policy.managing_queue(&pod) else {
         return allow(WebhookResult::NotManaged);
     };
-    if gates.is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE)) {
+    if is_gated(&pod) {
         return allow(WebhookResult::AlreadyGated);
     }
     // A dry run creates nothing, so it must reserve nothing: it sees the gate.

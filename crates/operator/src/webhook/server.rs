@@ -22,11 +22,11 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use super::metrics::{WebhookMetrics, WebhookResult};
 use super::{
     certs::CertResolver,
     mutate::{self, GatePolicy},
 };
-use crate::metrics::{WebhookMetrics, WebhookResult};
 
 /// The path the webhook configuration calls.
 pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
@@ -137,7 +137,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        metrics::{self, Metrics},
+        metrics,
         webhook::certs::{CertificateAuthority, ServingCertificate},
     };
 
@@ -167,12 +167,12 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut registry = metrics::registry();
-        let metrics = Metrics::register(&mut registry);
+        let metrics = WebhookMetrics::register(&mut registry);
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(
             listener,
             tls_config(resolver.clone()).unwrap(),
-            router(Arc::new(EverythingInQueue), metrics.webhook),
+            router(Arc::new(EverythingInQueue), metrics),
             shutdown.clone(),
         ));
         Running {

@@ -25,7 +25,7 @@ use std::{
     },
 };
 
-use futures::{StreamExt, TryStreamExt, future};
+use futures::{Stream, StreamExt, TryStreamExt, future};
 use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use kube::{
@@ -38,8 +38,11 @@ use kube::{
     },
 };
 use tokio::sync::watch;
+use tracing::Instrument;
 
-use crate::{metrics::WatchMetrics, observe::is_gated};
+use gpuqueue_core::model::is_gated;
+
+use super::metrics::WatchMetrics;
 
 /// The annotation `kubectl apply` writes: a full copy of the object, never read here.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -60,19 +63,19 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
-    changes: watch::Receiver<u64>,
-    urgent_changes: watch::Receiver<u64>,
+    pub(super) changes: watch::Receiver<u64>,
+    pub(super) urgent_changes: watch::Receiver<u64>,
 }
 
 /// The senders of [`Stores::changes`] and [`Stores::urgent_changes`].
 #[derive(Clone)]
-struct Signals {
+pub(super) struct Signals {
     all: watch::Sender<u64>,
     urgent: watch::Sender<u64>,
 }
 
 impl Signals {
-    fn new() -> (Self, watch::Receiver<u64>, watch::Receiver<u64>) {
+    pub(super) fn new() -> (Self, watch::Receiver<u64>, watch::Receiver<u64>) {
         let (all, changes) = watch::channel(0_u64);
         let (urgent, urgent_changes) = watch::channel(0_u64);
         (Self { all, urgent }, changes, urgent_changes)
@@ -128,61 +131,19 @@ impl Stores {
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
 
-        let invalid_queues = {
-            let queues: Store<StoredQueue> = queues.clone();
-            let metrics = metrics.clone();
-            move || {
-                let invalid = queues
-                    .state()
-                    .iter()
-                    .filter(|queue| queue.0.is_err())
-                    .count();
-                metrics.set_invalid_queues(i64::try_from(invalid).unwrap_or(i64::MAX));
-            }
-        };
-
-        let queue_events = watcher(
-            Api::<StoredQueue>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(|queue| queue.meta_mut().managed_fields = None)
-        .inspect_ok(report_invalid_queue);
-        let pod_events = watcher(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().fields(LIVE_PODS),
-        )
-        .default_backoff()
-        .modify(strip_metadata)
-        .try_filter_map(move |event| future::ready(Ok(keep_pods(event, keep_pod.as_ref()))));
-        let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(|node| {
-                strip_metadata(node);
-                if let Some(status) = node.status.as_mut() {
-                    status.images = None;
-                }
-            });
-        let namespace_events = watcher(
-            Api::<Namespace>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(strip_metadata);
-
         let tasks = vec![
             reflect(
                 "gpuqueues",
                 queue_writer,
-                queue_events,
+                queue_events(client.clone()),
                 (signals.clone(), |_: &_| true),
                 metrics,
-                invalid_queues,
+                count_invalid_queues(queues.clone(), metrics.clone()),
             ),
             reflect(
                 "pods",
                 pod_writer,
-                pod_events,
+                pod_events(client.clone(), keep_pod),
                 (signals.clone(), {
                     let pods = pods.clone();
                     move |event: &_| is_urgent(event, &pods)
@@ -193,7 +154,7 @@ impl Stores {
             reflect(
                 "nodes",
                 node_writer,
-                node_events,
+                node_events(client.clone()),
                 (signals.clone(), |_: &_| true),
                 metrics,
                 || {},
@@ -201,7 +162,7 @@ impl Stores {
             reflect(
                 "namespaces",
                 namespace_writer,
-                namespace_events,
+                namespace_events(client.clone()),
                 (signals, |_: &_| true),
                 metrics,
                 || {},
@@ -261,6 +222,68 @@ fn is_urgent(event: &watcher::Event<Pod>, pods: &Store<Pod>) -> bool {
     }
 }
 
+/// The GpuQueue watch; objects the operator cannot read are kept (as errors) and logged.
+fn queue_events(
+    client: Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<StoredQueue>>> + Send + use<> {
+    watcher(Api::<StoredQueue>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(|queue| queue.meta_mut().managed_fields = None)
+        .inspect_ok(report_invalid_queue)
+}
+
+/// The watch of live pods, keeping only those `keep_pod` accepts.
+fn pod_events(
+    client: Client,
+    keep_pod: PodFilter,
+) -> impl Stream<Item = watcher::Result<watcher::Event<Pod>>> + Send + use<> {
+    watcher(
+        Api::<Pod>::all(client),
+        watcher::Config::default().fields(LIVE_PODS),
+    )
+    .default_backoff()
+    .modify(strip_metadata)
+    .try_filter_map(move |event| future::ready(Ok(keep_pods(event, keep_pod.as_ref()))))
+}
+
+/// The node watch, without the nodes' image lists.
+fn node_events(
+    client: Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + use<> {
+    watcher(Api::<Node>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(|node| {
+            strip_metadata(node);
+            if let Some(status) = node.status.as_mut() {
+                status.images = None;
+            }
+        })
+}
+
+/// The namespace watch.
+fn namespace_events(
+    client: Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<Namespace>>> + Send + use<> {
+    watcher(Api::<Namespace>::all(client), watcher::Config::default())
+        .default_backoff()
+        .modify(strip_metadata)
+}
+
+/// After each queue change: sets the gauge of queue objects the operator cannot read.
+fn count_invalid_queues(
+    queues: Store<StoredQueue>,
+    metrics: WatchMetrics,
+) -> impl Fn() + Send + 'static {
+    move || {
+        let invalid = queues
+            .state()
+            .iter()
+            .filter(|queue| queue.0.is_err())
+            .count();
+        metrics.set_invalid_queues(i64::try_from(invalid).unwrap_or(i64::MAX));
+    }
+}
+
 /// Feeds one watch into its store; bumps the signals after each applied change (the urgent
 /// one when `urgent` says so of the event, asked before the store applies it).
 fn reflect<K, S, U>(
@@ -285,7 +308,7 @@ where
         let pending = pending.clone();
         move |event| pending.store(urgent(event), Ordering::Relaxed)
     });
-    Box::pin(async move {
+    let task = async move {
         let mut events = std::pin::pin!(reflector::reflector(writer, events));
         while let Some(event) = events.next().await {
             match event {
@@ -303,70 +326,8 @@ where
                 }
             }
         }
-    })
-}
-
-/// Stores filled by hand, for tests of the modules that read them.
-#[cfg(test)]
-pub(crate) mod testing {
-    use super::*;
-
-    /// Stores with their writers; `add_*` puts an object in as a watch event would.
-    pub(crate) struct TestStores {
-        pub stores: Stores,
-        queues: Writer<StoredQueue>,
-        pods: Writer<Pod>,
-        nodes: Writer<Node>,
-        namespaces: Writer<Namespace>,
-        _signals: Signals,
-    }
-
-    impl TestStores {
-        pub(crate) fn new() -> Self {
-            let (signals, changes, urgent_changes) = Signals::new();
-            let (queues, queue_writer) = reflector::store();
-            let (pods, pod_writer) = reflector::store();
-            let (nodes, node_writer) = reflector::store();
-            let (namespaces, namespace_writer) = reflector::store();
-            Self {
-                stores: Stores {
-                    queues,
-                    pods,
-                    nodes,
-                    namespaces,
-                    changes,
-                    urgent_changes,
-                },
-                queues: queue_writer,
-                pods: pod_writer,
-                nodes: node_writer,
-                namespaces: namespace_writer,
-                _signals: signals,
-            }
-        }
-
-        pub(crate) fn add_queue(&mut self, queue: serde_json::Value) {
-            let queue: StoredQueue = serde_json::from_value(queue).unwrap();
-            self.queues
-                .apply_watcher_event(&watcher::Event::Apply(queue));
-        }
-
-        pub(crate) fn add_pod(&mut self, pod: serde_json::Value) {
-            let pod: Pod = serde_json::from_value(pod).unwrap();
-            self.pods.apply_watcher_event(&watcher::Event::Apply(pod));
-        }
-
-        pub(crate) fn add_node(&mut self, node: serde_json::Value) {
-            let node: Node = serde_json::from_value(node).unwrap();
-            self.nodes.apply_watcher_event(&watcher::Event::Apply(node));
-        }
-
-        pub(crate) fn add_namespace(&mut self, namespace: serde_json::Value) {
-            let namespace: Namespace = serde_json::from_value(namespace).unwrap();
-            self.namespaces
-                .apply_watcher_event(&watcher::Event::Apply(namespace));
-        }
-    }
+    };
+    Box::pin(task.instrument(tracing::info_span!("watch", resource)))
 }
 
 /// Drops the parts of an object's metadata the operator never reads.
@@ -412,8 +373,9 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
     use serde_json::json;
 
+    use super::super::metrics::WatchMetrics;
     use super::*;
-    use crate::metrics::{self, Metrics};
+    use crate::metrics;
 
     fn pod(name: &str, gpu: bool) -> Pod {
         let mut annotations = BTreeMap::new();
@@ -525,7 +487,7 @@ mod tests {
         let (store, writer) = reflector::store::<Pod>();
         let (signals, changes, urgent_changes) = Signals::new();
         let mut registry = metrics::registry();
-        let metrics = Metrics::register(&mut registry);
+        let metrics = WatchMetrics::register(&mut registry);
         let events = stream::iter(vec![
             Ok(watcher::Event::Init),
             Ok(watcher::Event::InitApply(pod("a", true))),
@@ -538,15 +500,7 @@ mod tests {
             let store = store.clone();
             move |event: &_| is_urgent(event, &store)
         };
-        reflect(
-            "pods",
-            writer,
-            events,
-            (signals, urgent),
-            &metrics.watches,
-            || {},
-        )
-        .await;
+        reflect("pods", writer, events, (signals, urgent), &metrics, || {}).await;
         assert_eq!(
             *changes.borrow(),
             2,
@@ -581,7 +535,7 @@ mod tests {
         let (store, writer) = reflector::store::<StoredQueue>();
         let (signals, _changes, _urgent) = Signals::new();
         let mut registry = metrics::registry();
-        let metrics = Metrics::register(&mut registry);
+        let metrics = WatchMetrics::register(&mut registry);
         let events = stream::iter(vec![
             Ok(watcher::Event::Init),
             Ok(watcher::Event::InitApply(good)),
@@ -591,7 +545,7 @@ mod tests {
         .inspect_ok(report_invalid_queue);
         let count = {
             let store = store.clone();
-            let metrics = metrics.watches.clone();
+            let metrics = metrics.clone();
             move || {
                 let invalid = store.state().iter().filter(|q| q.0.is_err()).count();
                 metrics.set_invalid_queues(i64::try_from(invalid).unwrap());
@@ -602,7 +556,7 @@ mod tests {
             writer,
             events,
             (signals, |_: &_| true),
-            &metrics.watches,
+            &metrics,
             count,
         )
         .await;

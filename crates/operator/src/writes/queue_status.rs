@@ -30,6 +30,13 @@ pub struct StatusError {
     pub source: kube::Error,
 }
 
+impl StatusError {
+    /// The error's kind, as metrics label it (snake case).
+    pub fn category(&self) -> &'static str {
+        "queue_status_api"
+    }
+}
+
 /// The server-side apply body for a queue's status: identity and status (less
 /// `lastHandovers`, which the reclaim executor owns), nothing else.
 pub fn status_body(queue: &str, status: &GpuQueueStatus) -> serde_json::Value {

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations};
+use gpuqueue_core::model::gate_index;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -50,6 +51,17 @@ pub enum PatchError {
 }
 
 impl PatchError {
+    /// The error's kind, as metrics label it (snake case).
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::NotGated { .. } => "pod_not_gated",
+            Self::Changed { .. } => "pod_changed",
+            Self::Gone { .. } => "pod_gone",
+            Self::Api { .. } => "pod_api",
+            Self::Encode { .. } => "pod_encode",
+        }
+    }
+
     /// Whether the pod moved on under us (not a failure of the operator or the API).
     pub fn is_stale(&self) -> bool {
         matches!(
@@ -76,11 +88,7 @@ pub fn admission_patch(
     admission: &Admission<'_>,
 ) -> Result<json_patch::Patch, PatchError> {
     let name = describe(pod);
-    let spec = pod.spec.as_ref();
-    let gate_index = spec
-        .and_then(|spec| spec.scheduling_gates.as_ref())
-        .and_then(|gates| gates.iter().position(|gate| gate.name == ADMISSION_GATE))
-        .ok_or_else(|| PatchError::NotGated { pod: name.clone() })?;
+    let gate_index = gate_index(pod).ok_or_else(|| PatchError::NotGated { pod: name.clone() })?;
     let mut operations = vec![
         json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
         json!({"op": "test", "path": format!("/spec/schedulingGates/{gate_index}/name"), "value": ADMISSION_GATE}),
@@ -140,16 +148,6 @@ pub(crate) fn pin_and_annotate(
     operations
 }
 
-/// Releases the gate of `pod` on the chosen node. Returns the pod as the API server wrote it.
-pub async fn admit(
-    api: &Api<Pod>,
-    pod: &Pod,
-    admission: &Admission<'_>,
-) -> Result<Pod, PatchError> {
-    let patch = admission_patch(pod, admission)?;
-    send(api, pod, patch).await
-}
-
 /// Sends a JSON patch built for `pod`. Returns the pod as the API server wrote it.
 pub async fn send(api: &Api<Pod>, pod: &Pod, patch: json_patch::Patch) -> Result<Pod, PatchError> {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
@@ -200,17 +198,12 @@ pub async fn set_waiting_reason(
     pod: &Pod,
     reason: Option<&str>,
 ) -> Result<Pod, PatchError> {
-    let patch = waiting_reason_patch(pod, reason)?;
-    api.patch(
-        pod.metadata.name.as_deref().unwrap_or_default(),
-        &PatchParams::default(),
-        &Patch::Json::<()>(patch),
-    )
-    .await
-    .map_err(|source| classify(pod, source))
+    send(api, pod, waiting_reason_patch(pod, reason)?).await
 }
 
-pub(crate) fn classify(pod: &Pod, source: kube::Error) -> PatchError {
+/// What a failed pod write means: a failed `test` or a conflict is a pod that changed, a 404 a
+/// pod that is gone, anything else a failure of the API.
+pub fn classify(pod: &Pod, source: kube::Error) -> PatchError {
     let pod = describe(pod);
     match &source {
         kube::Error::Api(status) if status.code == 422 || status.code == 409 => {
@@ -380,7 +373,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn admit_sends_one_json_patch_to_the_pod() {
+    async fn an_admission_is_sent_as_one_json_patch_to_the_pod() {
         let pod = gated_pod(&[ADMISSION_GATE], None, None);
         let answer = apply(&pod, &admission_patch(&pod, &admission()).unwrap()).unwrap();
         let (client, server) = mock_client(move |_| {
@@ -389,7 +382,8 @@ mod tests {
                 .unwrap()
         });
         let api: Api<Pod> = Api::namespaced(client, "batch");
-        let admitted = admit(&api, &pod, &admission()).await.unwrap();
+        let patch = admission_patch(&pod, &admission()).unwrap();
+        let admitted = send(&api, &pod, patch).await.unwrap();
         assert!(
             admitted
                 .spec
@@ -417,18 +411,24 @@ mod tests {
         let pod = gated_pod(&[ADMISSION_GATE], None, None);
         let (client, _server) = mock_client(|_| status_response(422, "Invalid"));
         let api: Api<Pod> = Api::namespaced(client, "batch");
-        let error = admit(&api, &pod, &admission()).await.unwrap_err();
+        let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
+            .await
+            .unwrap_err();
         assert!(matches!(error, PatchError::Changed { .. }), "{error}");
         assert!(error.is_stale());
 
         let (client, _server) = mock_client(|_| status_response(404, "NotFound"));
         let api: Api<Pod> = Api::namespaced(client, "batch");
-        let error = admit(&api, &pod, &admission()).await.unwrap_err();
+        let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
+            .await
+            .unwrap_err();
         assert!(matches!(error, PatchError::Gone { .. }), "{error}");
 
         let (client, _server) = mock_client(|_| status_response(500, "InternalError"));
         let api: Api<Pod> = Api::namespaced(client, "batch");
-        let error = admit(&api, &pod, &admission()).await.unwrap_err();
+        let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
+            .await
+            .unwrap_err();
         assert!(!error.is_stale(), "{error}");
     }
 

@@ -1,49 +1,24 @@
-//! Reading the stores into the core's model: the "dereference" step of the admission pass, and
-//! the questions the webhook and the pod store ask. Every rule comes from `gpuqueue-core`
-//! (what a GPU pod is, which queue claims a namespace, what a valid queue is); this module only
-//! gathers the objects and converts them.
+//! Stage 2: reading the stores into the core's model, the "dereference" step of the admission
+//! pass. Every rule comes from `gpuqueue-core` (what a GPU pod is, what a valid queue is); this
+//! module only gathers the objects and converts them.
 
 use std::{collections::HashMap, sync::Arc};
 
-use gpuqueue_api::{
-    ADMISSION_GATE,
-    v1alpha1::{GpuQueue, GpuQueueStatus},
-};
+use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
     Snapshot,
+    fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
     model::{self, Converted, FieldError, PodError, QueueError},
-    snapshot::Attribution,
 };
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::{ResourceExt, runtime::reflector::ObjectRef};
+use kube::ResourceExt;
 
+use super::at_creation::{Arrival, Pass};
 use crate::{
-    assumed::Assumed,
-    at_creation::{AtCreation, CreationAdmission},
-    clock,
-    metrics::{AdmissionMetrics, Outcome},
-    stores::{PodFilter, Stores},
-    webhook::mutate::GatePolicy,
+    cluster::{assumed::Assumed, stores::Stores},
+    reclaim::VICTIM,
 };
-
-/// Whether the pod store keeps `pod`: the pods the core models (live pods with a GPU request),
-/// and the GPU pods it cannot read (so the admission pass can say why they wait).
-pub fn keep_pod(pod: &Pod) -> bool {
-    !matches!(model::Pod::from_k8s(pod), Ok(None))
-}
-
-/// Whether `pod` waits at gpuqueue's scheduling gate.
-pub fn is_gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|spec| spec.scheduling_gates.as_ref())
-        .is_some_and(|gates| gates.iter().any(|gate| gate.name == ADMISSION_GATE))
-}
-
-/// [`keep_pod`] as the stores take it.
-pub fn pod_filter() -> PodFilter {
-    Arc::new(keep_pod)
-}
 
 /// A queue that cannot be used, with what its status should say.
 #[derive(Debug, Clone)]
@@ -174,64 +149,92 @@ fn unreadable(invalid: &kube::core::error_boundary::InvalidObject) -> InvalidQue
     }
 }
 
-/// The webhook's policy, answered from the stores by the core's rules: a pod is managed when
-/// the core models it as a GPU pod and a queue claims its namespace. A namespace that several
-/// queues claim is managed too (its pods wait until the conflict is resolved). Managed pods
-/// are admitted at creation when the leader can ([`AtCreation`]), gated otherwise.
-#[derive(Debug, Clone)]
-pub struct StoreGatePolicy {
-    stores: Stores,
-    at_creation: AtCreation,
-    metrics: AdmissionMetrics,
+/// What the observe phase hands to the rest of the pass.
+#[derive(Debug)]
+pub struct Observation {
+    /// The core's snapshot: queues, namespaces, nodes and pods (reservations included), with
+    /// the workload mix and each queue's last reclaim.
+    pub snapshot: Snapshot,
+    /// GPU pods the core cannot model, with why: they stay at the gate, and say so.
+    pub unreadable_pods: Vec<(Arc<Pod>, String)>,
+    pub invalid_queues: Vec<InvalidQueue>,
 }
 
-impl StoreGatePolicy {
-    pub fn new(stores: Stores, at_creation: AtCreation, metrics: AdmissionMetrics) -> Self {
-        Self {
-            stores,
-            at_creation,
-            metrics,
-        }
+/// Phase 1 of a pass, first half (under the lock of `assumed`): reads the stores as `assumed`
+/// shows them, with the pods the webhook admitted at creation (`creation`). Also returns the
+/// reservations whose pods the store now shows.
+pub fn read(
+    stores: &Stores,
+    assumed: &mut Assumed,
+    creation: &mut Pass<'_>,
+    models: &mut PodModels,
+    now: Timestamp,
+) -> (Observed, Vec<Arrival>) {
+    let pods = stores.pods.state();
+    assumed.settle(pods.iter().map(AsRef::as_ref));
+    let settled = creation.settle(&pods, now);
+    // One read of the pod store for all three, so that a pod arriving meanwhile is not
+    // counted both as itself and as its reservation.
+    let mut observed = Observed::read(stores, &pods, assumed, models);
+    // Pods admitted at creation that the store does not show yet hold their room.
+    observed.pods.extend(creation.reserved_pods());
+    (observed, settled)
+}
+
+/// Phase 1 of a pass, second half: what was read into the core's snapshot, with each queue's
+/// last reclaim (from its records, and from `reclaimed_from`, the reclaims not yet recorded).
+pub fn snapshot(
+    observed: Observed,
+    stores: &Stores,
+    reclaimed_from: impl IntoIterator<Item = (String, Timestamp)>,
+) -> Observation {
+    for problem in &observed.problems {
+        tracing::debug!(%problem, "object left out of the snapshot");
+    }
+    let mix = WorkloadMix::from_shapes(
+        observed.pods.iter().map(TaskShape::of_pod),
+        DEFAULT_POPULARITY,
+    );
+    let mut builder = Snapshot::builder()
+        .queues(observed.queues)
+        .namespaces(observed.namespaces)
+        .nodes(observed.nodes)
+        .pods(observed.pods)
+        .workload_mix(mix);
+    // When each queue was last reclaimed from (its borrowing cool-down): from the queues'
+    // handover records, and from this process's handovers whose records are not written yet.
+    for (queue, at) in last_reclaims(stores).into_iter().chain(reclaimed_from) {
+        builder = builder.reclaimed_from(queue, at);
+    }
+    let (snapshot, issues) = builder.build();
+    for issue in &issues {
+        tracing::debug!(%issue, "snapshot left an object out");
+    }
+    Observation {
+        snapshot,
+        unreadable_pods: observed.unreadable_pods,
+        invalid_queues: observed.invalid_queues,
     }
 }
 
-impl GatePolicy for StoreGatePolicy {
-    fn managing_queue(&self, pod: &Pod) -> Option<String> {
-        if matches!(model::Pod::from_k8s(pod), Ok(None)) {
-            return None;
-        }
-        let namespace = pod.metadata.namespace.clone()?;
-        let stored = self.stores.queues.state();
-        let queues = stored.iter().filter_map(|stored| {
-            let queue: &GpuQueue = stored.0.as_ref().ok()?;
-            model::Queue::from_api(queue).ok()
-        });
-        let labels = self
-            .stores
-            .namespaces
-            .get(&ObjectRef::new(&namespace))
-            .map_or_else(
-                || model::Namespace::new(&namespace),
-                |ns| model::Namespace::from_k8s(&ns),
-            );
-        let (snapshot, _) = Snapshot::builder().queues(queues).namespace(labels).build();
-        match snapshot.attribution(&namespace) {
-            Attribution::Queue(queue) => Some(snapshot.queue(queue).name.clone()),
-            Attribution::Conflict { queues, .. } => Some(queues.join(",")),
-            Attribution::Unclaimed => None,
+/// When each queue was last reclaimed from, from the reclaim records in its status.
+fn last_reclaims(stores: &Stores) -> Vec<(String, Timestamp)> {
+    let mut last: HashMap<String, Timestamp> = HashMap::new();
+    for stored in stores.queues.state() {
+        let Ok(queue) = &stored.0 else { continue };
+        let Some(status) = &queue.status else {
+            continue;
+        };
+        for record in status.last_handovers.iter().filter(|r| r.role == VICTIM) {
+            if let Some(at) = &record.started_at {
+                let entry = last
+                    .entry(queue.metadata.name.clone().unwrap_or_default())
+                    .or_insert(at.0);
+                *entry = (*entry).max(at.0);
+            }
         }
     }
-
-    fn admit_at_creation(&self, pod: &Pod) -> Option<CreationAdmission> {
-        let admitted = self.at_creation.admit(pod, clock::now())?;
-        self.metrics
-            .decided(&admitted.queue, Outcome::admitted(admitted.admitted_as));
-        self.metrics.admitted_after(0.0);
-        tracing::info!(namespace = pod.metadata.namespace.as_deref().unwrap_or_default(),
-            queue = %admitted.queue, node = %admitted.node_pin, admitted_as = %admitted.admitted_as,
-            token = %admitted.token, "admitted at creation");
-        Some(admitted)
-    }
+    last.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -239,94 +242,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::stores::testing::TestStores;
-
-    fn queue(
-        name: &str,
-        namespaces: &[&str],
-        selector: Option<serde_json::Value>,
-    ) -> serde_json::Value {
-        let mut queue = json!({
-            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
-            "metadata": {"name": name, "generation": 1},
-            "spec": {"namespaces": namespaces,
-                     "resources": [{"name": "nvidia.com/gpu", "guaranteed": 8, "burstable": 8}]},
-        });
-        if let Some(selector) = selector {
-            queue["spec"]["namespaceSelector"] = selector;
-        }
-        queue
-    }
-
-    fn pod(namespace: &str, gpus: Option<u32>) -> Pod {
-        let resources = gpus.map_or(
-            json!({}),
-            |n| json!({"limits": {"nvidia.com/gpu": n.to_string()}}),
-        );
-        serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": namespace, "uid": "u",
-                         "creationTimestamp": "2026-01-01T00:00:00Z"},
-            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]},
-        }))
-        .unwrap()
-    }
-
-    fn stores() -> TestStores {
-        let mut stores = TestStores::new();
-        stores.add_queue(queue("online", &["online"], None));
-        stores.add_queue(queue("batch", &["batch", "shared"], None));
-        stores.add_queue(queue(
-            "labs",
-            &["shared"],
-            Some(json!({"matchLabels": {"team": "labs"}})),
-        ));
-        stores.add_namespace(json!({"metadata": {"name": "lab-1", "labels": {"team": "labs"}}}));
-        stores
-    }
-
-    #[test]
-    fn only_pods_the_core_models_are_kept() {
-        assert!(keep_pod(&pod("batch", Some(1))));
-        assert!(!keep_pod(&pod("batch", None)));
-        let mut finished = pod("batch", Some(1));
-        finished.status = Some(serde_json::from_value(json!({"phase": "Succeeded"})).unwrap());
-        assert!(!keep_pod(&finished));
-    }
-
-    /// The policy of a standby (it never admits at creation).
-    fn policy(stores: Stores) -> StoreGatePolicy {
-        let metrics = crate::metrics::Metrics::register(&mut crate::metrics::registry());
-        StoreGatePolicy::new(stores, AtCreation::new(true), metrics.admission)
-    }
-
-    #[test]
-    fn a_gpu_pod_in_a_claimed_namespace_is_managed_by_its_queue() {
-        let policy = policy(stores().stores);
-        assert_eq!(
-            policy.managing_queue(&pod("online", Some(1))).as_deref(),
-            Some("online")
-        );
-        assert_eq!(
-            policy.managing_queue(&pod("lab-1", Some(2))).as_deref(),
-            Some("labs")
-        );
-    }
-
-    #[test]
-    fn cpu_pods_and_unclaimed_namespaces_are_left_alone() {
-        let policy = policy(stores().stores);
-        assert_eq!(policy.managing_queue(&pod("online", None)), None);
-        assert_eq!(policy.managing_queue(&pod("elsewhere", Some(1))), None);
-    }
-
-    #[test]
-    fn a_namespace_claimed_twice_is_gated_under_both_names() {
-        let policy = policy(stores().stores);
-        assert_eq!(
-            policy.managing_queue(&pod("shared", Some(1))).as_deref(),
-            Some("batch,labs")
-        );
-    }
+    use crate::cluster::testing::{claiming_stores as stores, gpu_pod as pod};
 
     #[test]
     fn a_pod_is_converted_again_only_when_the_store_holds_a_new_object() {

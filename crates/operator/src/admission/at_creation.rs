@@ -22,10 +22,9 @@ use std::{
 
 use gpuqueue_api::annotations;
 use gpuqueue_core::{
-    Snapshot,
+    Policy, Snapshot,
     admission::{Admission, admit_at_creation},
     model::{self, AdmittedAs, Assignment, PodState},
-    placement::{FragmentationAware, TieBreak},
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
@@ -150,8 +149,7 @@ impl AtCreation {
         let admission = admit_at_creation(
             &mut live.snapshot,
             modelled.clone(),
-            &FragmentationAware,
-            TieBreak::First,
+            &Policy::default(),
             now,
         )
         .ok()?;
@@ -187,7 +185,7 @@ pub struct Pass<'a> {
 
 /// A reservation whose pod the store now shows.
 #[derive(Debug)]
-pub struct Settled {
+pub struct Arrival {
     pub reservation: Reservation,
     pub pod: Arc<Pod>,
 }
@@ -195,7 +193,7 @@ pub struct Settled {
 impl Pass<'_> {
     /// Drops the reservations whose pod the store shows (returned, to announce) and those past
     /// [`RESERVATION_TTL`] (their creation failed).
-    pub fn settle(&mut self, stored: &[Arc<Pod>], now: Timestamp) -> Vec<Settled> {
+    pub fn settle(&mut self, stored: &[Arc<Pod>], now: Timestamp) -> Vec<Arrival> {
         if self.state.reservations.is_empty() {
             return Vec::new();
         }
@@ -214,7 +212,7 @@ impl Pass<'_> {
         let mut kept = Vec::new();
         for reservation in std::mem::take(&mut self.state.reservations) {
             if let Some(pod) = by_token.remove(reservation.token.as_str()) {
-                settled.push(Settled {
+                settled.push(Arrival {
                     reservation,
                     pod: pod.clone(),
                 });

@@ -1,0 +1,321 @@
+//! The admission loop: the leader's work. Each pass is a short pipeline, run when the stores
+//! change (debounced; while no pod waits, a change that calls for no decision is taken in
+//! within [`BOOKKEEPING`]) and never on a timer unless a decision names a time:
+//!
+//! 1. **observe**: read the stores into the core's model (pods seen through [`Assumed`]).
+//! 2. **decide**: `gpuqueue_core::admission::admission_cycle` orders the waiting pods fairly and
+//!    decides each: admit (node and quota), reclaim, or wait with a reason.
+//! 3. **apply**: release the gate on the chosen node (JSON patch that tests the gate), or,
+//!    once the pod has waited [`FIRST_REASON_AFTER`], record why it waits (annotation, and an
+//!    event when the cause changes).
+//! 4. **report**: queue status by server-side apply when it changed, events for quota edits and
+//!    condition changes, and the queue and fragmentation gauges.
+//!
+//! The writes of steps 3 and 4 run in the background, at most [`WRITE_CONCURRENCY`] at once and
+//! one per object, while the next pass already decides: what they will write is assumed at
+//! once ([`Assumed`]) and corrected by the API server's answer, so no capacity is promised twice
+//! and a burst of pods is not held back by the round trips of the one before.
+//!
+//! Nothing is written unless this replica's leadership [`Term`] is current at that moment, and
+//! nothing runs before every store has synced (fail closed). When the term ends this future and
+//! every write it started are aborted.
+//!
+//! The phases are files: [`observe`] (1), the core (2), `apply` (3: plan the writes, then start
+//! them), `report` (4); `waiting` says when a waiting reason is due, and `context` holds what
+//! the loop and its background writes share.
+//!
+//! [`Assumed`]: crate::cluster::assumed::Assumed
+//! [`FIRST_REASON_AFTER`]: waiting::FIRST_REASON_AFTER
+//!
+//! Reclaims (see [`crate::reclaim`]): each pass first resumes or abandons handovers an earlier
+//! leader left in the intent annotations; a `Reclaim` decision writes its intent and releases
+//! the owner before the next pass (so that pass sees the node taken), and the rest of the
+//! handover runs in a task the loop owns, aborted with it when the term ends.
+
+mod apply;
+pub mod at_creation;
+mod context;
+pub mod metrics;
+pub mod observe;
+mod report;
+mod waiting;
+
+use std::{sync::Arc, time::Duration};
+
+use gpuqueue_core::{
+    Policy,
+    admission::{self, Decision, WaitReason},
+    reclaim::ReclaimPlan,
+};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::{
+    sync::{Notify, Semaphore},
+    task::JoinSet,
+};
+use tracing::Instrument;
+
+pub use context::{Context, WRITE_CONCURRENCY};
+
+use crate::{
+    clock,
+    cluster::debounce::Debounce,
+    leader::Term,
+    reclaim::{Handovers, PassTiming, Reservation},
+};
+use apply::{ReclaimStart, admitted_at_creation, apply, begin_reclaim};
+use at_creation::AtCreation;
+use context::{RETRY_AFTER, Shared};
+use observe::{Observation, PodModels};
+use report::report;
+use waiting::WaitingSince;
+
+/// How soon a change that calls for no decision (see `Stores::urgent_changes`) reaches the
+/// queue status and the gauges while no pod waits: in a burst of pods admitted at their
+/// creation, a pass every few milliseconds would only count them again.
+const BOOKKEEPING: Debounce = Debounce {
+    quiet: Duration::from_millis(500),
+    max: Duration::from_millis(500),
+};
+
+/// Runs passes for as long as `term` lasts (the caller aborts this future when it ends, which
+/// aborts its writes too).
+pub async fn run(context: Context, term: Term) {
+    if context.stores.synced().await.is_err() {
+        return;
+    }
+    tracing::info!(term = term.number(), "admission loop started");
+    // However the term ends (this future is aborted), the webhook stops admitting at creation.
+    let _withdraw = Withdraw(context.at_creation.clone());
+    let mut changes = context.stores.changes();
+    let mut urgent_changes = context.stores.urgent_changes();
+    let shared = Shared {
+        context,
+        term,
+        assumed: Arc::default(),
+        retry: Arc::new(Notify::new()),
+        permits: Arc::new(Semaphore::new(WRITE_CONCURRENCY)),
+    };
+    let mut tasks = JoinSet::new();
+    // Dropped (aborting every handover task) when the term ends and this future is aborted.
+    let mut handovers = Handovers::new(shared.context.reclaimer.clone());
+    let mut carried = PassMemory::default();
+    for number in 1_u64.. {
+        while tasks.try_join_next().is_some() {}
+        // The pass reads everything: what changed until now is in it.
+        changes.borrow_and_update();
+        urgent_changes.borrow_and_update();
+        let span = tracing::info_span!(
+            "admission_pass",
+            term = shared.term.number(),
+            pass = number,
+            pending = tracing::field::Empty,
+            decisions = tracing::field::Empty,
+        );
+        let Wakeup { wake, waiting } = pass(&shared, &mut tasks, &mut handovers, &mut carried)
+            .instrument(span)
+            .await;
+        // While pods wait, any change may let one in; otherwise only the urgent ones call for
+        // a decision, and the rest is taken in within [`BOOKKEEPING`].
+        let bookkeeping = if waiting {
+            shared.context.debounce
+        } else {
+            BOOKKEEPING
+        };
+        let timer = async {
+            match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None if wake.is_some() => {}
+                None => std::future::pending().await,
+            }
+        };
+        // Every branch leads to a pass, which reads everything: a change consumed by an
+        // interrupted debounce is not lost.
+        tokio::select! {
+            more = shared.context.debounce.next_burst(&mut urgent_changes) => if !more { return },
+            more = bookkeeping.next_burst(&mut changes) => if !more { return },
+            () = shared.retry.notified() => {}
+            () = timer => {}
+        }
+    }
+}
+
+/// Withdraws the live snapshot from the webhook when dropped.
+struct Withdraw(AtCreation);
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        self.0.withdraw();
+    }
+}
+
+/// What the next pass waits for.
+struct Wakeup {
+    /// When it must run even without a change.
+    wake: Option<Timestamp>,
+    /// Whether pods were left waiting (then any change may let one in).
+    waiting: bool,
+}
+
+/// One pass with its reclaims: handovers an earlier leader left half done are resumed or
+/// abandoned first, then [`run_pass`] decides, and the reclaims it planned are started (intent
+/// written, owner released) before the next pass.
+async fn pass(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    handovers: &mut Handovers,
+    carried: &mut PassMemory,
+) -> Wakeup {
+    let started = tokio::time::Instant::now();
+    let now = clock::now();
+    let recovered = handovers.recover(&shared.term, now).await;
+    let decided = run_pass(shared, tasks, handovers, carried, started, now);
+    let found = PassTiming {
+        started,
+        started_at: now,
+        planned: decided.planned,
+    };
+    let reclaims = if recovered.defer_reclaims {
+        Vec::new()
+    } else {
+        decided.reclaims
+    };
+    let begun = futures::future::join_all(
+        reclaims
+            .iter()
+            .map(|(pod, plan)| begin_reclaim(shared, pod, plan, found)),
+    )
+    .await;
+    let mut failed = false;
+    for outcome in begun {
+        match outcome {
+            ReclaimStart::Started(started) => {
+                let Reservation { owner, handover } = *started;
+                shared.assumed().admitted(owner);
+                handovers.start(&shared.term, handover);
+            }
+            ReclaimStart::Failed => failed = true,
+            ReclaimStart::Nothing => {}
+        }
+    }
+    if failed {
+        let retry = shared.retry.clone();
+        tasks.spawn(async move {
+            tokio::time::sleep(RETRY_AFTER).await;
+            retry.notify_one();
+        });
+    }
+    Wakeup {
+        wake: decided.wake.into_iter().chain(recovered.wake).min(),
+        waiting: decided.waiting,
+    }
+}
+
+/// What [`run_pass`] leaves to the async part of the pass.
+struct PassResult {
+    wake: Option<Timestamp>,
+    /// Whether pods were left waiting.
+    waiting: bool,
+    /// When the decisions were ready: the end of a handover's `plan` phase.
+    planned: tokio::time::Instant,
+    /// Owners to reclaim GPUs for, with their plans.
+    reclaims: Vec<(Arc<Pod>, ReclaimPlan)>,
+}
+
+/// One pass: decide, start the writes, publish the gauges; the reclaims it plans are returned
+/// to be started. Each numbered phase is one call.
+fn run_pass(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    handovers: &Handovers,
+    carried: &mut PassMemory,
+    started: tokio::time::Instant,
+    now: Timestamp,
+) -> PassResult {
+    let context = &shared.context;
+    // Held to the end of the pass: the webhook admits at creation on this pass's result only.
+    let mut creation = context.at_creation.pass();
+
+    // 1. observe (no client): stores, assumed writes, reservations and cool-downs
+    let (observed, settled) = observe::read(
+        &context.stores,
+        &mut shared.assumed(),
+        &mut creation,
+        &mut carried.pod_models,
+        now,
+    );
+    for settled in settled {
+        admitted_at_creation(context, &settled);
+    }
+    let observation = observe::snapshot(observed, &context.stores, handovers.reclaimed_from());
+    let Observation {
+        mut snapshot,
+        unreadable_pods,
+        invalid_queues,
+    } = observation;
+
+    // 2. decide (pure, in the core)
+    let decisions = admission::admission_cycle(&mut snapshot, &Policy::default(), now);
+    let cooldown = earliest_cooldown(&decisions);
+    let planned = tokio::time::Instant::now();
+    let left_waiting =
+        !unreadable_pods.is_empty() || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
+    tracing::Span::current()
+        .record("pending", decisions.len() + unreadable_pods.len())
+        .record("decisions", decisions.len());
+
+    // 3. apply: the writes the decisions call for start in the background
+    let applied = apply(
+        shared,
+        tasks,
+        decisions,
+        unreadable_pods,
+        &mut carried.waiting_since,
+        now,
+    );
+
+    // 4. report: queue status and events (background writes), gauges, the live snapshot
+    let statuses = report(shared, tasks, &snapshot, &invalid_queues, now);
+    let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
+    let took = started.elapsed();
+    context.metrics.pass_took(took.as_secs_f64());
+    tracing::debug!(
+        ?took,
+        admitted = applied.admitted,
+        waiting = applied.waiting,
+        reclaims = applied.reclaims.len(),
+        statuses,
+        "admission pass"
+    );
+    PassResult {
+        wake: cooldown
+            .into_iter()
+            .chain(applied.first_reason_due)
+            .chain(reopen)
+            .min(),
+        waiting: left_waiting,
+        planned,
+        reclaims: applied.reclaims,
+    }
+}
+
+/// What a pass leaves to the next (this term's only).
+#[derive(Debug, Default)]
+struct PassMemory {
+    waiting_since: WaitingSince,
+    pod_models: PodModels,
+}
+
+/// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).
+fn earliest_cooldown(decisions: &[Decision]) -> Option<Timestamp> {
+    decisions
+        .iter()
+        .filter_map(|decision| match decision {
+            Decision::Wait(wait) => match &wait.reason {
+                WaitReason::BorrowCooldown { until, .. } => Some(*until),
+                _ => None,
+            },
+            _ => None,
+        })
+        .min()
+}

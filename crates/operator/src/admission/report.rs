@@ -1,0 +1,424 @@
+//! Stage 5: queue status by server-side apply where it changed, events for quota edits and
+//! condition changes, and the queue and fragmentation gauges.
+
+use std::sync::{Arc, Mutex};
+
+use gpuqueue_api::{
+    conditions::types,
+    v1alpha1::{GpuQueue, GpuQueueStatus},
+};
+use gpuqueue_core::{
+    Snapshot,
+    status::{QueueReport, invalid_spec_status, queue_reports},
+};
+use jiff::Timestamp;
+use kube::{Api, Resource};
+use tokio::task::JoinSet;
+
+use super::{
+    context::{Context, Shared, WriteResult},
+    metrics::{FragmentationReport, QueueRow},
+    observe::InvalidQueue,
+};
+use crate::{
+    cluster::{assumed::Assumed, stores::Stores},
+    writes::{
+        events::{Events, Notice},
+        queue_status as status,
+    },
+};
+
+/// Phase 4 of a pass: the queues' status and events, and the queue and fragmentation gauges.
+/// Returns how many status writes started.
+pub(super) fn report(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    snapshot: &Snapshot,
+    invalid: &[InvalidQueue],
+    now: Timestamp,
+) -> usize {
+    let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
+    let reports = queue_reports(snapshot);
+    let statuses = start_reports(shared, tasks, &reports, invalid, status_time);
+    publish_fragmentation(&shared.context, snapshot);
+    statuses
+}
+
+/// A queue's status to write, with the one this process last knew.
+struct StatusWrite {
+    queue: Arc<GpuQueue>,
+    previous: Option<GpuQueueStatus>,
+    status: GpuQueueStatus,
+}
+
+/// Starts writing the queues' status where it changed (events for quota edits and condition
+/// changes follow each write), and publishes the queue gauges. Returns how many writes started.
+fn start_reports(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    reports: &[QueueReport],
+    invalid: &[InvalidQueue],
+    now: Timestamp,
+) -> usize {
+    let (desired, rows) = desired_statuses(
+        &shared.assumed,
+        &shared.context.stores,
+        reports,
+        invalid,
+        now,
+    );
+    shared.context.queue_gauges.publish(rows);
+    let mut started = 0;
+    for write in desired {
+        started += usize::from(start_status_write(shared, tasks, write));
+    }
+    started
+}
+
+/// Each queue's status as this pass reports it (valid queues, then invalid ones), with the
+/// rows of the queue gauges.
+fn desired_statuses(
+    assumed: &Mutex<Assumed>,
+    stores: &Stores,
+    reports: &[QueueReport],
+    invalid: &[InvalidQueue],
+    now: Timestamp,
+) -> (Vec<StatusWrite>, Vec<QueueRow>) {
+    let queues: Vec<Arc<GpuQueue>> = stores
+        .queues
+        .state()
+        .iter()
+        .filter_map(|guarded| guarded.0.as_ref().ok().map(|queue| Arc::new(queue.clone())))
+        .collect();
+    let find = |name: &str| {
+        queues
+            .iter()
+            .find(|q| q.metadata.name.as_deref() == Some(name))
+    };
+    let mut desired = Vec::new();
+    let mut rows = Vec::new();
+    {
+        let mut assumed = crate::sync::lock(assumed);
+        assumed.settle_queues(queues.iter().map(AsRef::as_ref));
+        for report in reports {
+            let Some(queue) = find(&report.queue) else {
+                continue;
+            };
+            let previous = assumed.status(queue).cloned();
+            let status = report.to_status(now, previous.as_ref());
+            rows.push(QueueRow {
+                queue: report.queue.clone(),
+                resources: status.resources.clone(),
+                admitted_pods: i64::from(status.admitted_pods),
+                pending_pods: i64::from(status.pending_pods),
+            });
+            desired.push(StatusWrite {
+                queue: queue.clone(),
+                previous,
+                status,
+            });
+        }
+        for queue in invalid {
+            let Some(stored_queue) = find(&queue.name) else {
+                continue;
+            };
+            let previous = assumed.status(stored_queue).cloned();
+            let status =
+                invalid_spec_status(&queue.error, queue.generation, now, previous.as_ref());
+            desired.push(StatusWrite {
+                queue: stored_queue.clone(),
+                previous,
+                status,
+            });
+        }
+    }
+    (desired, rows)
+}
+
+/// Starts writing one queue's status when it changed and no write to the queue is in flight.
+/// Returns whether it started.
+fn start_status_write(shared: &Shared, tasks: &mut JoinSet<()>, write: StatusWrite) -> bool {
+    let StatusWrite {
+        queue,
+        previous,
+        status,
+    } = write;
+    let Some(uid) = queue.metadata.uid.clone() else {
+        return false;
+    };
+    {
+        let mut assumed = shared.assumed();
+        if !status::needs_write(previous.as_ref(), &status) || !assumed.begin(&uid) {
+            return false;
+        }
+        assumed.status_written(&uid, status.clone());
+    }
+    let context = shared.context.clone();
+    let assumed = shared.assumed.clone();
+    shared.spawn(tasks, uid.clone(), async move {
+        let api: Api<GpuQueue> = Api::all(context.client.clone());
+        let name = queue.metadata.name.clone().unwrap_or_default();
+        match status::write(&api, &name, &status).await {
+            Ok(()) => {
+                announce_changes(&context.events, &queue, previous.as_ref(), &status);
+                WriteResult::Done
+            }
+            Err(error) => {
+                crate::sync::lock(&assumed).forget_status(&uid);
+                tracing::warn!(%error, "status write failed; retrying");
+                context.metrics.apply_failed(error.category());
+                WriteResult::Failed
+            }
+        }
+    });
+    true
+}
+
+/// Events on a queue for what changed since its last status: quota edits (guaranteed or
+/// ceiling of a resource), and conditions that changed status or reason.
+pub(super) fn announce_changes(
+    events: &Events,
+    queue: &GpuQueue,
+    previous: Option<&GpuQueueStatus>,
+    next: &GpuQueueStatus,
+) {
+    let Some(previous) = previous else { return };
+    let regarding = queue.object_ref(&());
+    let mut edits = Vec::new();
+    for resource in &next.resources {
+        let Some(old) = previous.resources.iter().find(|r| r.name == resource.name) else {
+            continue;
+        };
+        if old.guaranteed != resource.guaranteed || old.ceiling != resource.ceiling {
+            edits.push(format!(
+                "{}: guaranteed {} → {}, ceiling {} → {}",
+                resource.name, old.guaranteed, resource.guaranteed, old.ceiling, resource.ceiling
+            ));
+        }
+    }
+    if !edits.is_empty() {
+        events.send(
+            regarding.clone(),
+            Notice {
+                warning: false,
+                reason: "QuotaChanged",
+                action: "Reconcile",
+                note: edits.join("; "),
+            },
+        );
+    }
+    for condition in &next.conditions {
+        let before = previous
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition.type_);
+        let changed =
+            before.is_none_or(|b| b.status != condition.status || b.reason != condition.reason);
+        if changed && before.is_some() {
+            let bad = match condition.type_.as_str() {
+                types::READY => condition.status == "False",
+                types::OVERCOMMITTED | types::NAMESPACE_CONFLICT => condition.status == "True",
+                _ => false,
+            };
+            events.send(
+                regarding.clone(),
+                Notice {
+                    warning: bad,
+                    reason: condition_reason(&condition.reason),
+                    action: "Reconcile",
+                    note: format!(
+                        "{} is {}: {}",
+                        condition.type_, condition.status, condition.message
+                    ),
+                },
+            );
+        }
+    }
+}
+
+/// The condition reasons the API defines, as the `'static` strings events take.
+pub(super) fn condition_reason(reason: &str) -> &'static str {
+    use gpuqueue_api::conditions::reasons;
+    [
+        reasons::ADMITTING,
+        reasons::INVALID_SPEC,
+        reasons::NAMESPACE_CONFLICT,
+        reasons::NO_CONFLICT,
+        reasons::GUARANTEES_EXCEED_CAPACITY,
+        reasons::GUARANTEES_FIT,
+        reasons::HANDOVER_IN_PROGRESS,
+        reasons::IDLE,
+    ]
+    .into_iter()
+    .find(|known| *known == reason)
+    .unwrap_or("ConditionChanged")
+}
+
+pub(super) fn publish_fragmentation(context: &Context, snapshot: &Snapshot) {
+    let cluster = snapshot.fragmentation();
+    let nodes = snapshot
+        .node_ids()
+        .map(|id| {
+            (
+                snapshot.node(id).name.clone(),
+                snapshot.node_fragmentation(id) / 1000.0,
+            )
+        })
+        .collect();
+    context.fragmentation_gauges.publish(FragmentationReport {
+        cluster_gpus: cluster.fragmented_milli / 1000.0,
+        share_of_capacity: cluster.share_of_capacity(),
+        share_of_idle: cluster.share_of_idle(),
+        nodes,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuqueue_api::v1alpha1::ResourceStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+    use super::*;
+    use crate::writes::events::Events;
+
+    fn queue() -> GpuQueue {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "batch", "uid": "q-uid"},
+            "spec": {"namespaces": ["batch"], "resources": [{"name": "nvidia.com/gpu", "guaranteed": 8}]},
+        }))
+        .unwrap()
+    }
+
+    fn status(guaranteed: i64, conflict: &str) -> GpuQueueStatus {
+        GpuQueueStatus {
+            resources: vec![ResourceStatus {
+                name: "nvidia.com/gpu".into(),
+                guaranteed,
+                ceiling: guaranteed + 16,
+                ..ResourceStatus::default()
+            }],
+            conditions: vec![Condition {
+                type_: types::NAMESPACE_CONFLICT.into(),
+                status: conflict.into(),
+                reason: if conflict == "True" {
+                    "NamespaceConflict"
+                } else {
+                    "NoConflict"
+                }
+                .into(),
+                message: "namespace batch is also claimed by queue labs".into(),
+                observed_generation: Some(1),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            }],
+            ..GpuQueueStatus::default()
+        }
+    }
+
+    fn drain(
+        receiver: &mut tokio::sync::mpsc::Receiver<(
+            k8s_openapi::api::core::v1::ObjectReference,
+            Notice,
+        )>,
+    ) -> Vec<Notice> {
+        let mut notices = Vec::new();
+        while let Ok((regarding, notice)) = receiver.try_recv() {
+            assert_eq!(regarding.name.as_deref(), Some("batch"));
+            assert_eq!(regarding.kind.as_deref(), Some("GpuQueue"));
+            notices.push(notice);
+        }
+        notices
+    }
+
+    #[test]
+    fn a_quota_edit_is_announced_with_the_old_and_new_numbers() {
+        let (events, mut receiver) = Events::captured();
+        announce_changes(
+            &events,
+            &queue(),
+            Some(&status(8, "False")),
+            &status(12, "False"),
+        );
+        let notices = drain(&mut receiver);
+        assert_eq!(notices.len(), 1);
+        assert_eq!(notices[0].reason, "QuotaChanged");
+        assert_eq!(
+            notices[0].note,
+            "nvidia.com/gpu: guaranteed 8 → 12, ceiling 24 → 28"
+        );
+    }
+
+    #[test]
+    fn a_condition_that_turns_bad_is_a_warning() {
+        let (events, mut receiver) = Events::captured();
+        announce_changes(
+            &events,
+            &queue(),
+            Some(&status(8, "False")),
+            &status(8, "True"),
+        );
+        let notices = drain(&mut receiver);
+        assert_eq!(notices.len(), 1);
+        assert!(notices[0].warning);
+        assert_eq!(notices[0].reason, "NamespaceConflict");
+        assert!(
+            notices[0]
+                .note
+                .starts_with("NamespaceConflict is True: namespace batch")
+        );
+    }
+
+    #[test]
+    fn nothing_is_announced_without_a_change_or_a_previous_status() {
+        let (events, mut receiver) = Events::captured();
+        announce_changes(
+            &events,
+            &queue(),
+            Some(&status(8, "False")),
+            &status(8, "False"),
+        );
+        announce_changes(&events, &queue(), None, &status(8, "True"));
+        assert!(drain(&mut receiver).is_empty());
+    }
+
+    #[test]
+    fn unknown_condition_reasons_map_to_a_generic_one() {
+        assert_eq!(
+            condition_reason("GuaranteesExceedCapacity"),
+            "GuaranteesExceedCapacity"
+        );
+        assert_eq!(condition_reason("SomethingNew"), "ConditionChanged");
+    }
+
+    #[test]
+    fn a_pass_reports_each_stored_queue_with_its_gauge_row() {
+        use crate::{
+            admission::{at_creation::AtCreation, observe},
+            cluster::testing::{TestStores, queue},
+        };
+        let mut stores = TestStores::new();
+        let mut batch = queue("batch", &["batch"], None);
+        batch["metadata"]["uid"] = serde_json::json!("q-uid");
+        stores.add_queue(batch);
+        let assumed = Mutex::new(Assumed::default());
+        let now = Timestamp::UNIX_EPOCH;
+        let at_creation = AtCreation::new(false);
+        let (observed, _) = observe::read(
+            &stores.stores,
+            &mut crate::sync::lock(&assumed),
+            &mut at_creation.pass(),
+            &mut observe::PodModels::default(),
+            now,
+        );
+        let observation = observe::snapshot(observed, &stores.stores, []);
+        let reports = queue_reports(&observation.snapshot);
+        let (desired, rows) = desired_statuses(&assumed, &stores.stores, &reports, &[], now);
+        assert_eq!(desired.len(), 1);
+        assert_eq!(desired[0].queue.metadata.name.as_deref(), Some("batch"));
+        assert!(desired[0].previous.is_none());
+        assert!(status::needs_write(None, &desired[0].status));
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].queue, "batch");
+        assert_eq!(rows[0].resources[0].guaranteed, 8);
+    }
+}
