@@ -155,6 +155,19 @@ impl WaitReason {
         }
     }
 
+    /// Whether the cause is one that only the pod's owner or a cluster admin can remove (no
+    /// queue, conflicting claims, an invalid request, no quota), rather than one that passes as
+    /// capacity frees: the operator announces the first kind as a warning.
+    pub fn needs_action(&self) -> bool {
+        matches!(
+            self,
+            Self::InvalidRequest { .. }
+                | Self::NamespaceConflict { .. }
+                | Self::NoQuota { .. }
+                | Self::NoQueue { .. }
+        )
+    }
+
     /// The `NoRoom` line: what the pod asks for, what the best node has, and why no reclaim.
     fn fmt_no_room(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let Self::NoRoom {
@@ -663,5 +676,20 @@ pub fn apply(snapshot: &mut Snapshot, decision: Decision, now: Timestamp) -> Dec
                 rule: e.to_string(),
             },
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_causes_that_capacity_cannot_remove_need_action() {
+        let needs = |reason: WaitReason| reason.needs_action();
+        assert!(needs(WaitReason::NoQueue {
+            namespace: "ns".into()
+        }));
+        assert!(needs(WaitReason::InvalidRequest { rule: "x".into() }));
+        assert!(!needs(WaitReason::ReclaimInProgress { id: "r".into() }));
     }
 }

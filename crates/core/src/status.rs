@@ -372,6 +372,16 @@ fn to_condition(
 
 /// The status of a queue whose spec cannot be used: `Ready=False` with every broken rule,
 /// keeping what else was there.
+/// Whether a queue condition in this state is bad news an admin should hear as a warning: the
+/// queue is not ready, is overcommitted, or claims a namespace another queue claims too.
+pub fn is_warning(condition: &Condition) -> bool {
+    match condition.type_.as_str() {
+        types::READY => condition.status == "False",
+        types::OVERCOMMITTED | types::NAMESPACE_CONFLICT => condition.status == "True",
+        _ => false,
+    }
+}
+
 pub fn invalid_spec_status(
     error: &QueueError,
     generation: Option<i64>,
@@ -395,5 +405,31 @@ pub fn invalid_spec_status(
         observed_generation: generation,
         conditions,
         ..previous.cloned().unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn condition(type_: &str, status: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: String::new(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        }
+    }
+
+    #[test]
+    fn a_queue_not_ready_overcommitted_or_in_conflict_is_a_warning() {
+        assert!(is_warning(&condition(types::READY, "False")));
+        assert!(!is_warning(&condition(types::READY, "True")));
+        assert!(is_warning(&condition(types::OVERCOMMITTED, "True")));
+        assert!(!is_warning(&condition(types::OVERCOMMITTED, "False")));
+        assert!(is_warning(&condition(types::NAMESPACE_CONFLICT, "True")));
+        assert!(!is_warning(&condition(types::RECLAIMING, "True")));
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex};
 
 use gpuqueue_core::{
-    admission::{self, Decision},
+    admission::{self, Decision, WaitReason},
     model::{PodKey, is_gated},
     reclaim::ReclaimPlan,
 };
@@ -138,14 +138,17 @@ pub(super) fn plan(
                 planned.writes.extend(write);
             }
             Decision::Wait(wait) => {
-                let line = WaitLine::new(wait.queue.clone(), wait.reason.code(), &wait.reason);
+                let line = WaitLine::of(wait.queue.clone(), &wait.reason);
                 record(&mut planned, &pod, line);
             }
             Decision::Reclaim(plan) => planned.reclaims.push((pod, plan)),
         }
     }
     for (pod, error) in unreadable_pods {
-        let line = WaitLine::new(None, "InvalidRequest", error);
+        let reason = WaitReason::InvalidRequest {
+            rule: error.clone(),
+        };
+        let line = WaitLine::new(None, &reason, error);
         record(&mut planned, &pod, line);
     }
     *waiting_since = still_waiting;

@@ -3,13 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use gpuqueue_api::{
-    conditions::types,
-    v1alpha1::{GpuQueue, GpuQueueStatus},
-};
+use gpuqueue_api::v1alpha1::{GpuQueue, GpuQueueStatus};
 use gpuqueue_core::{
     Snapshot,
-    status::{QueueReport, invalid_spec_status, queue_reports},
+    status::{QueueReport, invalid_spec_status, is_warning, queue_reports},
 };
 use jiff::Timestamp;
 use kube::{Api, Resource};
@@ -215,15 +212,10 @@ pub(super) fn announce_changes(
         let changed =
             before.is_none_or(|b| b.status != condition.status || b.reason != condition.reason);
         if changed && before.is_some() {
-            let bad = match condition.type_.as_str() {
-                types::READY => condition.status == "False",
-                types::OVERCOMMITTED | types::NAMESPACE_CONFLICT => condition.status == "True",
-                _ => false,
-            };
             events.send(
                 regarding.clone(),
                 Notice {
-                    warning: bad,
+                    warning: is_warning(condition),
                     reason: condition_reason(&condition.reason),
                     action: "Reconcile",
                     note: format!(
@@ -275,6 +267,7 @@ pub(super) fn publish_fragmentation(context: &Context, snapshot: &Snapshot) {
 
 #[cfg(test)]
 mod tests {
+    use gpuqueue_api::conditions::types;
     use gpuqueue_api::v1alpha1::ResourceStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 

@@ -3,6 +3,7 @@
 
 use std::{collections::HashMap, fmt::Display};
 
+use gpuqueue_core::admission::WaitReason;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -92,21 +93,31 @@ fn recorded_cause(line: &str) -> Option<&str> {
     line.split_once(": ").map(|(cause, _)| cause)
 }
 
-/// A waiting reason to record: `<code>: <text>`, with its cause kept as the code it was built
-/// from.
+/// A waiting reason to record: `<code>: <text>`, with what it needs from the core's reason kept
+/// beside the text (its code, and whether it warns), so nothing is read back from the line.
 #[derive(Debug)]
 pub(super) struct WaitLine {
     pub(super) queue: Option<String>,
     pub(super) code: &'static str,
     pub(super) line: String,
+    warns: bool,
 }
 
 impl WaitLine {
-    pub(super) fn new(queue: Option<String>, code: &'static str, text: impl Display) -> Self {
+    /// The line of the core's reason, told in its own words.
+    pub(super) fn of(queue: Option<String>, reason: &WaitReason) -> Self {
+        Self::new(queue, reason, reason)
+    }
+
+    /// The line of `reason` told as `text` (a pod the core cannot read is told by the error
+    /// that stopped its conversion).
+    pub(super) fn new(queue: Option<String>, reason: &WaitReason, text: impl Display) -> Self {
+        let code = reason.code();
         Self {
             queue,
             code,
             line: format!("{code}: {text}"),
+            warns: reason.needs_action(),
         }
     }
 
@@ -115,12 +126,10 @@ impl WaitLine {
         &self.line[self.code.len() + 2..]
     }
 
-    /// Whether the cause is one the pod's owner must fix (then its event is a warning).
+    /// Whether the cause is one the pod's owner or an admin must fix (then its event is a
+    /// warning).
     pub(super) fn warns(&self) -> bool {
-        matches!(
-            self.code,
-            "InvalidRequest" | "NamespaceConflict" | "NoQuota" | "NoQueue"
-        )
+        self.warns
     }
 }
 
@@ -233,10 +242,14 @@ mod tests {
 
     #[test]
     fn a_wait_line_is_its_code_and_text() {
-        let line = WaitLine::new(Some("batch".into()), "NoRoom", "queue team: full");
-        assert_eq!(line.line, "NoRoom: queue team: full");
+        let reclaiming = WaitReason::ReclaimInProgress { id: "r1".into() };
+        let line = WaitLine::new(Some("batch".into()), &reclaiming, "queue team: full");
+        assert_eq!(line.line, "ReclaimInProgress: queue team: full");
         assert_eq!(line.text(), "queue team: full");
         assert!(!line.warns());
-        assert!(WaitLine::new(None, "NoQueue", "x").warns());
+        let own = WaitLine::of(Some("batch".into()), &reclaiming);
+        assert_eq!(own.text(), reclaiming.to_string());
+        let invalid = WaitReason::InvalidRequest { rule: "x".into() };
+        assert!(WaitLine::new(None, &invalid, "x").warns());
     }
 }
