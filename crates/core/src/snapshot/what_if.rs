@@ -47,18 +47,7 @@ impl Snapshot {
                 node: n.node().name.clone(),
             });
         }
-        let pin = n.node().name.clone();
-        self.charge_queue(id, -1);
-        if let Some(slot) = self.pods[id.index()].as_mut() {
-            slot.pod.state = PodState::Admitted(Assignment {
-                node: Some(pin),
-                bound: false,
-                terminating: false,
-            });
-            slot.pod.admitted_at = Some(now);
-            slot.admitted_as = Some(as_);
-        }
-        self.charge_queue(id, 1);
+        self.mark_admitted(id, placement.node, as_, now);
         self.seat(
             id,
             placement.node,
@@ -81,6 +70,15 @@ impl Snapshot {
         if slot.pod.is_admitted() {
             return Err(SnapshotError::NotPending(slot.pod.key.clone()));
         }
+        self.mark_admitted(id, node, as_, now);
+        self.seat(id, node, SeatMode::CanonicalOrDeficit);
+        self.generation += 1;
+        Ok(())
+    }
+
+    /// Moves a pending pod's charge to admitted, pinned to `node` (not yet bound); seating it on
+    /// the node's devices is the caller's.
+    fn mark_admitted(&mut self, id: PodId, node: NodeId, as_: AdmittedAs, now: Timestamp) {
         let pin = self.nodes[node.index()].node().name.clone();
         self.charge_queue(id, -1);
         if let Some(slot) = self.pods[id.index()].as_mut() {
@@ -93,9 +91,6 @@ impl Snapshot {
             slot.admitted_as = Some(as_);
         }
         self.charge_queue(id, 1);
-        self.seat(id, node, SeatMode::CanonicalOrDeficit);
-        self.generation += 1;
-        Ok(())
     }
 
     /// Marks a pod as a victim of reclaim `reclaim_id`: it keeps its GPUs until removed, but
