@@ -19,7 +19,9 @@ use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject,
+};
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -370,6 +372,76 @@ impl ControlPlane {
         let access = self.service_account_access(NAMESPACE, name).await?;
         self.wait_until_granted(&access.username, cluster_role)
             .await?;
+        Ok(access)
+    }
+
+    /// A tenant as the product's users are: service account `tenant` in `namespace`, bound by a
+    /// RoleBinding to the stock `edit` ClusterRole there and nothing else. Returns once the
+    /// authorizer lets it patch pods in `namespace` (`edit` is aggregated by the controller
+    /// manager, so its rules appear a moment after start).
+    pub async fn tenant_with_edit(&self, namespace: &str) -> Result<UserAccess> {
+        const NAME: &str = "tenant";
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        let account = ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(NAME.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ServiceAccount::default()
+        };
+        create_if_missing(&accounts, &account, "service account").await?;
+        let bindings: Api<RoleBinding> = Api::namespaced(self.client.clone(), namespace);
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("{NAME}-edit")),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "ClusterRole".to_owned(),
+                name: "edit".to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".to_owned(),
+                name: NAME.to_owned(),
+                namespace: Some(namespace.to_owned()),
+                ..Subject::default()
+            }]),
+        };
+        create_if_missing(&bindings, &binding, "role binding").await?;
+        let access = self.service_account_access(namespace, NAME).await?;
+        let reviews: Api<SubjectAccessReview> = Api::all(self.client.clone());
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(access.username.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    resource: Some("pods".to_owned()),
+                    namespace: Some(namespace.to_owned()),
+                    verb: Some("patch".to_owned()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        crate::wait::wait_for(
+            format!("RBAC to let {} patch pods through `edit`", access.username),
+            crate::wait::DEFAULT_TIMEOUT,
+            || {
+                let (reviews, review) = (reviews.clone(), review.clone());
+                async move {
+                    let answer = reviews
+                        .create(&PostParams::default(), &review)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    match answer.status {
+                        Some(status) if status.allowed => Ok(()),
+                        other => Err(format!("not allowed yet: {other:?}")),
+                    }
+                }
+            },
+        )
+        .await?;
         Ok(access)
     }
 
