@@ -164,6 +164,14 @@ pub struct ResourceQuota {
     #[schemars(range(min = 0, max = 100_000))]
     pub burstable: i32,
 
+    /// maxBurstable: the highest `burstable` a tenant admin of this queue may set
+    /// (`config/rbac/tenant_admin.yaml`; the policy `gpuqueue-queue-edits` enforces it). Only
+    /// cluster admins may change it. Unset: a tenant admin may lower burstable, not raise it.
+    /// The operator does not read it: it limits who may edit, not what the queue may hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100_000))]
+    pub max_burstable: Option<i32>,
+
     /// lendingLimit: how many of the guaranteed GPUs may be lent while idle (Kueue's
     /// `lendingLimit`; guaranteed − lendingLimit is Volcano's never-lent `guarantee`).
     /// Unset: all of them. 0: never lend.
