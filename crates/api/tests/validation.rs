@@ -149,7 +149,7 @@ fn schema_bounds_refuse_negative_and_absurd_numbers() {
     let schema = schema();
     let spec = &schema["properties"]["spec"]["properties"];
     let quota = &spec["resources"]["items"]["properties"];
-    for field in ["guaranteed", "burstable", "lendingLimit"] {
+    for field in ["guaranteed", "burstable", "lendingLimit", "maxBurstable"] {
         assert_eq!(quota[field]["minimum"], 0.0, "{field}");
         assert_eq!(quota[field]["maximum"], 100_000.0, "{field}");
     }
@@ -264,6 +264,7 @@ fn defaults_match_the_design() {
     assert_eq!(spec.weight, 1);
     assert_eq!(spec.resources[0].burstable, 0);
     assert_eq!(spec.resources[0].lending_limit, None);
+    assert_eq!(spec.resources[0].max_burstable, None);
     assert_eq!(
         std::time::Duration::from(spec.reclaim.budget),
         std::time::Duration::from_secs(3)
