@@ -168,7 +168,7 @@ impl Reclaimer {
         // Nothing to call, or no time to call it: no mark needed, the driver reports why.
         let calls = checkpointer.driver() != CheckpointDriver::None
             && !allowance.is_zero()
-            && victim.ip.is_some();
+            && victim.address.is_ok();
         if calls {
             if !term.is_current() {
                 return None;
@@ -202,7 +202,7 @@ impl Reclaimer {
             }
         }
         let report = checkpointer
-            .checkpoint(victim.ip, Instant::now() + allowance)
+            .checkpoint(victim.address.clone(), Instant::now() + allowance)
             .await;
         let done = Instant::now();
         self.metrics
