@@ -5,17 +5,17 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use gpuqueue_api::{annotations, v1alpha1::CheckpointPolicy};
+use gpuqueue_api::{
+    annotations,
+    v1alpha1::{CheckpointPolicy, VictimInFlight},
+};
 use gpuqueue_core::model::{CheckpointSettings, PodKey};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
 use tokio::time::Instant;
 
-use super::{
-    intent::{self, VictimRef},
-    timeline::Timeline,
-};
+use super::{intent, timeline::Timeline};
 use crate::checkpoint::{SkipReason, pod_address};
 
 /// A pod the handover acts on.
@@ -58,7 +58,11 @@ pub struct Victim {
 impl Victim {
     /// A victim listed in the owner's intent that the store no longer holds: an earlier leader
     /// evicted it, or it went by itself.
-    pub fn departed(victim: &VictimRef, checkpoint: CheckpointPolicy, grace: Duration) -> Self {
+    pub fn departed(
+        victim: &VictimInFlight,
+        checkpoint: CheckpointPolicy,
+        grace: Duration,
+    ) -> Self {
         let (namespace, name) = victim.pod.split_once('/').unwrap_or(("", &victim.pod));
         let mut reference = ObjectReference {
             api_version: Some("v1".into()),
