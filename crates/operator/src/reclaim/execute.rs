@@ -95,7 +95,11 @@ impl Reclaimer {
         };
 
         let outcome = outcome(&settled, &outcomes);
-        self.finish(&term, &handover, &outcomes, &outcome).await
+        let end = self.finish(&term, &handover, &outcomes, &outcome).await;
+        if settled.owner_not_bound() {
+            self.requeue_unbound_owner(&term, &handover).await;
+        }
+        end
     }
 
     /// Checkpoint (unless already started or pointless), then evict one victim.
@@ -400,6 +404,13 @@ struct Settlement {
     gone: bool,
     bound: Option<String>,
     owner_gone: bool,
+}
+
+impl Settlement {
+    /// The victims are gone, the owner is still there, and kube-scheduler did not bind it.
+    fn owner_not_bound(&self) -> bool {
+        self.gone && self.bound.is_none() && !self.owner_gone
+    }
 }
 
 /// One victim's checkpoint and eviction.

@@ -55,6 +55,7 @@ mod intent;
 mod metrics;
 mod reclaimer;
 mod record;
+mod requeue;
 mod resume;
 mod timeline;
 mod trust;
