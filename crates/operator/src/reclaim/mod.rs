@@ -222,7 +222,6 @@ impl Handovers {
                 if done {
                     self.retry.remove(&id);
                     self.counted.remove(&id);
-                    self.mine.remove(&id);
                     self.finished.insert(id);
                 } else {
                     if counted {
@@ -233,6 +232,10 @@ impl Handovers {
             }
         }
         self.retry.retain(|_, at| *at > now);
+        // Past its task and its retry, a reclaim's entry is the store's to show.
+        let (running, retry) = (&self.running, &self.retry);
+        self.mine
+            .retain(|id, _| running.contains_key(id) || retry.contains_key(id));
     }
 
     /// Finds the handovers no task of this process runs and resumes or abandons them (see
@@ -361,5 +364,21 @@ impl Handovers {
         if let Err(error) = in_flight::remove(&self.reclaimer.queues(), &recorded.queue, id).await {
             tracing::warn!(reclaim = %id, %error, "taking a finished reclaim out of status.reclaimsInFlight failed; tried again on a later pass");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_intent_being_committed_defers_reclaims_on_its_node_only() {
+        let effect = RecoveryEffect {
+            defer_nodes: BTreeSet::from(["gpu-node-1".to_owned()]),
+            wake: None,
+        };
+        assert!(effect.defers("gpu-node-1"));
+        assert!(!effect.defers("gpu-node-2"));
+        assert!(!RecoveryEffect::default().defers("gpu-node-1"));
     }
 }
