@@ -332,8 +332,8 @@ impl QueueReport {
             .collect()
     }
 
-    /// The whole status at `now`; handover records (the reclaim executor's) are kept from
-    /// `previous`.
+    /// The whole status at `now`; handover records and reclaims in flight (the reclaim
+    /// executor's) are kept from `previous`.
     pub fn to_status(&self, now: Timestamp, previous: Option<&GpuQueueStatus>) -> GpuQueueStatus {
         GpuQueueStatus {
             observed_generation: self.generation,
@@ -344,6 +344,9 @@ impl QueueReport {
             conditions: self.conditions_at(now, previous.map_or(&[], |p| p.conditions.as_slice())),
             last_handovers: previous
                 .map(|p| p.last_handovers.clone())
+                .unwrap_or_default(),
+            reclaims_in_flight: previous
+                .map(|p| p.reclaims_in_flight.clone())
                 .unwrap_or_default(),
         }
     }

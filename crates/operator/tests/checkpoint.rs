@@ -56,7 +56,7 @@ async fn run(
 ) -> CheckpointReport {
     let client = CheckpointClient::new().unwrap();
     Checkpointer::from_policy(policy, &client)
-        .checkpoint(ip, Instant::now() + deadline)
+        .checkpoint(ip.ok_or(SkipReason::NoPodIp), Instant::now() + deadline)
         .await
 }
 

@@ -12,13 +12,15 @@
 //!     ├── resources[name]                 guaranteed / ceiling / allocated / borrowed / lent / pending
 //!     ├── summary                         the printer columns of `kubectl get gq`
 //!     ├── conditions[type]                Ready, Overcommitted, Reclaiming, NamespaceConflict
-//!     └── lastHandovers                   the latest reclaims with their phase timings
+//!     ├── lastHandovers                   the latest reclaims with their phase timings
+//!     └── reclaimsInFlight                reclaims started and not finished: the only ones
+//!                                         whose pod annotations the operator trusts
 //! ```
 //!
 //! Every validation rule lives in the schema (CEL or bounds), so the API server refuses a bad
 //! queue with a message that names the field; `crds/` is generated from these types.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector, MicroTime, Time};
 use kube::{CustomResource, KubeSchema, core::Duration};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -32,6 +34,8 @@ pub const MAX_RESOURCES: usize = 16;
 pub const MAX_NAMESPACES: usize = 256;
 /// Most handovers kept in `status.lastHandovers`.
 pub const MAX_HANDOVER_RECORDS: usize = 10;
+/// Most reclaims one queue may have in flight (`status.reclaimsInFlight`).
+pub const MAX_RECLAIMS_IN_FLIGHT: usize = 128;
 
 /// Longest handover budget accepted. A reclaim that may take longer than a minute is not a
 /// handover but a drain, and belongs to a different tool.
@@ -353,6 +357,46 @@ pub struct GpuQueueStatus {
     #[serde(default)]
     #[schemars(length(max = 10))]
     pub last_handovers: Vec<HandoverRecord>,
+
+    /// reclaimsInFlight: the reclaims for this queue's pods that were started and have not
+    /// finished. Written by the operator before any pod is annotated, removed with the
+    /// handover's record; a pod's reclaim annotations count only when they match an entry here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 128))]
+    pub reclaims_in_flight: Vec<ReclaimInFlight>,
+}
+
+/// A reclaim under way, as the operator recorded it before annotating its pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReclaimInFlight {
+    /// id: the reclaim id its pods carry in `gpuqueue.io/reclaim-id`.
+    pub id: String,
+    /// ownerPod: `namespace/name` of the pod the GPUs are freed for.
+    pub owner_pod: String,
+    /// ownerUid: that pod's uid.
+    pub owner_uid: String,
+    /// node: the node freed for the owner.
+    pub node: String,
+    /// victims: the pods evicted for it.
+    #[serde(default)]
+    pub victims: Vec<VictimInFlight>,
+    /// startedAt: when the owner was found blocked.
+    pub started_at: MicroTime,
+    /// deadline: startedAt plus the owner queue's budget.
+    pub deadline: MicroTime,
+}
+
+/// One victim of a reclaim in flight.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct VictimInFlight {
+    /// pod: `namespace/name`.
+    pub pod: String,
+    /// uid: the pod's uid.
+    pub uid: String,
+    /// queue: the queue the victim's GPUs are taken from (the one claiming its namespace).
+    pub queue: String,
 }
 
 /// Usage of one GPU resource by one queue.

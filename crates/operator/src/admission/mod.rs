@@ -175,11 +175,8 @@ async fn pass(
         started_at: now,
         planned: decided.planned,
     };
-    let reclaims = if recovered.defer_reclaims {
-        Vec::new()
-    } else {
-        decided.reclaims
-    };
+    let mut reclaims = decided.reclaims;
+    reclaims.retain(|(_, plan)| !recovered.defers(&plan.node_name));
     let begun = futures::future::join_all(
         reclaims
             .iter()
@@ -237,7 +234,7 @@ fn run_pass(
     let mut creation = context.at_creation.pass();
 
     // 1. observe (no client): stores, assumed writes, reservations and cool-downs
-    let (observed, settled) = observe::read(
+    let (mut observed, settled) = observe::read(
         &context.stores,
         &mut shared.assumed(),
         &mut creation,
@@ -247,6 +244,12 @@ fn run_pass(
     for settled in settled {
         admitted_at_creation(context, &settled);
     }
+    handovers.ignore_unrecorded(
+        &mut observed.pods,
+        &observed.queues,
+        &observed.namespaces,
+        now,
+    );
     let observation = observe::snapshot(observed, &context.stores, handovers.reclaimed_from());
     let Observation {
         mut snapshot,

@@ -10,6 +10,7 @@
 //! (`vllm`, `http`) share the `client`, report through `outcome`, and leave their
 //! `progress` where a timeout can read it.
 
+mod address;
 mod client;
 mod http;
 mod outcome;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointPolicy, PauseMode};
 use tokio::time::Instant;
 
+pub use address::pod_address;
 pub use client::{CallError, CheckpointClient};
 pub use outcome::{
     CheckpointOutcome, CheckpointReport, EngineLoad, Evidence, SkipReason, Step, driver_name,
@@ -98,10 +100,14 @@ impl Checkpointer {
         self.timeout
     }
 
-    /// Checkpoints the pod at `pod_ip` (from the pod's status in the API, never from anything a
-    /// tenant writes). Returns by `deadline` (or the policy's timeout, if sooner) whatever
-    /// happens; the outcome says what did.
-    pub async fn checkpoint(&self, pod_ip: Option<IpAddr>, deadline: Instant) -> CheckpointReport {
+    /// Checkpoints the pod at `address` (from [`pod_address`]: the pod's status in the API,
+    /// never anything a tenant writes, and never the node's network). Returns by `deadline` (or
+    /// the policy's timeout, if sooner) whatever happens; the outcome says what did.
+    pub async fn checkpoint(
+        &self,
+        address: Result<IpAddr, SkipReason>,
+        deadline: Instant,
+    ) -> CheckpointReport {
         let started = Instant::now();
         let deadline = deadline.min(started + self.timeout);
         let driver = self.driver();
@@ -116,10 +122,9 @@ impl Checkpointer {
             Driver::Misconfigured(_, why) => return skipped(None, SkipReason::Misconfigured(why)),
             Driver::Vllm { port, .. } | Driver::Http { port, .. } => *port,
         };
-        let target = match pod_ip.map(|ip| pod_target(ip, port)) {
-            None => return skipped(None, SkipReason::NoPodIp),
-            Some(Err(reason)) => return skipped(None, reason),
-            Some(Ok(target)) => target,
+        let target = match address.and_then(|ip| pod_target(ip, port)) {
+            Err(reason) => return skipped(None, reason),
+            Ok(target) => target,
         };
         if deadline <= started {
             return skipped(Some(target), SkipReason::NoTimeLeft);

@@ -71,6 +71,9 @@ pub enum SkipReason {
     /// The pod's IP cannot be a pod's (unspecified, multicast, link-local such as the cloud
     /// metadata address): never called.
     NotAPodIp(IpAddr),
+    /// The pod uses its node's network (`hostNetwork`, the node's IP, loopback): a call would
+    /// reach whatever listens on the node, so it is never made.
+    NodeNetwork { ip: IpAddr, how: &'static str },
     /// The policy lacks a field its driver needs (the CRD's rules prevent this).
     Misconfigured(&'static str),
     /// The deadline had passed before the checkpoint could start.
@@ -169,6 +172,10 @@ impl fmt::Display for SkipReason {
             Self::DriverNone => f.write_str("the queue's checkpoint driver is none"),
             Self::NoPodIp => f.write_str("the pod has no IP"),
             Self::NotAPodIp(ip) => write!(f, "{ip} cannot be a pod IP"),
+            Self::NodeNetwork { ip, how } => write!(
+                f,
+                "the pod uses the node's network ({how}: {ip}); the operator calls only pod addresses"
+            ),
             Self::Misconfigured(why) => f.write_str(why),
             Self::NoTimeLeft => f.write_str("no time left in the budget"),
         }

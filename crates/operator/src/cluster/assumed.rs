@@ -185,6 +185,9 @@ impl Assumed {
                 // store's copy is the current one, and only the rest has to show up.
                 if let Some(stored) = &queue.status {
                     written.last_handovers.clone_from(&stored.last_handovers);
+                    written
+                        .reclaims_in_flight
+                        .clone_from(&stored.reclaims_in_flight);
                 }
                 if queue.status.as_ref() != Some(&written) {
                     still_lagging.insert(uid.clone(), written);

@@ -254,6 +254,21 @@ impl Reclaimer {
         );
     }
 
+    /// A victim a resumed reclaim lists but does not evict: `why` its queue may not lose it.
+    pub(super) fn announce_refused_victim(&self, id: &str, victim: &HandoverPod, why: &str) {
+        self.events.send(
+            victim.reference.clone(),
+            Notice {
+                warning: true,
+                reason: "ReclaimVictimRefused",
+                action: "Reclaim",
+                note: format!(
+                    "reclaim {id}: this pod is not evicted: {why}; the reclaim goes on without it"
+                ),
+            },
+        );
+    }
+
     /// One pod of an abandoned reclaim taken out of it; `note` says how.
     pub(super) fn announce_abandoned(&self, target: &HandoverPod, note: String) {
         self.events.send(

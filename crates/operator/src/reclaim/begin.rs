@@ -1,6 +1,8 @@
 //! Starting a handover from the core's plan, inside the admission pass that made it: the
-//! intent on every victim, then the owner's intent together with its release, in the order
-//! [`super::resume`] relies on. What a failed start wrote is taken back.
+//! reclaim recorded in its owner queue's status (the only evidence its pod annotations are
+//! believed, see [`super::trust`]), the intent on every victim, then the owner's intent together
+//! with its release, in the order [`super::resume`] relies on. What a failed start wrote is
+//! taken back.
 
 use std::sync::Arc;
 
@@ -17,9 +19,11 @@ use tracing::Instrument;
 
 use super::{
     handover::{self, Handover, HandoverPod, PassTiming, Victim, checkpoint_policy},
+    in_flight::{self, InFlightError},
     intent::{self, Intent, VictimRef},
     reclaimer::Reclaimer,
     timeline::{Phase, Timeline},
+    trust::Claims,
 };
 use crate::{
     leader::Term,
@@ -42,6 +46,10 @@ pub enum BeginError {
     VictimGone(PodKey),
     #[error("this replica is no longer the leader")]
     NotLeader,
+    #[error("victim {victim} of the plan is not evicted: {why}")]
+    VictimQueue { victim: PodKey, why: String },
+    #[error(transparent)]
+    InFlight(#[from] InFlightError),
     #[error(transparent)]
     Write(#[from] PatchError),
 }
@@ -51,6 +59,7 @@ impl BeginError {
     pub fn is_stale(&self) -> bool {
         match self {
             Self::VictimGone(_) | Self::NotLeader => true,
+            Self::VictimQueue { .. } | Self::InFlight(_) => false,
             Self::Write(error) => error.is_stale(),
         }
     }
@@ -60,6 +69,9 @@ impl BeginError {
         match self {
             Self::VictimGone(_) => "victim_gone",
             Self::NotLeader => "not_leader",
+            Self::VictimQueue { .. } => "victim_queue",
+            Self::InFlight(InFlightError::Full { .. }) => "reclaims_in_flight_full",
+            Self::InFlight(InFlightError::Api { .. }) => "reclaims_in_flight_api",
             Self::Write(error) => error.category(),
         }
     }
@@ -99,6 +111,7 @@ impl Reclaimer {
         let mut timeline = Timeline::new(found.started, found.started_at, plan.budget);
         timeline.end(Phase::Plan, found.planned);
         let stored = self.stored_victims(plan)?;
+        self.check_victim_queues(plan)?;
         let intent = Intent {
             id,
             deadline: timeline.deadline_at(),
@@ -106,15 +119,26 @@ impl Reclaimer {
             victims: victim_refs(plan, &stored),
         };
 
+        // 0. The reclaim in its owner queue's status, before any pod is annotated.
+        self.record_in_flight(term, plan, owner, &intent, found.started_at)
+            .await?;
+
         // 1. Intent on every victim, at once.
-        let marked = self.mark_victims(term, &stored, &intent).await?;
+        let marked = match self.mark_victims(term, &stored, &intent).await {
+            Ok(marked) => marked,
+            Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
+        };
         timeline.end(Phase::Intent, Instant::now());
         self.crash_after(Phase::Intent, &intent.id);
 
         // 2. Reserve: the owner's intent and its release, in one patch.
-        let owner = self
+        let owner = match self
             .reserve_owner(term, owner, plan, &intent, found.started_at, &marked)
-            .await?;
+            .await
+        {
+            Ok(owner) => owner,
+            Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
+        };
         timeline.end(Phase::Reserve, Instant::now());
         self.crash_after(Phase::Reserve, &intent.id);
 
@@ -122,6 +146,54 @@ impl Reclaimer {
         self.metrics.started(Instant::now());
         self.announce_start(&handover);
         Ok(Reservation { owner, handover })
+    }
+
+    /// Every victim's queue is the queue that claims the victim's namespace (the core plans
+    /// that way; this holds even if its view was wrong), or nothing starts.
+    fn check_victim_queues(&self, plan: &ReclaimPlan) -> Result<(), BeginError> {
+        let claims = Claims::read(&self.stores);
+        for victim in &plan.victims {
+            if let Some(why) = claims.refuses_victim(&victim.key.to_string(), &victim.queue) {
+                return Err(BeginError::VictimQueue {
+                    victim: victim.key.clone(),
+                    why,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Records the reclaim in `status.reclaimsInFlight` of the owner's queue.
+    async fn record_in_flight(
+        &self,
+        term: &Term,
+        plan: &ReclaimPlan,
+        owner: &Pod,
+        intent: &Intent,
+        started_at: Timestamp,
+    ) -> Result<(), BeginError> {
+        if !term.is_current() {
+            return Err(BeginError::NotLeader);
+        }
+        let entry = in_flight::from_intent(intent, &HandoverPod::of(owner), started_at);
+        let stored = self.stores.queues.get(&ObjectRef::new(&plan.owner_queue));
+        let stored = stored.as_ref().and_then(|q| q.0.as_ref().ok());
+        in_flight::add(&self.queues(), &plan.owner_queue, stored, &entry).await?;
+        Ok(())
+    }
+
+    /// Takes the reclaim out of its owner queue's status after a failed start (best effort: an
+    /// entry left behind is removed once its deadline passed); returns `error`.
+    async fn forget_in_flight(
+        &self,
+        plan: &ReclaimPlan,
+        id: &str,
+        error: BeginError,
+    ) -> BeginError {
+        if let Err(failed) = in_flight::remove(&self.queues(), &plan.owner_queue, id).await {
+            tracing::warn!(reclaim = id, error = %failed, "taking a reclaim out of status.reclaimsInFlight failed; removed once stale");
+        }
+        error
     }
 
     /// The plan's victims as the store shows them, or the first one it no longer holds.

@@ -95,7 +95,11 @@ impl Reclaimer {
         };
 
         let outcome = outcome(&settled, &outcomes);
-        self.finish(&term, &handover, &outcomes, &outcome).await
+        let end = self.finish(&term, &handover, &outcomes, &outcome).await;
+        if settled.owner_not_bound() {
+            self.requeue_unbound_owner(&term, &handover).await;
+        }
+        end
     }
 
     /// Checkpoint (unless already started or pointless), then evict one victim.
@@ -168,7 +172,7 @@ impl Reclaimer {
         // Nothing to call, or no time to call it: no mark needed, the driver reports why.
         let calls = checkpointer.driver() != CheckpointDriver::None
             && !allowance.is_zero()
-            && victim.ip.is_some();
+            && victim.address.is_ok();
         if calls {
             if !term.is_current() {
                 return None;
@@ -202,7 +206,7 @@ impl Reclaimer {
             }
         }
         let report = checkpointer
-            .checkpoint(victim.ip, Instant::now() + allowance)
+            .checkpoint(victim.address.clone(), Instant::now() + allowance)
             .await;
         let done = Instant::now();
         self.metrics
@@ -400,6 +404,13 @@ struct Settlement {
     gone: bool,
     bound: Option<String>,
     owner_gone: bool,
+}
+
+impl Settlement {
+    /// The victims are gone, the owner is still there, and kube-scheduler did not bind it.
+    fn owner_not_bound(&self) -> bool {
+        self.gone && self.bound.is_none() && !self.owner_gone
+    }
 }
 
 /// One victim's checkpoint and eviction.

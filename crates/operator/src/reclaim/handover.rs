@@ -5,17 +5,18 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use gpuqueue_api::{annotations, v1alpha1::CheckpointPolicy};
+use gpuqueue_api::{
+    annotations,
+    v1alpha1::{CheckpointPolicy, VictimInFlight},
+};
 use gpuqueue_core::model::{CheckpointSettings, PodKey};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
 use tokio::time::Instant;
 
-use super::{
-    intent::{self, VictimRef},
-    timeline::Timeline,
-};
+use super::{intent, timeline::Timeline};
+use crate::checkpoint::{SkipReason, pod_address};
 
 /// A pod the handover acts on.
 #[derive(Clone, Debug)]
@@ -45,8 +46,9 @@ pub struct Victim {
     pub queue: String,
     pub checkpoint: CheckpointPolicy,
     pub grace: Duration,
-    /// The pod IP from the API: the only address a checkpoint ever calls.
-    pub ip: Option<IpAddr>,
+    /// The pod IP from the API, the only address a checkpoint ever calls, or why the pod is
+    /// not called (no IP yet, or the node's network: see [`pod_address`]).
+    pub address: Result<IpAddr, SkipReason>,
     /// A process (this one or an earlier leader) already made the checkpoint call.
     pub checkpoint_started: bool,
     /// Already being deleted: nothing to checkpoint or evict.
@@ -56,7 +58,11 @@ pub struct Victim {
 impl Victim {
     /// A victim listed in the owner's intent that the store no longer holds: an earlier leader
     /// evicted it, or it went by itself.
-    pub fn departed(victim: &VictimRef, checkpoint: CheckpointPolicy, grace: Duration) -> Self {
+    pub fn departed(
+        victim: &VictimInFlight,
+        checkpoint: CheckpointPolicy,
+        grace: Duration,
+    ) -> Self {
         let (namespace, name) = victim.pod.split_once('/').unwrap_or(("", &victim.pod));
         let mut reference = ObjectReference {
             api_version: Some("v1".into()),
@@ -75,7 +81,7 @@ impl Victim {
             queue: victim.queue.clone(),
             checkpoint,
             grace,
-            ip: None,
+            address: Err(SkipReason::NoPodIp),
             checkpoint_started: false,
             terminating: true,
         }
@@ -87,11 +93,7 @@ impl Victim {
             queue: queue.to_owned(),
             checkpoint,
             grace,
-            ip: pod
-                .status
-                .as_ref()
-                .and_then(|s| s.pod_ip.as_deref())
-                .and_then(|ip| ip.parse().ok()),
+            address: pod_address(pod),
             checkpoint_started: intent::Mark::read(pod).is_some_and(|m| m.checkpoint_started),
             terminating: pod.metadata.deletion_timestamp.is_some(),
         }

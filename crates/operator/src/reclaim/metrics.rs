@@ -53,6 +53,7 @@ pub struct ReclaimMetrics {
     evictions: Family<OutcomeLabels, Counter>,
     started: Counter,
     finished: Family<OutcomeLabels, Counter>,
+    unrecorded: Gauge,
     recent: RecentReclaims,
 }
 
@@ -68,6 +69,7 @@ impl ReclaimMetrics {
             evictions: Family::default(),
             started: Counter::default(),
             finished: Family::default(),
+            unrecorded: Gauge::default(),
             recent: RecentReclaims::default(),
         };
         registry.register_with_unit(
@@ -95,6 +97,11 @@ impl ReclaimMetrics {
             "reclaims_finished",
             "Reclaims finished, by outcome",
             metrics.finished.clone(),
+        );
+        registry.register(
+            "reclaim_marks_unrecorded",
+            "Pods whose reclaim annotations no reclaim in flight records (forged, or left over), ignored in the last admission pass",
+            metrics.unrecorded.clone(),
         );
         registry.register_collector(Box::new(metrics.recent.clone()));
         metrics
@@ -125,6 +132,11 @@ impl ReclaimMetrics {
     pub fn started(&self, now: Instant) {
         self.started.inc();
         self.recent.push(now);
+    }
+
+    /// How many pods carried a reclaim mark nobody recorded, in the last pass that saw marks.
+    pub fn unrecorded_marks(&self, pods: usize) {
+        self.unrecorded.set(i64::try_from(pods).unwrap_or(i64::MAX));
     }
 
     pub fn finished(&self, outcome: &'static str) {

@@ -50,15 +50,19 @@ mod crash;
 mod evict;
 mod execute;
 mod handover;
+mod in_flight;
 mod intent;
 mod metrics;
 mod reclaimer;
 mod record;
+mod requeue;
 mod resume;
 mod timeline;
+mod trust;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
+use gpuqueue_core::model;
 use jiff::{SignedDuration, Timestamp};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
@@ -73,6 +77,7 @@ pub use intent::VICTIM;
 pub use metrics::ReclaimMetrics;
 pub use reclaimer::Reclaimer;
 pub use resume::Recovery;
+use trust::{Claims, Recorded, Trusted};
 
 use crate::leader::Term;
 
@@ -99,16 +104,27 @@ pub struct Handovers {
     /// Queues reclaimed from by this process, with the start of the newest reclaim: their
     /// borrowing cool-down holds before their `lastHandovers` show it.
     reclaimed_from: HashMap<String, Timestamp>,
+    /// The `status.reclaimsInFlight` entries of the reclaims this process started, until they
+    /// end: the queue store may not show them yet, and their marks must count at once.
+    mine: HashMap<String, Recorded>,
 }
 
 /// What recovery means for the rest of the pass.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct RecoveryEffect {
-    /// Stale intents are being taken back: plan no new reclaim in this pass, since the plan
-    /// would count their victims as taken and could evict others instead.
-    pub defer_reclaims: bool,
+    /// Nodes whose stale intents are being taken back (or may still be committed by another
+    /// writer): plan no new reclaim on them in this pass, since the plan would count their
+    /// victims as taken and could evict others instead. Other nodes' reclaims go ahead.
+    pub defer_nodes: BTreeSet<String>,
     /// When a pass must look again.
     pub wake: Option<Timestamp>,
+}
+
+impl RecoveryEffect {
+    /// Whether a reclaim planned on `node` waits for a later pass.
+    pub fn defers(&self, node: &str) -> bool {
+        self.defer_nodes.contains(node)
+    }
 }
 
 impl Handovers {
@@ -122,6 +138,7 @@ impl Handovers {
             finished: HashSet::new(),
             counted: HashSet::new(),
             reclaimed_from: HashMap::new(),
+            mine: HashMap::new(),
         }
     }
 
@@ -135,8 +152,37 @@ impl Handovers {
         self.reclaimed_from.iter().map(|(q, at)| (q.clone(), *at))
     }
 
+    /// Takes the reclaim mark off every pod of this pass's model whose mark the operator did
+    /// not record (see [`trust`]), before the core sees them; `queues` and `namespaces` are
+    /// the pass's, for which queue claims a pod's namespace.
+    pub fn ignore_unrecorded(
+        &self,
+        pods: &mut [model::Pod],
+        queues: &[model::Queue],
+        namespaces: &[model::Namespace],
+        now: Timestamp,
+    ) {
+        if pods.iter().all(|pod| pod.reclaim.is_none()) {
+            self.reclaimer.metrics.unrecorded_marks(0);
+            return;
+        }
+        let stores = &self.reclaimer.stores;
+        let trusted = Trusted::read(stores, self.mine.values().cloned(), now);
+        let claims = Claims::new(queues, namespaces);
+        let dropped =
+            trusted.drop_unrecorded_marks(pods, &claims, |key| trust::stored_pod(stores, key));
+        self.reclaimer.metrics.unrecorded_marks(dropped);
+    }
+
     /// Runs a handover whose owner was just released.
     pub fn start(&mut self, term: &Term, handover: Handover) {
+        self.mine.insert(
+            handover.id.clone(),
+            Recorded {
+                queue: handover.owner_queue.clone(),
+                entry: in_flight::entry_of(&handover),
+            },
+        );
         for victim in &handover.victims {
             let at = handover.timeline.started_at;
             let entry = self
@@ -186,63 +232,69 @@ impl Handovers {
             }
         }
         self.retry.retain(|_, at| *at > now);
+        // Past its task and its retry, a reclaim's entry is the store's to show.
+        let (running, retry) = (&self.running, &self.retry);
+        self.mine
+            .retain(|id, _| running.contains_key(id) || retry.contains_key(id));
     }
 
     /// Finds the handovers no task of this process runs and resumes or abandons them (see
-    /// [`resume`]). Runs at the start of every pass.
+    /// [`resume`]). Only reclaims recorded in operator-owned state count ([`trust`]): a mark
+    /// nobody recorded is ignored. Runs at the start of every pass.
     pub async fn recover(&mut self, term: &Term, now: Timestamp) -> RecoveryEffect {
         let instant = Instant::now();
         self.reap(instant);
-        let pods = self.reclaimer.stores.pods.state();
+        let stores = &self.reclaimer.stores;
+        let trusted = Trusted::read(stores, self.mine.values().cloned(), now);
+        let claims = Claims::read(stores);
+        let pods: Vec<_> = stores
+            .pods
+            .state()
+            .into_iter()
+            .filter(|pod| trusted.vouches_for(pod, &claims))
+            .collect();
         let marked: HashSet<String> = pods
             .iter()
             .filter_map(|pod| Mark::read(pod).map(|mark| mark.id))
             .collect();
         self.finished.retain(|id| marked.contains(id));
         self.counted.retain(|id| marked.contains(id));
+        let skip = |id: &str| {
+            self.running.contains_key(id)
+                || self.retry.contains_key(id)
+                || self.finished.contains(id)
+        };
         let found = resume::scan(
             &pods,
-            |id| {
-                self.running.contains_key(id)
-                    || self.retry.contains_key(id)
-                    || self.finished.contains(id)
-            },
+            skip,
+            |id| trusted.get(id).map(|r| r.entry.deadline.0),
             now,
         );
+        let left_nothing: Vec<Recorded> = trusted
+            .iter()
+            .filter(|r| {
+                !marked.contains(&r.entry.id) && !skip(&r.entry.id) && r.entry.deadline.0 <= now
+            })
+            .cloned()
+            .collect();
         let mut recovered = RecoveryEffect::default();
         for recovery in found {
-            match recovery {
-                Recovery::Resume { id, owner, victims } => {
-                    let mut handover = self.reclaimer.rebuild(&id, &owner, &victims, instant, now);
-                    if self.counted.contains(&id) {
-                        // This process ran it to the end; only its records are missing.
-                        handover.counted = true;
-                        tracing::info!(reclaim = %id, "writing the records of a finished handover again");
-                        self.spawn(term, handover);
-                        continue;
-                    }
-                    tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
-                    self.reclaimer.announce_resumed(&handover);
-                    self.spawn(term, handover);
-                }
-                Recovery::Abandon { id, owner, victims } => {
-                    recovered.defer_reclaims = true;
-                    let span =
-                        tracing::info_span!("handover", reclaim = %id, victims = victims.len());
-                    let settled = self
-                        .reclaimer
-                        .abandon(term, &id, owner.as_deref(), &victims)
-                        .instrument(span)
-                        .await;
-                    if !settled {
-                        self.retry.insert(id, instant + RETRY_AFTER);
-                    }
-                }
-                Recovery::NotYet { until, .. } => {
-                    recovered.defer_reclaims = true;
-                    recovered.wake = recovered.wake.into_iter().chain(Some(until)).min();
-                }
-            }
+            let Some(recorded) = trusted.get(recovery.id()) else {
+                continue;
+            };
+            self.recover_one(
+                term,
+                recovery,
+                recorded,
+                &claims,
+                &mut recovered,
+                instant,
+                now,
+            )
+            .await;
+        }
+        for recorded in &left_nothing {
+            self.forget(recorded).await;
         }
         if let Some(retry) = self.retry.values().min() {
             let wait = SignedDuration::try_from(retry.saturating_duration_since(instant))
@@ -254,5 +306,79 @@ impl Handovers {
                 .min();
         }
         recovered
+    }
+
+    /// Resumes, abandons or waits for one recorded reclaim.
+    #[allow(clippy::too_many_arguments)]
+    async fn recover_one(
+        &mut self,
+        term: &Term,
+        recovery: Recovery,
+        recorded: &Recorded,
+        claims: &Claims,
+        recovered: &mut RecoveryEffect,
+        instant: Instant,
+        now: Timestamp,
+    ) {
+        match recovery {
+            Recovery::Resume { id, owner, victims } => {
+                let mut handover = self
+                    .reclaimer
+                    .rebuild(recorded, &owner, &victims, claims, instant, now);
+                if self.counted.contains(&id) {
+                    // This process ran it to the end; only its records are missing.
+                    handover.counted = true;
+                    tracing::info!(reclaim = %id, "writing the records of a finished handover again");
+                    self.spawn(term, handover);
+                    return;
+                }
+                tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
+                self.reclaimer.announce_resumed(&handover);
+                self.spawn(term, handover);
+            }
+            Recovery::Abandon { id, owner, victims } => {
+                recovered.defer_nodes.insert(recorded.entry.node.clone());
+                let span = tracing::info_span!("handover", reclaim = %id, victims = victims.len());
+                let settled = self
+                    .reclaimer
+                    .abandon(term, &id, owner.as_deref(), &victims)
+                    .instrument(span)
+                    .await;
+                if settled {
+                    self.forget(recorded).await;
+                } else {
+                    self.retry.insert(id, instant + RETRY_AFTER);
+                }
+            }
+            Recovery::NotYet { until, .. } => {
+                recovered.defer_nodes.insert(recorded.entry.node.clone());
+                recovered.wake = recovered.wake.into_iter().chain(Some(until)).min();
+            }
+        }
+    }
+
+    /// Takes a reclaim that left nothing to do out of its owner queue's status.
+    async fn forget(&mut self, recorded: &Recorded) {
+        let id = &recorded.entry.id;
+        self.mine.remove(id);
+        if let Err(error) = in_flight::remove(&self.reclaimer.queues(), &recorded.queue, id).await {
+            tracing::warn!(reclaim = %id, %error, "taking a finished reclaim out of status.reclaimsInFlight failed; tried again on a later pass");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_intent_being_committed_defers_reclaims_on_its_node_only() {
+        let effect = RecoveryEffect {
+            defer_nodes: BTreeSet::from(["gpu-node-1".to_owned()]),
+            wake: None,
+        };
+        assert!(effect.defers("gpu-node-1"));
+        assert!(!effect.defers("gpu-node-2"));
+        assert!(!RecoveryEffect::default().defers("gpu-node-1"));
     }
 }

@@ -112,6 +112,11 @@ impl Reclaimer {
         .map_err(|source| patch::classify(pod, source))
     }
 
+    /// The GpuQueue API, through the client that never retries by itself.
+    pub(super) fn queues(&self) -> Api<gpuqueue_api::v1alpha1::GpuQueue> {
+        Api::all(self.client.clone())
+    }
+
     pub(super) fn queue_ref(&self, name: &str) -> Option<ObjectReference> {
         let stored = self.stores.queues.get(&ObjectRef::new(name))?;
         stored.0.as_ref().ok().map(|queue| queue.object_ref(&()))

@@ -8,6 +8,9 @@
 //! finish at once for the same queue therefore never drop each other's record, and the
 //! admission loop never writes back a list it read before a handover finished.
 //!
+//! The owner's record is written in the same patch that takes the reclaim out of the queue's
+//! `status.reclaimsInFlight` ([`super::in_flight`]): finishing costs no extra write.
+//!
 //! A victim queue's records are also what the core's anti-thrash rule reads: the queue does
 //! not borrow again within its `minBorrowDuration` after the `startedAt` of its newest
 //! `victim` record.
@@ -21,6 +24,8 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use serde_json::json;
+
+use super::{in_flight, intent::OWNER};
 
 /// Conflicting writers of the same queue's records get this many tries.
 const ATTEMPTS: usize = 5;
@@ -79,15 +84,22 @@ pub async fn write(
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
             Err(source) => return Err(error(source)),
         };
-        let current = queue
-            .status
-            .as_ref()
+        let status = queue.status.as_ref();
+        let current = status
             .map(|s| s.last_handovers.as_slice())
             .unwrap_or_default();
-        let body = json!({
+        let mut body = json!({
             "metadata": {"resourceVersion": queue.metadata.resource_version},
             "status": {"lastHandovers": upsert(current, record.clone())},
         });
+        let in_flight = status
+            .map(|s| s.reclaims_in_flight.as_slice())
+            .unwrap_or_default();
+        if record.role == OWNER
+            && let Some(rest) = in_flight::without(in_flight, &record.id)
+        {
+            body["status"]["reclaimsInFlight"] = json!(rest);
+        }
         match api.patch_status(name, &params, &Patch::Merge(&body)).await {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),

@@ -1,5 +1,7 @@
 //! Finding handovers that no task of this process is running (an earlier leader died or lost
-//! its lease mid-way) from the intent annotations, and deciding what each needs.
+//! its lease mid-way) from the intent annotations, and deciding what each needs. Only pods
+//! whose marks a reclaim in flight records are looked at ([`super::trust`]), and the deadline
+//! and the victims come from that record, never from what a pod says.
 //!
 //! Writes happen in a fixed order: every victim's intent, then the owner's intent together
 //! with its release, then (per victim) the checkpoint mark, the checkpoint call and the
@@ -20,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use gpuqueue_core::model::{ReclaimSettings, is_gated};
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
@@ -31,6 +33,7 @@ use super::{
     intent::{self, Mark, Role},
     reclaimer::Reclaimer,
     timeline::Timeline,
+    trust::{Claims, Recorded},
 };
 use crate::leader::Term;
 
@@ -54,9 +57,24 @@ pub enum Recovery {
     NotYet { id: String, until: Timestamp },
 }
 
-/// The reclaims among `pods` (the pod store) that need recovery at `now`, in id order; `skip`
-/// says which ids a task of this process is running.
-pub fn scan(pods: &[Arc<Pod>], skip: impl Fn(&str) -> bool, now: Timestamp) -> Vec<Recovery> {
+impl Recovery {
+    /// The reclaim's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Resume { id, .. } | Self::Abandon { id, .. } | Self::NotYet { id, .. } => id,
+        }
+    }
+}
+
+/// The reclaims among `pods` (the pods of the store whose marks are recorded) that need
+/// recovery at `now`, in id order; `skip` says which ids a task of this process is running,
+/// `deadline` each reclaim's recorded deadline (`None`: unknown, then stale).
+pub fn scan(
+    pods: &[Arc<Pod>],
+    skip: impl Fn(&str) -> bool,
+    deadline: impl Fn(&str) -> Option<Timestamp>,
+    now: Timestamp,
+) -> Vec<Recovery> {
     let mut by_id: BTreeMap<String, Vec<(Mark, Arc<Pod>)>> = BTreeMap::new();
     for pod in pods {
         if let Some(mark) = Mark::read(pod)
@@ -89,15 +107,8 @@ pub fn scan(pods: &[Arc<Pod>], skip: impl Fn(&str) -> bool, now: Timestamp) -> V
                     victims,
                 };
             }
-            // Unreadable deadlines count as passed: an intent nobody can date is stale.
-            let deadline = members
-                .iter()
-                .map(|(m, _)| m.deadline)
-                .try_fold(None, |earliest: Option<Timestamp>, d| {
-                    d.map(|d| Some(earliest.map_or(d, |e| e.min(d))))
-                })
-                .flatten();
-            match deadline {
+            // An unknown deadline counts as passed: an intent nobody can date is stale.
+            match deadline(&id) {
                 Some(until) if now < until => Recovery::NotYet { id, until },
                 _ => Recovery::Abandon { id, owner, victims },
             }
@@ -116,56 +127,48 @@ enum PodAbandon {
 }
 
 impl Reclaimer {
-    /// The handover of a released owner, rebuilt from the annotations and the queues' specs.
+    /// The handover of a released owner, rebuilt from its record in flight (the victims, the
+    /// start, the node) and the queues' specs. A listed victim whose queue no longer claims its
+    /// namespace is left out (not evicted), and says why.
     pub fn rebuild(
         &self,
-        id: &str,
+        recorded: &Recorded,
         owner: &Pod,
         victims: &[Arc<Pod>],
+        claims: &Claims,
         now: Instant,
         now_at: Timestamp,
     ) -> Handover {
-        let mark = Mark::read(owner);
-        let owner_queue = admitted_queue(owner).unwrap_or_default().to_owned();
-        let budget = self.settings(&owner_queue).budget;
-        let deadline = mark.as_ref().and_then(|m| m.deadline).unwrap_or(now_at);
-        let started_at = SignedDuration::try_from(budget)
-            .ok()
-            .and_then(|b| deadline.checked_sub(b).ok())
-            .unwrap_or(deadline);
-        // The owner lists every victim; those the store still holds carry their progress.
-        let listed = mark.as_ref().map(|m| m.victims.clone()).unwrap_or_default();
-        let mut rebuilt: Vec<Victim> = listed
-            .iter()
-            .map(|listed| {
+        let entry = &recorded.entry;
+        let budget = self.settings(&recorded.queue).budget;
+        let mut rebuilt = Vec::with_capacity(entry.victims.len());
+        for listed in &entry.victims {
+            if let Some(why) = claims.refuses_victim(&listed.pod, &listed.queue) {
                 let (policy, grace) = self.victim_settings(&listed.queue);
+                let refused = Victim::departed(listed, policy, grace).target;
+                tracing::warn!(reclaim = %entry.id, victim = %listed.pod, "not evicted: {why}");
+                self.announce_refused_victim(&entry.id, &refused, &why);
+                continue;
+            }
+            let (policy, grace) = self.victim_settings(&listed.queue);
+            // The victims the store still holds carry their progress.
+            rebuilt.push(
                 match victims
                     .iter()
                     .find(|pod| pod.metadata.uid.as_deref() == Some(listed.uid.as_str()))
                 {
                     Some(pod) => Victim::of(pod, &listed.queue, policy, grace),
                     None => Victim::departed(listed, policy, grace),
-                }
-            })
-            .collect();
-        // Marked victims the list lacks (an owner intent from an older version).
-        for pod in victims {
-            if !rebuilt
-                .iter()
-                .any(|v| Some(v.target.uid.as_str()) == pod.metadata.uid.as_deref())
-            {
-                let queue = admitted_queue(pod).unwrap_or_default();
-                let (policy, grace) = self.victim_settings(queue);
-                rebuilt.push(Victim::of(pod, queue, policy, grace));
-            }
+                },
+            );
         }
         Handover {
-            id: id.to_owned(),
+            id: entry.id.clone(),
             owner: HandoverPod::of(owner),
-            owner_queue,
-            node: mark.and_then(|m| m.node).unwrap_or_default(),
+            owner_queue: recorded.queue.clone(),
+            node: entry.node.clone(),
             victims: rebuilt,
-            timeline: Timeline::resumed(started_at, budget, now, now_at),
+            timeline: Timeline::resumed(entry.started_at.0, budget, now, now_at),
             resumed: true,
             counted: false,
             overrides_min_borrow: false,
@@ -322,6 +325,11 @@ mod tests {
 
     const DEADLINE: &str = "2026-01-01T00:00:03Z";
 
+    /// The recorded deadlines: rc-1 and rc-2 end at DEADLINE, any other id is unknown.
+    fn deadline(id: &str) -> Option<Timestamp> {
+        ["rc-1", "rc-2"].contains(&id).then(|| at(DEADLINE))
+    }
+
     #[test]
     fn a_released_owner_is_resumed_with_its_victims() {
         let pods = vec![
@@ -330,7 +338,12 @@ mod tests {
             pod("v2", "victim", "rc-1", DEADLINE, false),
             pod("other", "victim", "rc-2", DEADLINE, false),
         ];
-        let found = scan(&pods, |id| id == "rc-2", at("2026-01-01T00:01:00Z"));
+        let found = scan(
+            &pods,
+            |id| id == "rc-2",
+            deadline,
+            at("2026-01-01T00:01:00Z"),
+        );
         assert_eq!(found.len(), 1, "{found:?}");
         let Recovery::Resume { id, owner, victims } = &found[0] else {
             panic!("{found:?}")
@@ -346,14 +359,14 @@ mod tests {
             pod("v1", "victim", "rc-1", DEADLINE, false),
             pod("gated-owner", "owner", "rc-2", DEADLINE, true),
         ];
-        let before = scan(&pods, |_| false, at("2026-01-01T00:00:02Z"));
+        let before = scan(&pods, |_| false, deadline, at("2026-01-01T00:00:02Z"));
         assert!(
             before
                 .iter()
                 .all(|r| matches!(r, Recovery::NotYet { until, .. } if *until == at(DEADLINE))),
             "{before:?}"
         );
-        let after = scan(&pods, |_| false, at(DEADLINE));
+        let after = scan(&pods, |_| false, deadline, at(DEADLINE));
         assert!(
             matches!(&after[0], Recovery::Abandon { id, owner: None, victims } if id == "rc-1" && victims.len() == 1),
             "{after:?}"
@@ -365,9 +378,17 @@ mod tests {
     }
 
     #[test]
-    fn an_intent_without_a_readable_deadline_is_stale() {
-        let pods = vec![pod("v1", "victim", "rc-1", "tomorrow", false)];
-        let found = scan(&pods, |_| false, at("2026-01-01T00:00:00Z"));
+    fn an_intent_without_a_recorded_deadline_is_stale() {
+        let pods = vec![pod("v1", "victim", "rc-9", "2099-01-01T00:00:00Z", false)];
+        let found = scan(&pods, |_| false, deadline, at("2026-01-01T00:00:00Z"));
+        assert!(matches!(&found[0], Recovery::Abandon { .. }), "{found:?}");
+    }
+
+    #[test]
+    fn the_deadline_a_pod_carries_is_not_the_one_waited_for() {
+        // Annotated "2099", recorded DEADLINE: stale at DEADLINE all the same.
+        let pods = vec![pod("v1", "victim", "rc-1", "2099-01-01T00:00:00Z", false)];
+        let found = scan(&pods, |_| false, deadline, at(DEADLINE));
         assert!(matches!(&found[0], Recovery::Abandon { .. }), "{found:?}");
     }
 
@@ -376,6 +397,6 @@ mod tests {
         let plain: Arc<Pod> = Arc::new(
             serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}})).unwrap(),
         );
-        assert!(scan(&[plain], |_| false, at(DEADLINE)).is_empty());
+        assert!(scan(&[plain], |_| false, deadline, at(DEADLINE)).is_empty());
     }
 }

@@ -43,6 +43,7 @@ pub fn status_body(queue: &str, status: &GpuQueueStatus) -> serde_json::Value {
     let mut status = json!(status);
     if let Some(fields) = status.as_object_mut() {
         fields.remove("lastHandovers");
+        fields.remove("reclaimsInFlight");
     }
     json!({
         "apiVersion": "gpuqueue.io/v1alpha1",

@@ -1,0 +1,118 @@
+//! An owner the handover freed a node for but kube-scheduler never bound (another pod took the
+//! freed GPUs first: case 4 of the tenant review). Its node selector pins it to that node and
+//! can no longer change once its gate is gone, so it would stay Pending for good, and its
+//! node's deficit would keep every later reclaim off that node.
+//!
+//! Such an owner is evicted: it never ran, so nothing is lost, and its controller creates it
+//! again, gated, for the next pass to plan anew (on any node, from what is free then). An owner
+//! no controller owns is left pinned (evicting it would delete it for good); the event says so
+//! and what to do.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::{evict, handover::Handover, reclaimer::Reclaimer};
+use crate::{leader::Term, writes::events::Notice};
+
+/// What became of an owner nobody bound.
+#[derive(Debug, PartialEq, Eq)]
+enum Requeue {
+    /// Evicted: its controller creates it again, gated.
+    Evicted,
+    /// No controller would create it again: left pinned.
+    NoController,
+    /// Bound, gone or deleted meanwhile: nothing to do.
+    Nothing,
+    /// The Eviction API refused or failed.
+    Refused(String),
+}
+
+/// Whether a controller (a ReplicaSet, a Job, a StatefulSet) creates `pod` again once it is
+/// evicted.
+fn has_controller(pod: &Pod) -> bool {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|owner| owner.controller == Some(true))
+}
+
+impl Reclaimer {
+    /// Evicts the owner of `handover` if kube-scheduler still has not bound it, so that it is
+    /// planned again (see the module documentation).
+    pub(super) async fn requeue_unbound_owner(&self, term: &Term, handover: &Handover) {
+        let requeue = self.requeue(term, handover).await;
+        let note = match &requeue {
+            Requeue::Nothing => return,
+            Requeue::Evicted => format!(
+                "reclaim {}: another pod took the GPUs freed on node {} and this pod, pinned there, was never bound; it is evicted so that its controller creates it again and the next pass plans for it anew",
+                handover.id, handover.node
+            ),
+            Requeue::NoController => format!(
+                "reclaim {}: another pod took the GPUs freed on node {} and this pod, pinned there, was never bound; no controller would create it again, so it stays pinned: delete and create it again to have it planned anew",
+                handover.id, handover.node
+            ),
+            Requeue::Refused(why) => format!(
+                "reclaim {}: another pod took the GPUs freed on node {} and this pod, pinned there, was never bound; evicting it so that it is planned anew failed: {why}",
+                handover.id, handover.node
+            ),
+        };
+        tracing::warn!(reclaim = %handover.id, owner = %handover.owner.key, outcome = ?requeue, "{note}");
+        self.events.send(
+            handover.owner.reference.clone(),
+            Notice {
+                warning: true,
+                reason: "OwnerNotBound",
+                action: "Reclaim",
+                note,
+            },
+        );
+    }
+
+    async fn requeue(&self, term: &Term, handover: &Handover) -> Requeue {
+        let Some(owner) = self.stored(&handover.owner) else {
+            return Requeue::Nothing;
+        };
+        let bound = owner.spec.as_ref().and_then(|s| s.node_name.as_ref());
+        if bound.is_some() || owner.metadata.deletion_timestamp.is_some() || !term.is_current() {
+            return Requeue::Nothing;
+        }
+        if !has_controller(&owner) {
+            return Requeue::NoController;
+        }
+        let target = evict::EvictionTarget {
+            namespace: &handover.owner.key.namespace,
+            name: &handover.owner.key.name,
+            uid: &handover.owner.uid,
+            grace: Duration::ZERO,
+        };
+        match evict::try_evict(&self.client, &target).await {
+            Ok(eviction) if eviction.removed() => Requeue::Evicted,
+            Ok(eviction) => Requeue::Refused(eviction.outcome().to_owned()),
+            Err(refusal) => Requeue::Refused(refusal.message),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn only_a_pod_a_controller_creates_again_is_evicted() {
+        let pod = |owners| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": "o", "ownerReferences": owners}}))
+                .unwrap()
+        };
+        let reference = |controller| {
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u",
+                   "controller": controller})
+        };
+        assert!(has_controller(&pod(json!([reference(true)]))));
+        assert!(!has_controller(&pod(json!([reference(false)]))));
+        assert!(!has_controller(&pod(json!([]))));
+    }
+}
