@@ -71,6 +71,8 @@ pub struct WebhookConfig {
     pub rotation: RotationPolicy,
     /// This replica, for the CA's name.
     pub identity: String,
+    /// Who may call the webhook (`--webhook-client-ca`).
+    pub client_auth: server::ClientAuth,
 }
 
 /// Why the webhook stopped.
@@ -188,7 +190,7 @@ async fn serve(
     tracing::info!(addr = %config.addr, names = ?config.names, "serving the webhook over TLS");
     tokio::spawn(server::serve(
         listener,
-        server::tls_config(resolver)?,
+        server::tls_config(resolver, &config.client_auth)?,
         server::router(policy, metrics.clone()),
         shutdown.clone(),
     ));
