@@ -10,7 +10,9 @@
 //! made at start-up ([`certs`]), renewed before expiry and swapped in without a restart. The
 //! CA is written into the operator's MutatingWebhookConfiguration ([`ca_bundle`]), which is
 //! watched so that the bundle is repaired if anyone resets it. The replica is ready (and so
-//! receives traffic through the Service) only once its CA is in the bundle.
+//! receives traffic through the Service) only once its CA is in the bundle. With
+//! `--webhook-client-ca` it answers only clients presenting a certificate that CA signed (the
+//! API server, configured for it): see [`server::ClientAuth`].
 //!
 //! # Failure policy: `Ignore`, with bypassed pods counted as used
 //!
