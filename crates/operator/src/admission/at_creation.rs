@@ -5,8 +5,9 @@
 //! The decision is the core's [`admit_at_creation`] on the leader's live snapshot: the one its
 //! last admission pass ended with, plus every pod admitted at creation since. Each pass builds
 //! its snapshot and publishes it while holding this lock, so the webhook and the loop never
-//! decide on the same capacity twice. The webhook never waits for that lock: while a pass holds
-//! it, the pod goes to the gate (and the pass that follows decides it).
+//! decide on the same capacity twice. The webhook never blocks on that lock: while a pass holds
+//! it, the webhook tries again a moment later, for a short while, then sends the pod to the gate
+//! (the pass that follows decides it), well within its own timeout.
 //!
 //! A pod admitted here is *reserved* (its capacity counted by every pass) until the pod store
 //! shows it, found by the token the webhook annotates it with. A creation can fail after the
@@ -176,6 +177,14 @@ impl AtCreation {
         }
     }
 
+    /// A pod went to the gate at `now` because passes kept the lock: the pass running then read
+    /// the stores before the pod existed, so admission at creation stays closed until one has
+    /// seen it (kept outside the lock, which the webhook could not take).
+    pub fn gated_busy(&self, now: Timestamp) {
+        self.busy_gated
+            .fetch_max(now.as_millisecond(), Ordering::Relaxed);
+    }
+
     /// Resolves when a reservation has been made while none was held (a permit is kept if no
     /// one waits): the loop then wakes by [`RESERVATION_TTL`] from now at the latest.
     pub async fn first_reservation(&self) {
@@ -198,11 +207,10 @@ impl AtCreation {
     }
 
     /// Decides a managed pod about to be created: `Ok` admits it (the webhook pins it), `Err`
-    /// sends it to the gate, saying why. Never waits for a pass.
+    /// sends it to the gate, saying why. Never waits for a pass: `Busy` changes nothing, and
+    /// the caller may ask again, or gate the pod and say so with [`Self::gated_busy`].
     pub fn admit(&self, pod: &Pod, now: Timestamp) -> Result<CreationAdmission, Gate> {
         let Some(mut state) = self.try_lock() else {
-            self.busy_gated
-                .fetch_max(now.as_millisecond(), Ordering::Relaxed);
             return Err(Gate::Busy);
         };
         state.note_busy_gated(self.busy_gated.load(Ordering::Relaxed));
@@ -549,7 +557,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_webhook_never_waits_for_a_pass_and_a_pod_it_gates_meanwhile_is_not_overtaken() {
+    async fn the_webhook_never_blocks_on_a_pass_and_a_pod_it_gates_meanwhile_is_not_overtaken() {
         let (term, _state) = term().await;
         let at_creation = AtCreation::new(true);
         at_creation
@@ -561,6 +569,7 @@ mod tests {
             Err(Gate::Busy),
             "the pass holds the lock"
         );
+        at_creation.gated_busy(at(1));
         // The pass read the stores before that pod was gated: it cannot have decided it.
         let reopen = pass.publish(term.clone(), snapshot(), false, at(0));
         assert_eq!(reopen, Some(at(2)));

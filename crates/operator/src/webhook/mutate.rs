@@ -39,6 +39,9 @@ pub trait GatePolicy: Send + Sync + 'static {
     fn admit_at_creation(&self, _pod: &Pod) -> Result<CreationAdmission, Gate> {
         Err(Gate::Declined)
     }
+
+    /// The webhook gave up waiting for a busy admission pass and gated a pod.
+    fn gated_busy(&self) {}
 }
 
 /// The answer to one admission review: the response body, and what was done for metrics.

@@ -73,6 +73,10 @@ impl GatePolicy for StoreGatePolicy {
             token = %admitted.token, "admitted at creation");
         Ok(admitted)
     }
+
+    fn gated_busy(&self) {
+        self.at_creation.gated_busy(clock::now());
+    }
 }
 
 #[cfg(test)]

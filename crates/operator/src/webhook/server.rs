@@ -43,6 +43,13 @@ pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
 /// A client that does not finish its handshake in this time is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// While an admission pass holds the lock, the webhook asks again this often, for at most
+/// [`BUSY_PATIENCE`], then gates the pod. A pass takes milliseconds, and one pod gated this way
+/// closes admission at creation for every pod until a pass has seen it, so a burst is worth a
+/// short wait; a long pass must not hold the answer near the webhook's 3 s timeout.
+const BUSY_RETRY: Duration = Duration::from_millis(1);
+const BUSY_PATIENCE: Duration = Duration::from_millis(250);
+
 /// Who may call the webhook.
 #[derive(Debug, Clone, Default)]
 pub enum ClientAuth {
@@ -122,8 +129,24 @@ pub fn router(policy: Arc<dyn GatePolicy>, metrics: WebhookMetrics) -> Router {
 }
 
 async fn mutate_pods(State(state): State<AppState>, body: Bytes) -> Response {
-    match mutate::review(&body, state.policy.as_ref()) {
+    let patience = tokio::time::Instant::now() + BUSY_PATIENCE;
+    let reviewed = loop {
+        let reviewed = mutate::review(&body, state.policy.as_ref());
+        match &reviewed {
+            Ok(answer)
+                if answer.result == WebhookResult::Busy
+                    && tokio::time::Instant::now() < patience =>
+            {
+                tokio::time::sleep(BUSY_RETRY).await;
+            }
+            _ => break reviewed,
+        }
+    };
+    match reviewed {
         Ok(answer) => {
+            if answer.result == WebhookResult::Busy {
+                state.policy.gated_busy();
+            }
             state.metrics.answered(answer.result);
             if let Some(queue) = &answer.queue {
                 tracing::debug!(%queue, "gated a new pod");
@@ -202,6 +225,7 @@ mod tests {
 
     use super::*;
     use crate::{
+        admission::at_creation::{CreationAdmission, Gate},
         metrics,
         webhook::certs::{CertificateAuthority, ServingCertificate},
     };
@@ -211,6 +235,36 @@ mod tests {
     impl GatePolicy for EverythingInQueue {
         fn managing_queue(&self, _pod: &Pod) -> Option<String> {
             Some("q".to_owned())
+        }
+    }
+
+    /// Busy for its first `busy_for` calls (every call: `u32::MAX`), then declines; counts the
+    /// pods it was told went to the gate busy.
+    struct BusyPasses {
+        busy_for: u32,
+        calls: std::sync::atomic::AtomicU32,
+        gated_busy: Arc<std::sync::atomic::AtomicU32>,
+    }
+
+    impl GatePolicy for BusyPasses {
+        fn managing_queue(&self, _pod: &Pod) -> Option<String> {
+            Some("q".to_owned())
+        }
+
+        fn admit_at_creation(&self, _pod: &Pod) -> Result<CreationAdmission, Gate> {
+            let call = self
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Err(if call < self.busy_for {
+                Gate::Busy
+            } else {
+                Gate::Declined
+            })
+        }
+
+        fn gated_busy(&self) {
+            self.gated_busy
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 
@@ -229,6 +283,10 @@ mod tests {
     }
 
     async fn start_with(client_auth: &ClientAuth) -> Running {
+        start_serving(client_auth, Arc::new(EverythingInQueue)).await
+    }
+
+    async fn start_serving(client_auth: &ClientAuth, policy: Arc<dyn GatePolicy>) -> Running {
         let now = crate::clock::now();
         let ca = CertificateAuthority::generate("test CA", now, 30 * DAY).unwrap();
         let serving = ca.issue(&["127.0.0.1".to_owned()], now, DAY).unwrap();
@@ -241,7 +299,7 @@ mod tests {
         tokio::spawn(serve(
             listener,
             tls_config(resolver.clone(), client_auth).unwrap(),
-            router(Arc::new(EverythingInQueue), metrics),
+            router(policy, metrics),
             shutdown.clone(),
         ));
         Running {
@@ -354,6 +412,34 @@ mod tests {
         let error = call(&running, &stranger, pod_review()).await.unwrap_err();
         assert!(error.contains("certificate"), "{error}");
         running.shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn while_a_pass_holds_the_lock_the_webhook_asks_again_then_gates_the_pod_as_busy() {
+        let gated_busy = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        for (busy_for, result) in [(3, "gated"), (u32::MAX, "busy")] {
+            let policy = BusyPasses {
+                busy_for,
+                calls: std::sync::atomic::AtomicU32::new(0),
+                gated_busy: gated_busy.clone(),
+            };
+            let running = start_serving(&ClientAuth::Anyone, Arc::new(policy)).await;
+            let (status, body, _) = call(&running, &running.ca, pod_review()).await.unwrap();
+            assert_eq!(status, 200);
+            assert_eq!(
+                body["response"]["patchType"], "JSONPatch",
+                "gated either way"
+            );
+            let text = metrics::encode(&running.registry).unwrap();
+            let series = format!(r#"gpuqueue_webhook_requests_total{{result="{result}"}} 1"#);
+            assert!(text.contains(&series), "{text}");
+            running.shutdown.cancel();
+        }
+        assert_eq!(
+            gated_busy.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "only the pod it gave up on"
+        );
     }
 
     /// A client CA (as the API server's PKI), and a client certificate it signed.
