@@ -82,7 +82,7 @@ pub enum Gate {
     /// Admission at creation is off, closed (a pod waits, no pass yet, standby), the pod does
     /// not fit, or its namespace holds as many reservations as it may.
     Declined,
-    /// An admission pass held the lock: the webhook never waits for it.
+    /// An admission pass held the lock (the decision is not blocked on it: ask again later).
     Busy,
 }
 

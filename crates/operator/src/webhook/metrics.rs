@@ -13,8 +13,8 @@ pub enum WebhookResult {
     Admitted,
     /// The pod was given the admission gate.
     Gated,
-    /// The pod was given the admission gate because an admission pass was deciding (the
-    /// webhook never waits for one).
+    /// The pod was given the admission gate because admission passes held the lock for as long
+    /// as the webhook may wait (it never blocks on one).
     Busy,
     /// The pod already carried the gate.
     AlreadyGated,
