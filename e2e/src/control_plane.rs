@@ -180,6 +180,7 @@ impl ControlPlane {
         startup.push(("etcd", began.elapsed()));
 
         let token = write_credentials(&pki)?;
+        write_webhook_client(&pki)?;
         let apiserver_started = Instant::now();
         let client = launcher
             .start_apiserver(&pki, &etcd_url, api_port, &api_server, &kubeconfig, &token)
@@ -241,6 +242,12 @@ impl ControlPlane {
     /// Where etcd's data, the PKI and kubeconfigs are; removed when the control plane stops.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
+    }
+
+    /// The CA (PEM) that signed the client certificate kube-apiserver presents to admission
+    /// webhooks: give it to the operator as `--webhook-client-ca`.
+    pub fn webhook_client_ca(&self) -> PathBuf {
+        webhook_client_ca(&self.run_dir.join("pki"))
     }
 
     /// Where component logs (and logs of processes from [`Self::spawn`]) are written.
@@ -783,6 +790,11 @@ impl Launcher<'_> {
                 "--max-requests-inflight=0".into(),
                 "--max-mutating-requests-inflight=0".into(),
                 "--profiling=false".into(),
+                // Webhooks are called with the client certificate `write_webhook_client` made.
+                format!(
+                    "--admission-control-config-file={}",
+                    pki.join(ADMISSION_CONFIG).display()
+                ),
                 "--v=1".into(),
             ],
         )?;
@@ -939,6 +951,77 @@ fn write_credentials(pki: &Path) -> Result<String> {
     write(&pki.join("sa.key"), &signer.serialize_pem())?;
     write(&pki.join("sa.pub"), &signer.public_key_pem())?;
     Ok(token)
+}
+
+/// The admission configuration kube-apiserver reads, in the PKI folder.
+const ADMISSION_CONFIG: &str = "admission.yaml";
+
+fn webhook_client_ca(pki: &Path) -> PathBuf {
+    pki.join("webhook-client-ca.crt")
+}
+
+/// The identity kube-apiserver presents to admission webhooks, as a cluster admin configures
+/// it: a CA (the webhook verifies clients against it), a client certificate it signs, a
+/// kubeconfig that gives the certificate to every webhook host (`*`: the tests' webhooks
+/// listen on ports picked at run time) and the `AdmissionConfiguration` naming that kubeconfig
+/// for mutating and validating webhooks.
+fn write_webhook_client(pki: &Path) -> Result<()> {
+    let pki =
+        std::path::absolute(pki).map_err(Error::io(format!("resolving {}", pki.display())))?;
+    let ca_key = rcgen::KeyPair::generate()?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "gpuqueue-e2e webhook client CA");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca = ca_params.self_signed(&ca_key)?;
+    write(&webhook_client_ca(&pki), &ca.pem())?;
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+
+    let key = rcgen::KeyPair::generate()?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-apiserver-webhook-client");
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let certificate = params.signed_by(&key, &issuer)?;
+    let (cert_path, key_path) = (
+        pki.join("webhook-client.crt"),
+        pki.join("webhook-client.key"),
+    );
+    write(&cert_path, &certificate.pem())?;
+    write(&key_path, &key.serialize_pem())?;
+
+    let kubeconfig = pki.join("webhook-client.kubeconfig");
+    write(
+        &kubeconfig,
+        &format!(
+            "apiVersion: v1\nkind: Config\nusers:\n- name: \"*\"\n  user:\n    \
+             client-certificate: {}\n    client-key: {}\n",
+            yaml_string(&cert_path),
+            yaml_string(&key_path)
+        ),
+    )?;
+    let plugin = |name: &str| {
+        format!(
+            "- name: {name}\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    \
+             kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n",
+            yaml_string(&kubeconfig)
+        )
+    };
+    write(
+        &pki.join(ADMISSION_CONFIG),
+        &format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n{}{}",
+            plugin("MutatingAdmissionWebhook"),
+            plugin("ValidatingAdmissionWebhook")
+        ),
+    )
 }
 
 /// kube-scheduler's config file, instead of the deprecated --kubeconfig flag, so client QPS can

@@ -15,7 +15,8 @@ use gpuqueue_core::admission::{
     Decision, NotAtCreation, admission_cycle, admit_at_creation, decide,
 };
 use gpuqueue_core::model::{
-    AdmittedAs, GpuRequest, Namespace, Node, PodKey, Queue, ReclaimSettings, ResourceQuota,
+    AdmittedAs, Assignment, GpuRequest, Namespace, Node, PodKey, PodState, Queue, ReclaimSettings,
+    ResourceQuota,
 };
 use gpuqueue_core::quantity::Milli;
 use gpuqueue_core::status::queue_reports;
@@ -897,4 +898,34 @@ fn a_pod_that_needs_a_reclaim_is_not_admitted_at_creation_and_nothing_is_marked(
     assert_eq!(snapshot.pending_pods().count(), 0);
     // A cycle over the same world plans nothing: no victim was left marked.
     assert!(admission_cycle(&mut snapshot, &Policy::default(), at(100)).is_empty());
+}
+
+#[test]
+fn a_pod_reserved_at_creation_that_the_store_has_not_shown_is_never_a_reclaim_victim() {
+    // b borrows all of n1: one running pod, and one admitted at creation a moment ago whose
+    // pod may never exist. Evicting the phantom frees nothing; the plan takes the real pod.
+    let mut phantom = running("b/phantom", 2, "n1", 50);
+    phantom.reserved_unseen = true;
+    phantom.started_at = None;
+    phantom.state = PodState::Admitted(Assignment {
+        node: Some("n1".into()),
+        bound: false,
+        terminating: false,
+    });
+    let pods = vec![
+        running("b/real", 2, "n1", 10),
+        phantom,
+        pending("a/owner", 2, 60),
+    ];
+    let mut snapshot = build(
+        vec![queue("a", 4, 0), queue("b", 0, 4)],
+        vec![node("n1", 4)],
+        pods,
+    );
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(61));
+    let Decision::Reclaim(plan) = &decisions[0] else {
+        panic!("{decisions:#?}")
+    };
+    let victims: Vec<&str> = plan.victims.iter().map(|v| v.key.name.as_str()).collect();
+    assert_eq!(victims, ["real"]);
 }

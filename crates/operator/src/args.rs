@@ -5,6 +5,8 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Args as ClapArgs, Parser, ValueEnum};
 
+use crate::admission::at_creation::DEFAULT_RESERVATIONS_PER_NAMESPACE;
+
 /// gpuqueue-operator: admits GPU pods within their queue's quotas, lends idle GPUs between
 /// queues and reports every queue's state on `kubectl get gq`.
 #[derive(Parser, Debug, Clone)]
@@ -88,6 +90,14 @@ pub struct WebhookArgs {
     /// longer sign a full-length serving certificate.
     #[arg(long, default_value = "720h", value_parser = parse_duration)]
     pub webhook_ca_validity: Duration,
+
+    /// A PEM file of the CA that signs kube-apiserver's webhook client certificate: the webhook
+    /// then refuses, in the TLS handshake, every client without a certificate it signed. Give
+    /// kube-apiserver that certificate with `--admission-control-config-file` (a
+    /// `WebhookAdmissionConfiguration` whose `kubeConfigFile` names it for the webhook's host).
+    /// Without it, anyone who reaches the port may call the webhook.
+    #[arg(long, env = "GPUQUEUE_WEBHOOK_CLIENT_CA", value_name = "FILE")]
+    pub webhook_client_ca: Option<PathBuf>,
 }
 
 /// Leader election on a coordination.k8s.io Lease: one replica acts, the others stand by.
@@ -128,6 +138,13 @@ pub struct AdmissionArgs {
     /// to its node and never gated). `false` gates every managed pod.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub admit_at_creation: bool,
+
+    /// At most this many pods of one namespace admitted at creation that the pod store does not
+    /// show yet; beyond it the namespace's new pods go to the gate. A create that fails after
+    /// the webhook answered holds its room for 15 s.
+    #[arg(long, env = "GPUQUEUE_CREATION_RESERVATIONS_PER_NAMESPACE",
+          default_value_t = DEFAULT_RESERVATIONS_PER_NAMESPACE)]
+    pub creation_reservations_per_namespace: usize,
 }
 
 /// Logs.

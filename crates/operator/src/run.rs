@@ -41,8 +41,11 @@ use crate::{
     reclaim::{self, CrashPoint, ReclaimMetrics, Reclaimer},
     telemetry,
     webhook::{
-        self, WebhookConfig, certs::RotationPolicy, metrics::WebhookMetrics,
+        self, WebhookConfig,
+        certs::RotationPolicy,
+        metrics::WebhookMetrics,
         policy::StoreGatePolicy,
+        server::{ClientAuth, ClientCaError},
     },
     writes::events::Events,
 };
@@ -66,6 +69,8 @@ pub enum RunError {
     Http(#[source] std::io::Error),
     #[error(transparent)]
     Webhook(#[from] webhook::WebhookError),
+    #[error(transparent)]
+    ClientCa(#[from] ClientCaError),
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
     #[error("creating the checkpoint HTTP client: {0}")]
@@ -91,6 +96,7 @@ impl RunError {
             Self::CrdMissing(_) => "crd_missing",
             Self::Http(_) => "http",
             Self::Webhook(error) => error.category(),
+            Self::ClientCa(_) => "client_ca",
             Self::Leader(_) => "leader",
             Self::CheckpointClient(_) => "checkpoint_client",
             Self::CrashPoint(_) => "crash_point",
@@ -137,6 +143,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let identity = identity(&args);
     tracing::info!(%identity, namespace = %args.namespace, "starting");
+    let webhook_config = webhook_config(&args, &identity)?;
 
     let mut registry = metrics::registry();
     let metrics = Metrics::register(&mut registry);
@@ -150,7 +157,8 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         shutdown.clone(),
     ));
 
-    let at_creation = AtCreation::new(args.admission.admit_at_creation);
+    let at_creation = AtCreation::new(args.admission.admit_at_creation)
+        .with_reservations_per_namespace(args.admission.creation_reservations_per_namespace);
     // The webhook answers from the stores, so it starts once they hold their initial lists.
     tokio::select! {
         synced = stores.synced() => if synced.is_ok() {
@@ -160,7 +168,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         () = shutdown.cancelled() => return Ok(()),
     }
     let webhook = tokio::spawn(webhook::run(
-        webhook_config(&args, &identity),
+        webhook_config,
         client.clone(),
         Arc::new(StoreGatePolicy::new(
             stores.clone(),
@@ -285,8 +293,12 @@ fn lease_config(args: &Args, identity: &str) -> LeaderConfig {
     }
 }
 
-fn webhook_config(args: &Args, identity: &str) -> WebhookConfig {
-    WebhookConfig {
+fn webhook_config(args: &Args, identity: &str) -> Result<WebhookConfig, ClientCaError> {
+    let client_auth = match &args.webhook.webhook_client_ca {
+        Some(path) => ClientAuth::from_pem_file(path)?,
+        None => ClientAuth::Anyone,
+    };
+    Ok(WebhookConfig {
         addr: args.webhook.webhook_addr,
         names: args.webhook.certificate_names(&args.namespace),
         config_name: args.webhook.webhook_config_name.clone(),
@@ -296,7 +308,8 @@ fn webhook_config(args: &Args, identity: &str) -> WebhookConfig {
             ca_validity: args.webhook.webhook_ca_validity,
         },
         identity: identity.to_owned(),
-    }
+        client_auth,
+    })
 }
 
 /// The result of the server task named `task`: its own error, or how the task itself ended

@@ -136,6 +136,11 @@ impl Operator {
             .arg(format!("--metrics-addr={metrics}"))
             .arg(format!("--webhook-addr=127.0.0.1:{}", options.webhook_port))
             .arg("--webhook-extra-san=127.0.0.1")
+            // Only the API server (with the harness's client certificate) may call the webhook.
+            .arg(format!(
+                "--webhook-client-ca={}",
+                cluster.webhook_client_ca().display()
+            ))
             .arg(format!("--lease-identity={}", options.identity))
             .arg(format!("--lease-duration={LEASE_DURATION}"))
             .arg(format!("--lease-grace={LEASE_GRACE}"))

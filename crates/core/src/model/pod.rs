@@ -184,6 +184,10 @@ pub struct Pod {
     /// Devices it holds, when known (the simulator knows; Kubernetes does not say, and the
     /// snapshot assigns devices itself).
     pub devices: Vec<DeviceSet>,
+    /// Capacity held for a pod admitted at creation that the pod store has not shown yet.
+    /// Such a pod may never exist (its creation can fail after admission), so it is never a
+    /// reclaim victim: there is nothing to evict.
+    pub reserved_unseen: bool,
 }
 
 /// A pod that cannot be modelled.
@@ -233,6 +237,7 @@ impl Pod {
             checkpoint_cost: 0,
             reclaim: None,
             devices: Vec::new(),
+            reserved_unseen: false,
         }
     }
 
@@ -320,6 +325,7 @@ impl Pod {
                 checkpoint_cost: hints.checkpoint_cost,
                 reclaim: hints.reclaim,
                 devices: Vec::new(),
+                reserved_unseen: false,
             },
             warnings,
         }))

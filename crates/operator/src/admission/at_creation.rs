@@ -5,10 +5,17 @@
 //! The decision is the core's [`admit_at_creation`] on the leader's live snapshot: the one its
 //! last admission pass ended with, plus every pod admitted at creation since. Each pass builds
 //! its snapshot and publishes it while holding this lock, so the webhook and the loop never
-//! decide on the same capacity twice. A pod admitted here is *reserved* (its capacity counted
-//! by every pass) until the pod store shows it, found by the token the webhook annotates it
-//! with; a creation that failed after the webhook answered (another admission plugin refused
-//! the pod) holds its reservation until [`RESERVATION_TTL`], the API server's request timeout.
+//! decide on the same capacity twice. The webhook never blocks on that lock: while a pass holds
+//! it, the webhook tries again a moment later, for a short while, then sends the pod to the gate
+//! (the pass that follows decides it), well within its own timeout.
+//!
+//! A pod admitted here is *reserved* (its capacity counted by every pass) until the pod store
+//! shows it, found by the token the webhook annotates it with. A creation can fail after the
+//! webhook answered (another admission plugin, or validation, refused the pod), and anyone who
+//! may create pods can make it fail on purpose, so a reservation is held in check three ways:
+//! it lasts [`RESERVATION_TTL`] and a pass is woken when it expires; a namespace holds at most
+//! [`DEFAULT_RESERVATIONS_PER_NAMESPACE`] (configurable) at once, beyond which its new pods go
+//! to the gate; and a reserved pod is never a reclaim victim (the core's `reserved_unseen`).
 //!
 //! Only the leader admits at creation, and only while nothing waits: once a pod is gated (it
 //! did not fit, or another pod waits), every new pod goes to the gate until a pass has seen the
@@ -17,7 +24,10 @@
 
 use std::{
     collections::HashSet,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard, TryLockError,
+        atomic::{AtomicI64, Ordering},
+    },
 };
 
 use gpuqueue_api::annotations;
@@ -28,12 +38,24 @@ use gpuqueue_core::{
 };
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
+use tokio::sync::Notify;
 
 use crate::leader::Term;
 
-/// How long a reservation waits for its pod: kube-apiserver's default `--request-timeout`, the
-/// longest a create can still complete after the webhook answered.
-pub const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(60);
+/// How long a reservation waits for its pod. Once our webhook has answered (its
+/// `timeoutSeconds` is 3 s), what is left of the create is the rest of admission (other mutating
+/// webhooks and their reinvocation, validation, validating webhooks and policies) and the etcd
+/// write: 15 s covers a validating webhook at the API server's default 10 s timeout with 2 s
+/// to spare. A pod that still arrives later is not lost: the store then shows it pinned and
+/// admitted, and it is counted as such; only its room could be promised twice meanwhile.
+/// Longer would let a failed create (a tenant can fail one on purpose) hold capacity longer.
+pub const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(15);
+
+/// How many reservations one namespace may hold at once before its new pods go to the gate.
+/// A burst of creations keeps its reservations only until the next pass sees the pods (at
+/// most about half a second later), so a namespace creating 250 pods/s holds about 125; a
+/// tenant failing its creates on purpose holds no more than this, for [`RESERVATION_TTL`].
+pub const DEFAULT_RESERVATIONS_PER_NAMESPACE: usize = 128;
 
 /// After the webhook gated a pod, how long until a pass may consider it seen: the pod reaches
 /// the store within milliseconds of its creation, so a pass that starts this much later and
@@ -44,7 +66,24 @@ const GATED_SETTLE: SignedDuration = SignedDuration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct AtCreation {
     enabled: bool,
+    per_namespace: usize,
     state: Arc<Mutex<State>>,
+    /// When (Unix milliseconds) the webhook last gated a pod because a pass held the lock: kept
+    /// outside the lock, which the webhook could not take.
+    busy_gated: Arc<AtomicI64>,
+    /// Told when a reservation is made while none is held, so that the loop wakes at its
+    /// expiry even if nothing else changes (its pod may never appear).
+    first_reservation: Arc<Notify>,
+}
+
+/// Why the webhook sends a managed pod to the gate instead of admitting it at its creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Admission at creation is off, closed (a pod waits, no pass yet, standby), the pod does
+    /// not fit, or its namespace holds as many reservations as it may.
+    Declined,
+    /// An admission pass held the lock (the decision is not blocked on it: ask again later).
+    Busy,
 }
 
 #[derive(Debug, Default)]
@@ -55,11 +94,32 @@ struct State {
     last_gated: Option<Timestamp>,
 }
 
+impl State {
+    /// Takes in the last pod gated while the lock was busy (Unix milliseconds, 0: none): a pass
+    /// that read the stores before it cannot have decided it.
+    fn note_busy_gated(&mut self, busy_gated: i64) {
+        let Some(gated) = Timestamp::from_millisecond(busy_gated)
+            .ok()
+            .filter(|_| busy_gated > 0)
+        else {
+            return;
+        };
+        if self.last_gated.is_none_or(|last| last < gated) {
+            self.last_gated = Some(gated);
+        }
+        if let Some(live) = self.live.as_mut().filter(|live| live.started <= gated) {
+            live.contended = true;
+        }
+    }
+}
+
 /// The leader's snapshot after its last pass, with the pods admitted at creation since.
 #[derive(Debug)]
 struct Live {
     term: Term,
     snapshot: Snapshot,
+    /// When the pass read the stores.
+    started: Timestamp,
     /// A pod waits (or may: one was gated since the pass): admit nothing at creation.
     contended: bool,
 }
@@ -90,12 +150,45 @@ impl AtCreation {
     pub fn new(enabled: bool) -> Self {
         Self {
             enabled,
+            per_namespace: DEFAULT_RESERVATIONS_PER_NAMESPACE,
             state: Arc::default(),
+            busy_gated: Arc::default(),
+            first_reservation: Arc::default(),
         }
+    }
+
+    /// At most `limit` reservations per namespace (0 gates every pod, as `enabled: false`).
+    #[must_use]
+    pub fn with_reservations_per_namespace(mut self, limit: usize) -> Self {
+        self.per_namespace = limit;
+        self
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         crate::sync::lock(&self.state)
+    }
+
+    /// The lock, unless someone holds it (a poisoned one is taken as its holder left it).
+    fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(state) => Some(state),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
+    /// A pod went to the gate at `now` because passes kept the lock: the pass running then read
+    /// the stores before the pod existed, so admission at creation stays closed until one has
+    /// seen it (kept outside the lock, which the webhook could not take).
+    pub fn gated_busy(&self, now: Timestamp) {
+        self.busy_gated
+            .fetch_max(now.as_millisecond(), Ordering::Relaxed);
+    }
+
+    /// Resolves when a reservation has been made while none was held (a permit is kept if no
+    /// one waits): the loop then wakes by [`RESERVATION_TTL`] from now at the latest.
+    pub async fn first_reservation(&self) {
+        self.first_reservation.notified().await;
     }
 
     /// Starts an admission pass: the webhook waits until [`Pass::publish`] (or the end of the
@@ -104,6 +197,7 @@ impl AtCreation {
         Pass {
             state: self.lock(),
             enabled: self.enabled,
+            busy_gated: &self.busy_gated,
         }
     }
 
@@ -112,22 +206,40 @@ impl AtCreation {
         self.lock().live = None;
     }
 
-    /// Decides a managed pod about to be created: `Some` admits it (the webhook pins it),
-    /// `None` sends it to the gate.
-    pub fn admit(&self, pod: &Pod, now: Timestamp) -> Option<CreationAdmission> {
-        let mut state = self.lock();
-        let admitted = self.try_admit(&mut state, pod, now);
-        if admitted.is_none() {
+    /// Decides a managed pod about to be created: `Ok` admits it (the webhook pins it), `Err`
+    /// sends it to the gate, saying why. Never waits for a pass: `Busy` changes nothing, and
+    /// the caller may ask again, or gate the pod and say so with [`Self::gated_busy`].
+    pub fn admit(&self, pod: &Pod, now: Timestamp) -> Result<CreationAdmission, Gate> {
+        let Some(mut state) = self.try_lock() else {
+            return Err(Gate::Busy);
+        };
+        state.note_busy_gated(self.busy_gated.load(Ordering::Relaxed));
+        let was_empty = state.reservations.is_empty();
+        let Some(admitted) = self.try_admit(&mut state, pod, now) else {
             state.last_gated = Some(now);
             if let Some(live) = state.live.as_mut() {
                 live.contended = true;
             }
+            return Err(Gate::Declined);
+        };
+        if was_empty {
+            self.first_reservation.notify_one();
         }
-        admitted
+        Ok(admitted)
     }
 
     fn try_admit(&self, state: &mut State, pod: &Pod, now: Timestamp) -> Option<CreationAdmission> {
         if !self.enabled {
+            return None;
+        }
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        let held = state
+            .reservations
+            .iter()
+            .filter(|r| r.pod.key.namespace == namespace)
+            .count();
+        if held >= self.per_namespace {
+            tracing::debug!(%namespace, held, "namespace holds its most reservations; gated");
             return None;
         }
         let live = state.live.as_mut()?;
@@ -181,6 +293,7 @@ impl AtCreation {
 pub struct Pass<'a> {
     state: MutexGuard<'a, State>,
     enabled: bool,
+    busy_gated: &'a AtomicI64,
 }
 
 /// A reservation whose pod the store now shows.
@@ -227,14 +340,28 @@ impl Pass<'_> {
         settled
     }
 
-    /// The pods reserved at creation that the store does not show yet, as the core holds them.
+    /// The pods reserved at creation that the store does not show yet, as the core holds them:
+    /// admitted, and marked unseen (never reclaim victims: they may never exist).
     pub fn reserved_pods(&self) -> impl Iterator<Item = model::Pod> + '_ {
         let mut keys = HashSet::new();
         self.state
             .reservations
             .iter()
             .filter(move |r| keys.insert(r.pod.key.clone()))
-            .map(|r| r.pod.clone())
+            .map(|r| model::Pod {
+                reserved_unseen: true,
+                ..r.pod.clone()
+            })
+    }
+
+    /// When the oldest reservation expires: a pass must run then, since a pod that never
+    /// appears brings no change that would run one.
+    pub fn next_expiry(&self) -> Option<Timestamp> {
+        self.state
+            .reservations
+            .iter()
+            .map(|r| r.made_at + RESERVATION_TTL)
+            .min()
     }
 
     /// Publishes the pass's snapshot (after its decisions) for the webhook. `waiting`: the pass
@@ -251,6 +378,8 @@ impl Pass<'_> {
         if !self.enabled {
             return None;
         }
+        self.state
+            .note_busy_gated(self.busy_gated.load(Ordering::Relaxed));
         let reopen = self
             .state
             .last_gated
@@ -259,6 +388,7 @@ impl Pass<'_> {
         self.state.live = Some(Live {
             term,
             snapshot,
+            started,
             contended: waiting || reopen.is_some(),
         });
         reopen.filter(|_| !waiting)
@@ -342,7 +472,11 @@ mod tests {
      {
         let (term, _state) = term().await;
         let at_creation = AtCreation::new(true);
-        assert_eq!(at_creation.admit(&new_pod(1), at(0)), None, "no pass yet");
+        assert_eq!(
+            at_creation.admit(&new_pod(1), at(0)),
+            Err(Gate::Declined),
+            "no pass yet"
+        );
 
         at_creation
             .pass()
@@ -352,7 +486,7 @@ mod tests {
         assert_eq!(admitted.node_pin, "gpu-node-0");
         assert_eq!(admitted.admitted_as, AdmittedAs::Guaranteed);
         // 3 of 4 GPUs are held: a pod of 2 no longer fits, and goes to the gate.
-        assert_eq!(at_creation.admit(&new_pod(2), at(12)), None);
+        assert_eq!(at_creation.admit(&new_pod(2), at(12)), Err(Gate::Declined));
 
         // The next pass counts the reservation until the store shows the pod.
         let mut pass = at_creation.pass();
@@ -374,10 +508,14 @@ mod tests {
         at_creation
             .pass()
             .publish(term.clone(), snapshot(), false, at(0));
-        assert_eq!(at_creation.admit(&new_pod(8), at(1)), None, "does not fit");
+        assert_eq!(
+            at_creation.admit(&new_pod(8), at(1)),
+            Err(Gate::Declined),
+            "does not fit"
+        );
         assert_eq!(
             at_creation.admit(&new_pod(1), at(2)),
-            None,
+            Err(Gate::Declined),
             "it would overtake"
         );
         // A pass that may have started before the gated pod reached the store decides nothing,
@@ -390,19 +528,19 @@ mod tests {
             Some(at(3)),
             "a second after the last pod went to the gate"
         );
-        assert_eq!(at_creation.admit(&new_pod(1), at(3)), None);
+        assert_eq!(at_creation.admit(&new_pod(1), at(3)), Err(Gate::Declined));
         // One that found pods waiting neither (the pods' own changes bring the next pass).
         let reopen = at_creation
             .pass()
             .publish(term.clone(), snapshot(), true, at(5));
         assert_eq!(
             (reopen, at_creation.admit(&new_pod(1), at(6))),
-            (None, None)
+            (None, Err(Gate::Declined))
         );
         // One that saw everything decided and nothing waiting re-opens admission at creation.
         let reopen = at_creation.pass().publish(term, snapshot(), false, at(7));
         assert_eq!(reopen, None);
-        assert!(at_creation.admit(&new_pod(1), at(8)).is_some());
+        assert!(at_creation.admit(&new_pod(1), at(8)).is_ok());
     }
 
     #[tokio::test]
@@ -410,12 +548,63 @@ mod tests {
         let (term, _state) = term().await;
         let at_creation = AtCreation::new(true);
         at_creation.pass().publish(term, snapshot(), false, at(0));
-        assert!(at_creation.admit(&new_pod(4), at(1)).is_some());
+        assert!(at_creation.admit(&new_pod(4), at(1)).is_ok());
         let mut pass = at_creation.pass();
         pass.settle(&[], at(1) + RESERVATION_TTL - SignedDuration::from_secs(1));
         assert_eq!(pass.reserved_pods().count(), 1, "still within the timeout");
         pass.settle(&[], at(1) + RESERVATION_TTL);
         assert_eq!(pass.reserved_pods().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn the_webhook_never_blocks_on_a_pass_and_a_pod_it_gates_meanwhile_is_not_overtaken() {
+        let (term, _state) = term().await;
+        let at_creation = AtCreation::new(true);
+        at_creation
+            .pass()
+            .publish(term.clone(), snapshot(), false, at(0));
+        let pass = at_creation.pass();
+        assert_eq!(
+            at_creation.admit(&new_pod(1), at(1)),
+            Err(Gate::Busy),
+            "the pass holds the lock"
+        );
+        at_creation.gated_busy(at(1));
+        // The pass read the stores before that pod was gated: it cannot have decided it.
+        let reopen = pass.publish(term.clone(), snapshot(), false, at(0));
+        assert_eq!(reopen, Some(at(2)));
+        assert_eq!(at_creation.admit(&new_pod(1), at(1)), Err(Gate::Declined));
+        let reopen = at_creation.pass().publish(term, snapshot(), false, at(2));
+        assert_eq!(reopen, None);
+        assert!(at_creation.admit(&new_pod(1), at(3)).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_namespace_holds_at_most_its_reservations_and_each_wakes_a_pass_at_its_expiry() {
+        let (term, _state) = term().await;
+        let at_creation = AtCreation::new(true).with_reservations_per_namespace(2);
+        at_creation.pass().publish(term, snapshot(), false, at(0));
+        let first = at_creation.admit(&new_pod(1), at(1));
+        assert!(first.is_ok());
+        // The first reservation tells the loop (a permit is kept until it listens).
+        tokio::time::timeout(
+            std::time::Duration::from_secs(1),
+            at_creation.first_reservation(),
+        )
+        .await
+        .unwrap();
+        assert!(at_creation.admit(&new_pod(1), at(2)).is_ok());
+        assert_eq!(
+            at_creation.admit(&new_pod(1), at(3)),
+            Err(Gate::Declined),
+            "two are held: the third pod goes to the gate though it fits"
+        );
+        let pass = at_creation.pass();
+        assert_eq!(pass.next_expiry(), Some(at(1) + RESERVATION_TTL));
+        assert!(
+            pass.reserved_pods().all(|pod| pod.reserved_unseen),
+            "never a reclaim victim"
+        );
     }
 
     #[tokio::test]
@@ -426,10 +615,10 @@ mod tests {
             .pass()
             .publish(term.clone(), snapshot(), false, at(0));
         at_creation.withdraw();
-        assert_eq!(at_creation.admit(&new_pod(1), at(1)), None);
+        assert_eq!(at_creation.admit(&new_pod(1), at(1)), Err(Gate::Declined));
 
         let disabled = AtCreation::new(false);
         disabled.pass().publish(term, snapshot(), false, at(0));
-        assert_eq!(disabled.admit(&new_pod(1), at(1)), None);
+        assert_eq!(disabled.admit(&new_pod(1), at(1)), Err(Gate::Declined));
     }
 }

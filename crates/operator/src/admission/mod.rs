@@ -1,8 +1,10 @@
 //! The admission loop: the leader's work. Each pass is a short pipeline, run when the stores
 //! change (debounced; while no pod waits, a change that calls for no decision is taken in
-//! within [`BOOKKEEPING`]) and never on a timer unless a decision names a time:
+//! within [`BOOKKEEPING`]) and never on a timer unless a decision names a time, or a
+//! reservation made at creation expires (its pod may never appear, and bring no change):
 //!
-//! 1. **observe**: read the stores into the core's model (pods seen through [`Assumed`]).
+//! 1. **observe**: read the stores into the core's model (pods seen through [`Assumed`], and the
+//!    pods the webhook reserved at creation that the store does not show yet).
 //! 2. **decide**: `gpuqueue_core::admission::admission_cycle` orders the waiting pods fairly and
 //!    decides each: admit (node and quota), reclaim, or wait with a reason.
 //! 3. **apply**: release the gate on the chosen node (JSON patch that tests the gate), or,
@@ -64,7 +66,7 @@ use crate::{
     reclaim::{Handovers, PassTiming, Reservation},
 };
 use apply::{ReclaimStart, admitted_at_creation, apply, begin_reclaim};
-use at_creation::AtCreation;
+use at_creation::{AtCreation, RESERVATION_TTL};
 use context::{RETRY_AFTER, Shared};
 use observe::{Observation, PodModels};
 use report::report;
@@ -122,13 +124,7 @@ pub async fn run(context: Context, term: Term) {
         } else {
             BOOKKEEPING
         };
-        let timer = async {
-            match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
-                Some(wait) => tokio::time::sleep(wait).await,
-                None if wake.is_some() => {}
-                None => std::future::pending().await,
-            }
-        };
+        let timer = wake_at(wake, &shared.context.at_creation);
         // Every branch leads to a pass, which reads everything: a change consumed by an
         // interrupted debounce is not lost.
         tokio::select! {
@@ -136,6 +132,28 @@ pub async fn run(context: Context, term: Term) {
             more = bookkeeping.next_burst(&mut changes) => if !more { return },
             () = shared.retry.notified() => {}
             () = timer => {}
+        }
+    }
+}
+
+/// Resolves at `wake`, or earlier at the expiry of a reservation the webhook makes meanwhile
+/// (a pass's own `wake` already counts those it saw). Never resolves when neither comes.
+async fn wake_at(wake: Option<Timestamp>, at_creation: &AtCreation) {
+    let mut wake = wake;
+    loop {
+        let sleep = async {
+            match wake.and_then(|at| Duration::try_from(at.duration_since(clock::now())).ok()) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None if wake.is_some() => {}
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = sleep => return,
+            () = at_creation.first_reservation() => {
+                let expiry = clock::now() + RESERVATION_TTL;
+                wake = Some(wake.map_or(expiry, |at| at.min(expiry)));
+            }
         }
     }
 }
@@ -279,6 +297,7 @@ fn run_pass(
 
     // 4. report: queue status and events (background writes), gauges, the live snapshot
     let statuses = report(shared, tasks, &snapshot, &invalid_queues, now);
+    let expiry = creation.next_expiry();
     let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
     let took = started.elapsed();
     context.metrics.pass_took(took.as_secs_f64());
@@ -295,6 +314,7 @@ fn run_pass(
             .into_iter()
             .chain(applied.first_reason_due)
             .chain(reopen)
+            .chain(expiry)
             .min(),
         waiting: left_waiting,
         planned,

@@ -13,6 +13,9 @@ pub enum WebhookResult {
     Admitted,
     /// The pod was given the admission gate.
     Gated,
+    /// The pod was given the admission gate because admission passes held the lock for as long
+    /// as the webhook may wait (it never blocks on one).
+    Busy,
     /// The pod already carried the gate.
     AlreadyGated,
     /// No queue manages the pod; it passes unchanged.
@@ -27,6 +30,7 @@ impl WebhookResult {
         match self {
             Self::Admitted => "admitted",
             Self::Gated => "gated",
+            Self::Busy => "busy",
             Self::AlreadyGated => "already_gated",
             Self::NotManaged => "not_managed",
             Self::Invalid => "invalid",

@@ -10,7 +10,9 @@
 //! made at start-up ([`certs`]), renewed before expiry and swapped in without a restart. The
 //! CA is written into the operator's MutatingWebhookConfiguration ([`ca_bundle`]), which is
 //! watched so that the bundle is repaired if anyone resets it. The replica is ready (and so
-//! receives traffic through the Service) only once its CA is in the bundle.
+//! receives traffic through the Service) only once its CA is in the bundle. With
+//! `--webhook-client-ca` it answers only clients presenting a certificate that CA signed (the
+//! API server, configured for it): see [`server::ClientAuth`].
 //!
 //! # Failure policy: `Ignore`, with bypassed pods counted as used
 //!
@@ -71,6 +73,8 @@ pub struct WebhookConfig {
     pub rotation: RotationPolicy,
     /// This replica, for the CA's name.
     pub identity: String,
+    /// Who may call the webhook (`--webhook-client-ca`).
+    pub client_auth: server::ClientAuth,
 }
 
 /// Why the webhook stopped.
@@ -188,7 +192,7 @@ async fn serve(
     tracing::info!(addr = %config.addr, names = ?config.names, "serving the webhook over TLS");
     tokio::spawn(server::serve(
         listener,
-        server::tls_config(resolver)?,
+        server::tls_config(resolver, &config.client_auth)?,
         server::router(policy, metrics.clone()),
         shutdown.clone(),
     ));

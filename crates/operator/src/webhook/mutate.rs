@@ -23,7 +23,10 @@ use kube::core::{
 use serde_json::json;
 
 use super::metrics::WebhookResult;
-use crate::{admission::at_creation::CreationAdmission, writes::pod::pin_and_annotate};
+use crate::{
+    admission::at_creation::{CreationAdmission, Gate},
+    writes::pod::pin_and_annotate,
+};
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {
@@ -32,10 +35,13 @@ pub trait GatePolicy: Send + Sync + 'static {
     fn managing_queue(&self, pod: &Pod) -> Option<String>;
 
     /// Admits a managed pod at its creation instead of gating it, when the leader can decide
-    /// it at once; `None` sends it to the gate.
-    fn admit_at_creation(&self, _pod: &Pod) -> Option<CreationAdmission> {
-        None
+    /// it at once; `Err` sends it to the gate, saying why.
+    fn admit_at_creation(&self, _pod: &Pod) -> Result<CreationAdmission, Gate> {
+        Err(Gate::Declined)
     }
+
+    /// The webhook gave up waiting for a busy admission pass and gated a pod.
+    fn gated_busy(&self) {}
 }
 
 /// The answer to one admission review: the response body, and what was done for metrics.
@@ -94,16 +100,17 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
     }
     // A dry run creates nothing, so it must reserve nothing: it sees the gate.
     let at_creation = if request.dry_run {
-        None
+        Err(Gate::Declined)
     } else {
         policy.admit_at_creation(&pod)
     };
     let (operations, result) = match at_creation {
-        Some(admitted) => (
+        Ok(admitted) => (
             admission_operations(&pod, &admitted),
             WebhookResult::Admitted,
         ),
-        None => (vec![gate_operation(gates.is_some())], WebhookResult::Gated),
+        Err(Gate::Declined) => (vec![gate_operation(gates.is_some())], WebhookResult::Gated),
+        Err(Gate::Busy) => (vec![gate_operation(gates.is_some())], WebhookResult::Busy),
     };
     let patched = serde_json::from_value::<json_patch::Patch>(serde_json::Value::Array(operations))
         .map_err(|error| error.to_string())
@@ -252,8 +259,8 @@ mod tests {
             TenantPolicy.managing_queue(pod)
         }
 
-        fn admit_at_creation(&self, _pod: &Pod) -> Option<CreationAdmission> {
-            Some(CreationAdmission {
+        fn admit_at_creation(&self, _pod: &Pod) -> Result<CreationAdmission, Gate> {
+            Ok(CreationAdmission {
                 queue: "tenant-queue".into(),
                 node_pin: "gpu-node-3".into(),
                 admitted_as: gpuqueue_core::model::AdmittedAs::Borrowed,

@@ -9,7 +9,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::mutate::GatePolicy;
 use crate::{
     admission::{
-        at_creation::{AtCreation, CreationAdmission},
+        at_creation::{AtCreation, CreationAdmission, Gate},
         metrics::{AdmissionMetrics, Outcome},
     },
     clock,
@@ -63,7 +63,7 @@ impl GatePolicy for StoreGatePolicy {
         }
     }
 
-    fn admit_at_creation(&self, pod: &Pod) -> Option<CreationAdmission> {
+    fn admit_at_creation(&self, pod: &Pod) -> Result<CreationAdmission, Gate> {
         let admitted = self.at_creation.admit(pod, clock::now())?;
         self.metrics
             .decided(&admitted.queue, Outcome::admitted(admitted.admitted_as));
@@ -71,7 +71,11 @@ impl GatePolicy for StoreGatePolicy {
         tracing::info!(namespace = pod.metadata.namespace.as_deref().unwrap_or_default(),
             queue = %admitted.queue, node = %admitted.node_pin, admitted_as = %admitted.admitted_as,
             token = %admitted.token, "admitted at creation");
-        Some(admitted)
+        Ok(admitted)
+    }
+
+    fn gated_busy(&self) {
+        self.at_creation.gated_busy(clock::now());
     }
 }
 
