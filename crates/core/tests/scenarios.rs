@@ -286,7 +286,7 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
-            name: "a victim queue at its guarantee is not touched",
+            name: "a pod straddling its queue's guarantee is a borrower (issue 13, case 8)",
             world: || {
                 build(
                     vec![queue("a", 2, 0), queue("b", 5, 4)],
@@ -300,10 +300,12 @@ fn cases() -> Vec<Case> {
             },
             pod: "a/p",
             now: 20,
-            // b borrows 1 but its smallest pod holds 2: evicting it would leave b at 4 < 5.
-            expect: Expect::Wait {
-                code: "NoRoom",
-                says: &["no reclaim possible", "no other queue is borrowing"],
+            // b borrows 1 with a pod of 2: that pod straddles b's guarantee, so it is a
+            // borrower (b drops to 4 of its 5; a gets its guarantee).
+            expect: Expect::Reclaim {
+                node: "n1",
+                victims: &["b/two"],
+                overrides_min_borrow: false,
             },
         },
         Case {

@@ -184,6 +184,14 @@ pub struct Pod {
     /// Devices it holds, when known (the simulator knows; Kubernetes does not say, and the
     /// snapshot assigns devices itself).
     pub devices: Vec<DeviceSet>,
+    /// Holds (or may hold) capacity with no record of gpuqueue's admission: neither
+    /// `gpuqueue.io/admitted-at` nor `gpuqueue.io/admitted-at-creation` (created while the
+    /// webhook was down, before the queue existed, or ungated by hand). Charged to its queue
+    /// like any admitted pod, but the first to go: see [`crate::enforcement`].
+    pub unadmitted: bool,
+    /// Since when kube-scheduler reports it cannot bind the pod (`PodScheduled=False`, reason
+    /// `Unschedulable`): see [`crate::pins`].
+    pub unschedulable_since: Option<Timestamp>,
 }
 
 /// A pod that cannot be modelled.
@@ -233,6 +241,8 @@ impl Pod {
             checkpoint_cost: 0,
             reclaim: None,
             devices: Vec::new(),
+            unadmitted: false,
+            unschedulable_since: None,
         }
     }
 
@@ -302,6 +312,7 @@ impl Pod {
                 terminating: pod.metadata.deletion_timestamp.is_some(),
             })
         };
+        let is_admitted = matches!(state, PodState::Admitted(_));
         Ok(Some(Converted {
             value: Self {
                 key,
@@ -320,14 +331,33 @@ impl Pod {
                 checkpoint_cost: hints.checkpoint_cost,
                 reclaim: hints.reclaim,
                 devices: Vec::new(),
+                unadmitted: is_admitted && !hints.admission_recorded,
+                unschedulable_since: unschedulable_since(pod),
             },
             warnings,
         }))
     }
 }
 
+/// When kube-scheduler last said it cannot bind the pod, if that is what it says now.
+fn unschedulable_since(pod: &k8s::Pod) -> Option<Timestamp> {
+    let condition = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?;
+    if condition.status != "False" || condition.reason.as_deref() != Some("Unschedulable") {
+        return None;
+    }
+    condition.last_transition_time.as_ref().map(|t| t.0)
+}
+
 /// What the operator's annotations on a pod say.
 struct Hints {
+    /// Either admission annotation is there (its value may still be malformed).
+    admission_recorded: bool,
     admitted_at: Option<Timestamp>,
     checkpoint_cost: u64,
     reclaim: Option<ReclaimMark>,
@@ -383,6 +413,8 @@ impl Hints {
             }
         };
         Self {
+            admission_recorded: note(annotations::ADMITTED_AT).is_some()
+                || note(annotations::ADMITTED_AT_CREATION).is_some(),
             admitted_at,
             checkpoint_cost,
             reclaim,

@@ -29,6 +29,7 @@ impl Snapshot {
         match slot.attribution {
             Attribution::Queue(q) => {
                 let protection = admitted.then(|| Protection {
+                    recorded: !slot.pod.unadmitted,
                     priority: slot.pod.priority,
                     since: slot
                         .pod
