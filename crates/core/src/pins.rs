@@ -42,11 +42,20 @@ impl fmt::Display for StuckPin {
     }
 }
 
+/// What [`release_stuck_pins`] did, and when it has more to do.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    pub pins: Vec<StuckPin>,
+    /// When the next pinned pod that kube-scheduler reports unschedulable reaches the limit
+    /// (nothing else may change by then: the caller wakes up for it).
+    pub next: Option<Timestamp>,
+}
+
 /// Releases the room of every pinned, unbound pod that kube-scheduler has reported
 /// unschedulable for `after` or longer at `now`, and says which.
-pub fn release_stuck_pins(pods: &mut [Pod], now: Timestamp, after: Duration) -> Vec<StuckPin> {
+pub fn release_stuck_pins(pods: &mut [Pod], now: Timestamp, after: Duration) -> Released {
     let after = SignedDuration::try_from(after).unwrap_or(SignedDuration::MAX);
-    let mut released = Vec::new();
+    let mut released = Released::default();
     for pod in pods {
         let (Some(since), None) = (pod.unschedulable_since, &pod.reclaim) else {
             continue;
@@ -54,11 +63,16 @@ pub fn release_stuck_pins(pods: &mut [Pod], now: Timestamp, after: Duration) -> 
         let PodState::Admitted(assignment) = &mut pod.state else {
             continue;
         };
-        if assignment.bound || assignment.terminating || now.duration_since(since) < after {
+        if assignment.bound || assignment.terminating || assignment.node.is_none() {
+            continue;
+        }
+        if now.duration_since(since) < after {
+            let due = since.checked_add(after).ok();
+            released.next = released.next.into_iter().chain(due).min();
             continue;
         }
         if let Some(node) = assignment.node.take() {
-            released.push(StuckPin {
+            released.pins.push(StuckPin {
                 key: pod.key.clone(),
                 node,
                 since,
@@ -99,8 +113,16 @@ mod tests {
             pinned("fine", None),
         ];
         let now = Timestamp::from_second(60).unwrap();
-        let released = release_stuck_pins(&mut pods, now, UNBINDABLE_AFTER);
+        let Released {
+            pins: released,
+            next,
+        } = release_stuck_pins(&mut pods, now, UNBINDABLE_AFTER);
         assert_eq!(released.len(), 1);
+        assert_eq!(
+            next,
+            Some(Timestamp::from_second(90).unwrap()),
+            "the young one is due then"
+        );
         assert_eq!(released[0].key.name, "stuck");
         assert_eq!(released[0].node, "n1");
         // Still admitted (charged to its queue), but seated nowhere.
@@ -122,6 +144,9 @@ mod tests {
         });
         let mut pods = vec![bound, owner];
         let now = Timestamp::from_second(600).unwrap();
-        assert!(release_stuck_pins(&mut pods, now, UNBINDABLE_AFTER).is_empty());
+        assert_eq!(
+            release_stuck_pins(&mut pods, now, UNBINDABLE_AFTER),
+            Released::default()
+        );
     }
 }

@@ -24,6 +24,8 @@ pub struct QueueReport {
     pub resources: Vec<ResourceReport>,
     pub admitted_pods: u32,
     pub pending_pods: u32,
+    /// Pods that hold capacity without gpuqueue's admission (see [`crate::enforcement`]).
+    pub unadmitted_pods: u32,
     pub conditions: Vec<ConditionReport>,
 }
 
@@ -73,13 +75,15 @@ pub fn queue_reports(snapshot: &Snapshot) -> Vec<QueueReport> {
                 .collect();
             resources.sort_by(|a, b| a.resource.cmp(&b.resource));
             let (admitted_pods, pending_pods) = snapshot.pod_counts(q);
+            let unadmitted = Unadmitted::of(snapshot, q);
             QueueReport {
                 queue: spec.name.clone(),
                 generation: spec.generation,
                 resources,
                 admitted_pods,
                 pending_pods,
-                conditions: conditions(snapshot, q),
+                unadmitted_pods: unadmitted.pods,
+                conditions: conditions(snapshot, q, &unadmitted),
             }
         })
         .collect()
@@ -143,7 +147,7 @@ fn lent_by_queue(snapshot: &Snapshot) -> std::collections::HashMap<(QueueId, Res
     lent
 }
 
-fn conditions(snapshot: &Snapshot, q: QueueId) -> Vec<ConditionReport> {
+fn conditions(snapshot: &Snapshot, q: QueueId, unadmitted: &Unadmitted) -> Vec<ConditionReport> {
     let conflicts = snapshot.namespace_conflicts(q);
     let ready = if conflicts.is_empty() {
         ConditionReport {
@@ -187,7 +191,7 @@ fn conditions(snapshot: &Snapshot, q: QueueId) -> Vec<ConditionReport> {
         overcommitted(snapshot, q),
         conflict,
         reclaiming(snapshot, q),
-        quota_bypass(snapshot, q),
+        quota_bypass(unadmitted),
     ]
 }
 
@@ -279,27 +283,41 @@ fn reclaiming(snapshot: &Snapshot, q: QueueId) -> ConditionReport {
     }
 }
 
-/// Whether pods of this queue hold capacity without gpuqueue's admission (see
-/// [`crate::enforcement`]): a warning, with how many and what happens to them.
-fn quota_bypass(snapshot: &Snapshot, q: QueueId) -> ConditionReport {
-    let mut pods = 0;
-    let mut held: Vec<(ResourceName, Milli)> = Vec::new();
-    for pod in snapshot.pod_ids() {
-        let Some(p) = snapshot.pod(pod).filter(|p| p.unadmitted) else {
-            continue;
-        };
-        if snapshot.pod_queue(pod) != Some(q) {
-            continue;
-        }
-        pods += 1;
-        for g in &p.requests.gpus {
-            match held.iter_mut().find(|(r, _)| *r == g.resource) {
-                Some((_, m)) => *m += g.total(),
-                None => held.push((g.resource.clone(), g.total())),
+/// A queue's unadmitted pods: how many, and what they hold by resource (sorted).
+struct Unadmitted {
+    pods: u32,
+    held: Vec<(ResourceName, Milli)>,
+}
+
+impl Unadmitted {
+    fn of(snapshot: &Snapshot, q: QueueId) -> Self {
+        let mut pods = 0;
+        let mut held: Vec<(ResourceName, Milli)> = Vec::new();
+        for pod in snapshot.pod_ids() {
+            let Some(p) = snapshot.pod(pod).filter(|p| p.unadmitted) else {
+                continue;
+            };
+            if snapshot.pod_queue(pod) != Some(q) {
+                continue;
+            }
+            pods += 1;
+            for g in &p.requests.gpus {
+                match held.iter_mut().find(|(r, _)| *r == g.resource) {
+                    Some((_, m)) => *m += g.total(),
+                    None => held.push((g.resource.clone(), g.total())),
+                }
             }
         }
+        held.sort();
+        Self { pods, held }
     }
-    if pods == 0 {
+}
+
+/// Whether pods of this queue hold capacity without gpuqueue's admission (see
+/// [`crate::enforcement`]): a warning, with how many and what happens to them.
+fn quota_bypass(unadmitted: &Unadmitted) -> ConditionReport {
+    let Unadmitted { pods, held } = unadmitted;
+    if *pods == 0 {
         return ConditionReport {
             type_: types::QUOTA_BYPASS,
             status: false,
@@ -307,7 +325,6 @@ fn quota_bypass(snapshot: &Snapshot, q: QueueId) -> ConditionReport {
             message: "every pod of this queue that holds capacity was admitted by gpuqueue".into(),
         };
     }
-    held.sort();
     let held: Vec<String> = held.iter().map(|(r, m)| format!("{m} {r}")).collect();
     ConditionReport {
         type_: types::QUOTA_BYPASS,

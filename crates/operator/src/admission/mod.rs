@@ -35,6 +35,7 @@
 mod apply;
 pub mod at_creation;
 mod context;
+mod enforce;
 pub mod metrics;
 pub mod observe;
 mod report;
@@ -252,6 +253,7 @@ fn run_pass(
         mut snapshot,
         unreadable_pods,
         invalid_queues,
+        stuck_pins,
     } = observation;
 
     // 2. decide (pure, in the core)
@@ -264,7 +266,10 @@ fn run_pass(
         .record("pending", decisions.len() + unreadable_pods.len())
         .record("decisions", decisions.len());
 
-    // 3. apply: the writes the decisions call for start in the background
+    // 3. apply: the writes the decisions call for start in the background, evictions too
+    carried
+        .enforce
+        .start(shared, tasks, &snapshot, &decisions, &stuck_pins.pins);
     let applied = apply(
         shared,
         tasks,
@@ -291,6 +296,7 @@ fn run_pass(
         wake: cooldown
             .into_iter()
             .chain(applied.first_reason_due)
+            .chain(stuck_pins.next)
             .chain(reopen)
             .min(),
         waiting: left_waiting,
@@ -304,6 +310,7 @@ fn run_pass(
 struct PassMemory {
     waiting_since: WaitingSince,
     pod_models: PodModels,
+    enforce: enforce::EnforceMemory,
 }
 
 /// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).
