@@ -149,7 +149,7 @@ pub fn enforce(snapshot: &Snapshot, decisions: &[Decision]) -> Vec<Enforcement> 
     out
 }
 
-/// What pods wait within their queue's guarantee ask for, per resource, and which queues
+/// What pods waiting within their queue's guarantee ask for, per resource, and which queues
 /// (sorted, once each) wait for which resource: pods that find no room on any suitable node,
 /// and owners pinned to a node that is still full.
 fn waiting_owners(
@@ -167,11 +167,19 @@ fn waiting_owners(
         },
         _ => None,
     });
+    // Pinned to a node still full, and of a queue within its guarantee (a reclaim's owner).
     let pinned = snapshot.pod_ids().filter(|p| {
-        snapshot
-            .slot(*p)
-            .and_then(|s| s.seat.as_ref())
-            .is_some_and(|seat| seat.deficit)
+        snapshot.slot(*p).is_some_and(|slot| {
+            let within = |q: QueueId| {
+                slot.amounts.iter().all(|(r, _)| {
+                    snapshot
+                        .usage_of(q, *r)
+                        .is_some_and(|u| u.allocated <= u.guaranteed)
+                })
+            };
+            slot.seat.as_ref().is_some_and(|seat| seat.deficit)
+                && matches!(slot.attribution, Attribution::Queue(q) if within(q))
+        })
     });
     let mut need: HashMap<ResourceId, Milli> = HashMap::new();
     let mut waiting = Vec::new();

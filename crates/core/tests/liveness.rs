@@ -379,4 +379,53 @@ proptest! {
             prop_assert!(flags.windows(2).all(|w| w[0] || !w[1]), "unadmitted after admitted: {flags:?}");
         }
     }
+
+    #[test]
+    fn enforcement_brings_every_queue_within_its_ceiling_with_unadmitted_pods_only(w in world()) {
+        let mut snapshot = build_world(&w);
+        let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(1000));
+        let evict = enforce(&snapshot, &decisions);
+        for e in &evict {
+            let pod = snapshot.pod(e.pod).unwrap();
+            prop_assert!(pod.unadmitted, "{} was admitted", e.key);
+            prop_assert!(pod.reclaim.is_none(), "{} is a reclaim's victim already", e.key);
+        }
+        let ids: Vec<PodId> = evict.iter().map(|e| e.pod).collect();
+        let mut unique = ids.clone();
+        unique.sort();
+        unique.dedup();
+        prop_assert_eq!(unique.len(), ids.len(), "a pod chosen twice");
+        // Once they and the reclaims' victims are gone, no queue with unadmitted pods left is
+        // over its ceiling.
+        let mut leaving = ids.clone();
+        for d in &decisions {
+            if let Decision::Reclaim(plan) = d {
+                leaving.extend(plan.victims.iter().map(|v| v.pod));
+            }
+        }
+        let removal = snapshot.simulate_removal(&leaving);
+        for q in snapshot.queue_ids() {
+            let u = &snapshot.usage(q)[0];
+            let unadmitted_left = snapshot
+                .pod_ids()
+                .any(|p| snapshot.pod_queue(p) == Some(q) && snapshot.pod(p).unwrap().unadmitted);
+            prop_assert!(
+                u.allocated <= u.ceiling() || !unadmitted_left,
+                "queue {:?} still over its ceiling with unadmitted pods: {:?}", q, u
+            );
+        }
+        snapshot.restore(removal).unwrap();
+        // Only as many as needed, the newest first.
+        for e in evict.iter().filter(|e| matches!(e.reason, Bypass::OverCeiling { .. })) {
+            let q = snapshot.queue_id(&e.queue).unwrap();
+            let newer_kept = snapshot.pod_ids().any(|p| {
+                let pod = snapshot.pod(p).unwrap();
+                snapshot.pod_queue(p) == Some(q)
+                    && pod.unadmitted
+                    && !leaving.contains(&p)
+                    && (pod.created_at, &pod.key) > (snapshot.pod(e.pod).unwrap().created_at, &e.key)
+            });
+            prop_assert!(!newer_kept, "{} evicted while a newer unadmitted pod stays", e.key);
+        }
+    }
 }
