@@ -11,6 +11,8 @@ pub mod types {
     pub const RECLAIMING: &str = "Reclaiming";
     /// A namespace of this queue is also claimed by another queue.
     pub const NAMESPACE_CONFLICT: &str = "NamespaceConflict";
+    /// Pods of this queue hold capacity without gpuqueue's admission.
+    pub const QUOTA_BYPASS: &str = "QuotaBypass";
 }
 
 /// Condition reasons.
@@ -23,4 +25,6 @@ pub mod reasons {
     pub const GUARANTEES_FIT: &str = "GuaranteesFit";
     pub const HANDOVER_IN_PROGRESS: &str = "HandoverInProgress";
     pub const IDLE: &str = "Idle";
+    pub const UNADMITTED_PODS: &str = "UnadmittedPods";
+    pub const ALL_ADMITTED: &str = "AllAdmitted";
 }

@@ -99,11 +99,12 @@ impl HandoverSummary {
 }
 
 /// The state each condition type is healthy in; other types are not shown.
-const HEALTHY: [(&str, &str); 4] = [
+const HEALTHY: [(&str, &str); 5] = [
     (types::READY, "True"),
     (types::NAMESPACE_CONFLICT, "False"),
     (types::OVERCOMMITTED, "False"),
     (types::RECLAIMING, "False"),
+    (types::QUOTA_BYPASS, "False"),
 ];
 
 /// The conditions of `conditions` that are not in their healthy state, in the order above.

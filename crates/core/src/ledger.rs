@@ -1,11 +1,19 @@
 //! The quota ledger: per queue and resource, what is guaranteed, allocated, borrowed, lent and
 //! pending, and which admitted pods are the borrowers.
 //!
-//! Borrowers are chosen deterministically: walk the queue's admitted pods from the least
-//! protected (lowest priority, then most recently admitted, then name) and mark a pod as a
-//! borrower while the marked pods' requests still fit within what the queue holds above its
-//! guarantee. Evicting any subset of the borrowers therefore never takes the queue below its
-//! guarantee, which is the rule reclaim must keep.
+//! Borrowers are chosen deterministically. **The borrowed share of a queue is its least
+//! protected pods, taken until the borrowed amount is covered; a pod that straddles the line
+//! (part of it within the guarantee, part above) is a borrower.** Least protected means:
+//! unadmitted pods first (they hold quota without passing admission), then lowest priority,
+//! then most recently admitted, then name.
+//!
+//! Why the straddler is a borrower: otherwise a queue that borrows with pods bigger than what
+//! it borrows (guarantee 20, two pods of 6 GPUs on top) has no borrower at all and keeps the
+//! borrowed GPUs for good (issue 13, case 8), which breaks the owner's guarantee. The price is
+//! the other way round and bounded: evicting every borrower may take a queue below its
+//! guarantee by less than one pod (the straddler's part within the guarantee). That queue is
+//! then within its guarantee again and gets the room back by the same rule, and a straddler is
+//! chosen only when the owner needs it (reclaim plans are minimal).
 
 use std::{cmp::Ordering, collections::BTreeSet};
 
@@ -67,10 +75,16 @@ impl ResourceUsage {
     }
 }
 
-/// Orders a queue's admitted pods from the least protected to the most: lowest priority, then
-/// most recently admitted, then name (descending), so iteration yields borrowers first.
+/// Orders a queue's admitted pods from the least protected to the most: unadmitted, then
+/// lowest priority, then most recently admitted, then name (descending), and pods reserved at
+/// creation but not seen yet last, so iteration yields borrowers first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Protection {
+    /// Reserved at creation and not seen yet: the most protected, since a reclaim cannot evict
+    /// it, so the queue's real pods are the ones marked as its borrowers.
+    pub reserved_unseen: bool,
+    /// Admitted by gpuqueue (`false` for an unadmitted pod, which is the least protected).
+    pub recorded: bool,
     pub priority: i32,
     pub since: Timestamp,
     pub key: PodKey,
@@ -79,8 +93,10 @@ pub(crate) struct Protection {
 
 impl Ord for Protection {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.priority
-            .cmp(&other.priority)
+        self.reserved_unseen
+            .cmp(&other.reserved_unseen)
+            .then_with(|| self.recorded.cmp(&other.recorded))
+            .then_with(|| self.priority.cmp(&other.priority))
             .then_with(|| other.since.cmp(&self.since))
             .then_with(|| other.key.cmp(&self.key))
             .then_with(|| self.id.cmp(&other.id))
@@ -239,26 +255,31 @@ impl QueueState {
         if over.is_empty() {
             return Vec::new();
         }
-        let mut room = over.clone();
+        let mut room = over;
         let mut borrowers = Vec::new();
         for member in &self.members {
             let wants = requests(member.id);
-            if wants.is_empty() {
+            // Only pods made entirely of what the queue borrows, and that cover some of what
+            // is still uncovered: the straddler is one of them.
+            let borrowing = !wants.is_empty()
+                && wants
+                    .iter()
+                    .all(|(resource, _)| room.iter().any(|(r, _)| r == resource))
+                && wants.iter().any(|(resource, _)| {
+                    room.iter()
+                        .any(|(r, left)| r == resource && *left > Milli::ZERO)
+                });
+            if !borrowing {
                 continue;
             }
-            let fits = wants.iter().all(|(resource, amount)| {
-                room.iter().any(|(r, left)| r == resource && amount <= left)
-            });
-            if fits {
-                for (resource, amount) in wants {
-                    if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
-                        *left = left.saturating_sub(*amount);
-                    }
+            for (resource, amount) in wants {
+                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
+                    *left = left.saturating_sub(*amount);
                 }
-                borrowers.push(member.id);
-                if room.iter().all(|(_, left)| *left == Milli::ZERO) {
-                    break;
-                }
+            }
+            borrowers.push(member.id);
+            if room.iter().all(|(_, left)| *left == Milli::ZERO) {
+                break;
             }
         }
         borrowers

@@ -17,15 +17,20 @@
 //! - [`policy`]: the scorer and tie-break the operator and the simulator both decide with, and
 //!   the placement search over a snapshot.
 //! - [`reclaim`]: the node and minimal set of borrower pods to evict for an owner.
+//! - [`pins`]: pinned pods kube-scheduler cannot bind lose their room (before the snapshot).
 //! - [`admission`]: admit, borrow, reclaim or wait, for each pending pod in fair order.
+//! - [`enforcement`]: which unadmitted pods to evict (over the ceiling, or on another queue's
+//!   guarantee), after the cycle.
 //! - [`status`]: queue status and conditions, mapped onto the API's `GpuQueueStatus`.
 
 pub mod admission;
 pub mod devices;
+pub mod enforcement;
 pub mod fragmentation;
 pub mod ids;
 pub mod ledger;
 pub mod model;
+pub mod pins;
 pub mod placement;
 pub mod policy;
 pub mod quantity;

@@ -2,9 +2,11 @@
 //! room, the node and the smallest set of borrower pods whose eviction makes room.
 //!
 //! Rules (DESIGN §5):
-//! - only borrowers are candidates (see [`crate::ledger`]), so no victim queue goes below its
-//!   guarantee, and pods already part of a reclaim are left alone;
-//! - victims are taken greedily in order of preference: lower priority, then less work lost
+//! - only borrowers are candidates (see [`crate::ledger`]: the pods admitted last until the
+//!   borrowed amount is covered, a straddling pod included), so no victim queue goes below its
+//!   guarantee by a pod or more, and pods already part of a reclaim are left alone;
+//! - victims are taken greedily in order of preference: unadmitted pods first (they hold quota
+//!   without having passed admission), then lower priority, then less work lost
 //!   (most recently started, smaller checkpoint cost); a fill-back pass then puts back every
 //!   victim the owner can do without, which makes the set minimal (removing any victim left
 //!   breaks the fit) — the lesson of Kueue's over-eviction;
@@ -151,6 +153,7 @@ type Rank = (usize, i32, u64, i64);
 /// A candidate victim on a node with its preference key.
 struct Candidate<'a> {
     pod: PodId,
+    unadmitted: bool,
     protected: bool,
     priority: i32,
     running_since: Timestamp,
@@ -336,7 +339,7 @@ fn evictable_borrowers(snapshot: &Snapshot, owner_queue: QueueId) -> Vec<bool> {
 
 /// Whether a pod's queue still protects it from reclaim at `now`, and until when.
 fn protected_until(snapshot: &Snapshot, pod: PodId, now: Timestamp) -> Option<Timestamp> {
-    let slot = snapshot.slot(pod)?;
+    let slot = snapshot.slot(pod).filter(|s| !s.pod.unadmitted)?;
     let Attribution::Queue(q) = slot.attribution else {
         return None;
     };
@@ -372,14 +375,17 @@ fn candidates_on<'a>(
         };
         let pod = &slot.pod;
         let running_since = pod.running_since();
-        let protected = floors[q.index()]
-            .and_then(|floor| running_since.checked_add(floor).ok())
-            .is_some_and(|until| until > now);
+        // minBorrowDuration protects what the queue borrowed through admission only.
+        let protected = !pod.unadmitted
+            && floors[q.index()]
+                .and_then(|floor| running_since.checked_add(floor).ok())
+                .is_some_and(|until| until > now);
         if protected && spare_protected {
             continue;
         }
         out.push(Candidate {
             pod: *p,
+            unadmitted: pod.unadmitted,
             protected,
             priority: pod.priority,
             running_since,
@@ -387,11 +393,12 @@ fn candidates_on<'a>(
             key: &pod.key,
         });
     }
-    // Most preferred victim first: unprotected, lowest priority, most recently started,
-    // cheapest checkpoint, then name (descending, as the ledger orders borrowers).
+    // Most preferred victim first: unadmitted, unprotected, lowest priority, most recently
+    // started, cheapest checkpoint, then name (descending, as the ledger orders borrowers).
     out.sort_by(|a, b| {
-        a.protected
-            .cmp(&b.protected)
+        b.unadmitted
+            .cmp(&a.unadmitted)
+            .then(a.protected.cmp(&b.protected))
             .then(a.priority.cmp(&b.priority))
             .then(b.running_since.cmp(&a.running_since))
             .then(a.checkpoint_cost.cmp(&b.checkpoint_cost))

@@ -24,6 +24,8 @@ pub struct QueueReport {
     pub resources: Vec<ResourceReport>,
     pub admitted_pods: u32,
     pub pending_pods: u32,
+    /// Pods that hold capacity without gpuqueue's admission (see [`crate::enforcement`]).
+    pub unadmitted_pods: u32,
     pub conditions: Vec<ConditionReport>,
 }
 
@@ -73,13 +75,15 @@ pub fn queue_reports(snapshot: &Snapshot) -> Vec<QueueReport> {
                 .collect();
             resources.sort_by(|a, b| a.resource.cmp(&b.resource));
             let (admitted_pods, pending_pods) = snapshot.pod_counts(q);
+            let unadmitted = Unadmitted::of(snapshot, q);
             QueueReport {
                 queue: spec.name.clone(),
                 generation: spec.generation,
                 resources,
                 admitted_pods,
                 pending_pods,
-                conditions: conditions(snapshot, q),
+                unadmitted_pods: unadmitted.pods,
+                conditions: conditions(snapshot, q, &unadmitted),
             }
         })
         .collect()
@@ -143,7 +147,7 @@ fn lent_by_queue(snapshot: &Snapshot) -> std::collections::HashMap<(QueueId, Res
     lent
 }
 
-fn conditions(snapshot: &Snapshot, q: QueueId) -> Vec<ConditionReport> {
+fn conditions(snapshot: &Snapshot, q: QueueId, unadmitted: &Unadmitted) -> Vec<ConditionReport> {
     let conflicts = snapshot.namespace_conflicts(q);
     let ready = if conflicts.is_empty() {
         ConditionReport {
@@ -187,6 +191,7 @@ fn conditions(snapshot: &Snapshot, q: QueueId) -> Vec<ConditionReport> {
         overcommitted(snapshot, q),
         conflict,
         reclaiming(snapshot, q),
+        quota_bypass(unadmitted),
     ]
 }
 
@@ -275,6 +280,60 @@ fn reclaiming(snapshot: &Snapshot, q: QueueId) -> ConditionReport {
                 "{owners} pod(s) of this queue are receiving reclaimed GPUs; {victims} are being evicted"
             ),
         }
+    }
+}
+
+/// A queue's unadmitted pods: how many, and what they hold by resource (sorted).
+struct Unadmitted {
+    pods: u32,
+    held: Vec<(ResourceName, Milli)>,
+}
+
+impl Unadmitted {
+    fn of(snapshot: &Snapshot, q: QueueId) -> Self {
+        let mut pods = 0;
+        let mut held: Vec<(ResourceName, Milli)> = Vec::new();
+        for pod in snapshot.pod_ids() {
+            let Some(p) = snapshot.pod(pod).filter(|p| p.unadmitted) else {
+                continue;
+            };
+            if snapshot.pod_queue(pod) != Some(q) {
+                continue;
+            }
+            pods += 1;
+            for g in &p.requests.gpus {
+                match held.iter_mut().find(|(r, _)| *r == g.resource) {
+                    Some((_, m)) => *m += g.total(),
+                    None => held.push((g.resource.clone(), g.total())),
+                }
+            }
+        }
+        held.sort();
+        Self { pods, held }
+    }
+}
+
+/// Whether pods of this queue hold capacity without gpuqueue's admission (see
+/// [`crate::enforcement`]): a warning, with how many and what happens to them.
+fn quota_bypass(unadmitted: &Unadmitted) -> ConditionReport {
+    let Unadmitted { pods, held } = unadmitted;
+    if *pods == 0 {
+        return ConditionReport {
+            type_: types::QUOTA_BYPASS,
+            status: false,
+            reason: reasons::ALL_ADMITTED,
+            message: "every pod of this queue that holds capacity was admitted by gpuqueue".into(),
+        };
+    }
+    let held: Vec<String> = held.iter().map(|(r, m)| format!("{m} {r}")).collect();
+    ConditionReport {
+        type_: types::QUOTA_BYPASS,
+        status: true,
+        reason: reasons::UNADMITTED_PODS,
+        message: format!(
+            "{pods} pod(s) of this queue hold {} without gpuqueue's admission (created while its webhook was down, or before the queue existed); they are charged to the queue and evicted, newest first, while the queue is over its ceiling or holds another queue's guarantee",
+            held.join(", ")
+        ),
     }
 }
 
@@ -376,11 +435,14 @@ fn to_condition(
 /// The status of a queue whose spec cannot be used: `Ready=False` with every broken rule,
 /// keeping what else was there.
 /// Whether a queue condition in this state is bad news an admin should hear as a warning: the
-/// queue is not ready, is overcommitted, or claims a namespace another queue claims too.
+/// queue is not ready, is overcommitted, claims a namespace another queue claims too, or has
+/// pods that bypassed admission.
 pub fn is_warning(condition: &Condition) -> bool {
     match condition.type_.as_str() {
         types::READY => condition.status == "False",
-        types::OVERCOMMITTED | types::NAMESPACE_CONFLICT => condition.status == "True",
+        types::OVERCOMMITTED | types::NAMESPACE_CONFLICT | types::QUOTA_BYPASS => {
+            condition.status == "True"
+        }
         _ => false,
     }
 }
@@ -434,5 +496,7 @@ mod tests {
         assert!(!is_warning(&condition(types::OVERCOMMITTED, "False")));
         assert!(is_warning(&condition(types::NAMESPACE_CONFLICT, "True")));
         assert!(!is_warning(&condition(types::RECLAIMING, "True")));
+        assert!(is_warning(&condition(types::QUOTA_BYPASS, "True")));
+        assert!(!is_warning(&condition(types::QUOTA_BYPASS, "False")));
     }
 }

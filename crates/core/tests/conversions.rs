@@ -324,3 +324,65 @@ fn a_namespace_keeps_its_labels() {
         Namespace::new("team-a").label("tenant", "a")
     );
 }
+
+#[test]
+fn a_pod_holding_quota_without_an_admission_record_is_unadmitted() {
+    let read = |annotations: serde_json::Value, gated: bool, status: serde_json::Value| {
+        let gates = if gated {
+            json!([{"name": "gpuqueue.io/admission"}])
+        } else {
+            json!([])
+        };
+        Pod::from_k8s(&pod(json!({
+            "metadata": {
+                "name": "p", "namespace": "team-a",
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": annotations
+            },
+            "spec": {
+                "schedulingGates": gates,
+                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+            },
+            "status": status
+        })))
+        .unwrap()
+        .unwrap()
+        .value
+    };
+    let none = json!({});
+    assert!(read(none.clone(), false, none.clone()).unadmitted);
+    assert!(
+        !read(none.clone(), true, none.clone()).unadmitted,
+        "a gated pod holds nothing"
+    );
+    assert!(
+        !read(
+            json!({"gpuqueue.io/admitted-at": "2026-01-01T00:00:01Z"}),
+            false,
+            none.clone()
+        )
+        .unadmitted
+    );
+    assert!(
+        !read(
+            json!({"gpuqueue.io/admitted-at-creation": "token"}),
+            false,
+            none.clone()
+        )
+        .unadmitted
+    );
+
+    let unschedulable = json!({"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastTransitionTime": "2026-01-01T00:01:00Z"
+    }]});
+    assert_eq!(
+        read(none.clone(), false, unschedulable).unschedulable_since,
+        Some("2026-01-01T00:01:00Z".parse().unwrap())
+    );
+    let gated = json!({"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+        "lastTransitionTime": "2026-01-01T00:01:00Z"
+    }]});
+    assert_eq!(read(none.clone(), true, gated).unschedulable_since, None);
+}

@@ -287,7 +287,7 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
-            name: "a victim queue at its guarantee is not touched",
+            name: "a pod straddling its queue's guarantee is a borrower (issue 13, case 8)",
             world: || {
                 build(
                     vec![queue("a", 2, 0), queue("b", 5, 4)],
@@ -301,10 +301,12 @@ fn cases() -> Vec<Case> {
             },
             pod: "a/p",
             now: 20,
-            // b borrows 1 but its smallest pod holds 2: evicting it would leave b at 4 < 5.
-            expect: Expect::Wait {
-                code: "NoRoom",
-                says: &["no reclaim possible", "no other queue is borrowing"],
+            // b borrows 1 with a pod of 2: that pod straddles b's guarantee, so it is a
+            // borrower (b drops to 4 of its 5; a gets its guarantee).
+            expect: Expect::Reclaim {
+                node: "n1",
+                victims: &["b/two"],
+                overrides_min_borrow: false,
             },
         },
         Case {
@@ -919,6 +921,37 @@ fn a_pod_reserved_at_creation_that_the_store_has_not_shown_is_never_a_reclaim_vi
     ];
     let mut snapshot = build(
         vec![queue("a", 4, 0), queue("b", 0, 4)],
+        vec![node("n1", 4)],
+        pods,
+    );
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(61));
+    let Decision::Reclaim(plan) = &decisions[0] else {
+        panic!("{decisions:#?}")
+    };
+    let victims: Vec<&str> = plan.victims.iter().map(|v| v.key.name.as_str()).collect();
+    assert_eq!(victims, ["real"]);
+}
+
+#[test]
+fn a_reserved_pod_is_never_the_borrower_that_hides_its_queues_real_borrowers() {
+    // b is guaranteed 2 and borrows 2: its newest pod is a reservation the store has not shown.
+    // Were the reservation marked as b's borrower (it is the most recently admitted), b would
+    // have no evictable borrower and a's guarantee would wait until the reservation expires.
+    let mut phantom = running("b/phantom", 2, "n1", 50);
+    phantom.reserved_unseen = true;
+    phantom.started_at = None;
+    phantom.state = PodState::Admitted(Assignment {
+        node: Some("n1".into()),
+        bound: false,
+        terminating: false,
+    });
+    let pods = vec![
+        running("b/real", 2, "n1", 10),
+        phantom,
+        pending("a/owner", 2, 60),
+    ];
+    let mut snapshot = build(
+        vec![queue("a", 2, 0), queue("b", 2, 2)],
         vec![node("n1", 4)],
         pods,
     );

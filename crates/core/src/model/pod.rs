@@ -188,6 +188,14 @@ pub struct Pod {
     /// Such a pod may never exist (its creation can fail after admission), so it is never a
     /// reclaim victim: there is nothing to evict.
     pub reserved_unseen: bool,
+    /// Holds (or may hold) capacity with no record of gpuqueue's admission: neither
+    /// `gpuqueue.io/admitted-at` nor `gpuqueue.io/admitted-at-creation` (created while the
+    /// webhook was down, before the queue existed, or ungated by hand). Charged to its queue
+    /// like any admitted pod, but the first to go: see [`crate::enforcement`].
+    pub unadmitted: bool,
+    /// Since when kube-scheduler reports it cannot bind the pod (`PodScheduled=False`, reason
+    /// `Unschedulable`): see [`crate::pins`].
+    pub unschedulable_since: Option<Timestamp>,
 }
 
 /// A pod that cannot be modelled.
@@ -238,6 +246,8 @@ impl Pod {
             reclaim: None,
             devices: Vec::new(),
             reserved_unseen: false,
+            unadmitted: false,
+            unschedulable_since: None,
         }
     }
 
@@ -307,6 +317,7 @@ impl Pod {
                 terminating: pod.metadata.deletion_timestamp.is_some(),
             })
         };
+        let is_admitted = matches!(state, PodState::Admitted(_));
         Ok(Some(Converted {
             value: Self {
                 key,
@@ -326,14 +337,33 @@ impl Pod {
                 reclaim: hints.reclaim,
                 devices: Vec::new(),
                 reserved_unseen: false,
+                unadmitted: is_admitted && !hints.admission_recorded,
+                unschedulable_since: unschedulable_since(pod),
             },
             warnings,
         }))
     }
 }
 
+/// When kube-scheduler last said it cannot bind the pod, if that is what it says now.
+fn unschedulable_since(pod: &k8s::Pod) -> Option<Timestamp> {
+    let condition = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled")?;
+    if condition.status != "False" || condition.reason.as_deref() != Some("Unschedulable") {
+        return None;
+    }
+    condition.last_transition_time.as_ref().map(|t| t.0)
+}
+
 /// What the operator's annotations on a pod say.
 struct Hints {
+    /// Either admission annotation is there (its value may still be malformed).
+    admission_recorded: bool,
     admitted_at: Option<Timestamp>,
     checkpoint_cost: u64,
     reclaim: Option<ReclaimMark>,
@@ -389,6 +419,8 @@ impl Hints {
             }
         };
         Self {
+            admission_recorded: note(annotations::ADMITTED_AT).is_some()
+                || note(annotations::ADMITTED_AT_CREATION).is_some(),
             admitted_at,
             checkpoint_cost,
             reclaim,

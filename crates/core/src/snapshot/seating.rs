@@ -29,6 +29,8 @@ impl Snapshot {
         match slot.attribution {
             Attribution::Queue(q) => {
                 let protection = admitted.then(|| Protection {
+                    reserved_unseen: slot.pod.reserved_unseen,
+                    recorded: !slot.pod.unadmitted,
                     priority: slot.pod.priority,
                     since: slot
                         .pod

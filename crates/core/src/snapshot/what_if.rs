@@ -88,6 +88,8 @@ impl Snapshot {
                 terminating: false,
             });
             slot.pod.admitted_at = Some(now);
+            // Admitted here, so it is no longer one that bypassed admission.
+            slot.pod.unadmitted = false;
             slot.admitted_as = Some(as_);
         }
         self.charge_queue(id, 1);

@@ -271,6 +271,7 @@ impl AtCreation {
             terminating: false,
         });
         modelled.admitted_at = Some(now);
+        modelled.unadmitted = false; // read ungated and unannotated, but admitted right here
         let admitted = CreationAdmission {
             queue: admission.queue.clone(),
             node_pin: admission.placement.pin.clone(),

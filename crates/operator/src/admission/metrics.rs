@@ -74,6 +74,14 @@ pub struct AdmissionMetrics {
     passes: Counter,
     pass_duration: Histogram,
     apply_errors: Family<ApplyErrorLabels, Counter>,
+    bypass_evictions: Family<BypassLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BypassLabels {
+    queue: String,
+    /// What the pod broke: `OverCeiling` or `HoldsGuarantee`.
+    reason: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -92,6 +100,7 @@ impl AdmissionMetrics {
             passes: Counter::default(),
             pass_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             apply_errors: Family::default(),
+            bypass_evictions: Family::default(),
         };
         registry.register(
             "admission_decisions",
@@ -120,7 +129,22 @@ impl AdmissionMetrics {
             "API writes of the admission loop that failed, by error kind (they are retried on the next pass)",
             metrics.apply_errors.clone(),
         );
+        registry.register(
+            "quota_bypass_evictions",
+            "Pods evicted because they held capacity without admission and broke a quota (their queue's ceiling, or another queue's guarantee), by queue and reason",
+            metrics.bypass_evictions.clone(),
+        );
         metrics
+    }
+
+    /// Counts an unadmitted pod evicted for breaking a quota.
+    pub fn bypass_evicted(&self, queue: &str, reason: &'static str) {
+        self.bypass_evictions
+            .get_or_create(&BypassLabels {
+                queue: queue.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     /// Counts one applied decision.
@@ -161,6 +185,8 @@ pub struct QueueRow {
     pub resources: Vec<ResourceStatus>,
     pub admitted_pods: i64,
     pub pending_pods: i64,
+    /// Pods holding capacity without gpuqueue's admission.
+    pub unadmitted_pods: i64,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -251,7 +277,7 @@ impl Collector for QueueGauges {
             }
             encode_family(&mut encoder, name, help, &family)?;
         }
-        let pod_gauges: [GaugeColumn<QueueRow>; 2] = [
+        let pod_gauges: [GaugeColumn<QueueRow>; 3] = [
             (
                 "queue_admitted_pods",
                 "Pods of the queue whose gate was released",
@@ -261,6 +287,11 @@ impl Collector for QueueGauges {
                 "queue_pending_pods",
                 "Pods of the queue waiting at the gate",
                 |r| r.pending_pods,
+            ),
+            (
+                "queue_unadmitted_pods",
+                "Pods of the queue that hold capacity without gpuqueue's admission (created while its webhook was down, or ungated by hand)",
+                |r| r.unadmitted_pods,
             ),
         ];
         for (name, help, value) in pod_gauges {
@@ -431,7 +462,9 @@ mod tests {
             resources: vec![resource("nvidia.com/gpu", 8, 12)],
             admitted_pods: 12,
             pending_pods: 1,
+            unadmitted_pods: 3,
         }]);
+        metrics.admission.bypass_evicted("batch", "OverCeiling");
         let text = encode(&registry).unwrap();
         for line in [
             r#"gpuqueue_queue_guaranteed_gpus{queue="batch",resource="nvidia.com/gpu"} 8"#,
@@ -442,6 +475,8 @@ mod tests {
             r#"gpuqueue_queue_pending_gpus{queue="batch",resource="nvidia.com/gpu"} 1"#,
             r#"gpuqueue_queue_admitted_pods{queue="batch"} 12"#,
             r#"gpuqueue_queue_pending_pods{queue="batch"} 1"#,
+            r#"gpuqueue_queue_unadmitted_pods{queue="batch"} 3"#,
+            r#"gpuqueue_quota_bypass_evictions_total{queue="batch",reason="OverCeiling"} 1"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
@@ -455,6 +490,7 @@ mod tests {
             resources: vec![resource("nvidia.com/gpu", 1, 0)],
             admitted_pods: 0,
             pending_pods: 0,
+            unadmitted_pods: 0,
         };
         metrics.queues.publish(vec![row("online"), row("batch")]);
         assert!(encode(&registry).unwrap().contains(r#"queue="online""#));

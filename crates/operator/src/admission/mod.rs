@@ -37,6 +37,7 @@
 mod apply;
 pub mod at_creation;
 mod context;
+mod enforce;
 pub mod metrics;
 pub mod observe;
 mod report;
@@ -273,6 +274,7 @@ fn run_pass(
         mut snapshot,
         unreadable_pods,
         invalid_queues,
+        stuck_pins,
     } = observation;
 
     // 2. decide (pure, in the core)
@@ -285,7 +287,10 @@ fn run_pass(
         .record("pending", decisions.len() + unreadable_pods.len())
         .record("decisions", decisions.len());
 
-    // 3. apply: the writes the decisions call for start in the background
+    // 3. apply: the writes the decisions call for start in the background, evictions too
+    carried
+        .enforce
+        .start(shared, tasks, &snapshot, &decisions, &stuck_pins.pins);
     let applied = apply(
         shared,
         tasks,
@@ -313,6 +318,7 @@ fn run_pass(
         wake: cooldown
             .into_iter()
             .chain(applied.first_reason_due)
+            .chain(stuck_pins.next)
             .chain(reopen)
             .chain(expiry)
             .min(),
@@ -327,6 +333,7 @@ fn run_pass(
 struct PassMemory {
     waiting_since: WaitingSince,
     pod_models: PodModels,
+    enforce: enforce::EnforceMemory,
 }
 
 /// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).

@@ -9,6 +9,7 @@ use gpuqueue_core::{
     Snapshot,
     fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
     model::{self, Converted, FieldError, PodError, QueueError},
+    pins::{self, Released, UNBINDABLE_AFTER},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -42,6 +43,8 @@ pub struct Observed {
     /// Problems with single objects: each object was left out (or read with a default), the
     /// rest is usable.
     pub problems: Vec<String>,
+    /// Pinned pods kube-scheduler cannot bind, whose room is released (see [`pins`]).
+    pub stuck_pins: Released,
 }
 
 /// What reading one pod gave.
@@ -158,6 +161,7 @@ pub struct Observation {
     /// GPU pods the core cannot model, with why: they stay at the gate, and say so.
     pub unreadable_pods: Vec<(Arc<Pod>, String)>,
     pub invalid_queues: Vec<InvalidQueue>,
+    pub stuck_pins: Released,
 }
 
 /// Phase 1 of a pass, first half (under the lock of `assumed`): reads the stores as `assumed`
@@ -176,6 +180,7 @@ pub fn read(
     // One read of the pod store for all three, so that a pod arriving meanwhile is not
     // counted both as itself and as its reservation.
     let mut observed = Observed::read(stores, &pods, assumed, models);
+    observed.stuck_pins = pins::release_stuck_pins(&mut observed.pods, now, UNBINDABLE_AFTER);
     // Pods admitted at creation that the store does not show yet hold their room.
     observed.pods.extend(creation.reserved_pods());
     (observed, settled)
@@ -214,6 +219,7 @@ pub fn snapshot(
         snapshot,
         unreadable_pods: observed.unreadable_pods,
         invalid_queues: observed.invalid_queues,
+        stuck_pins: observed.stuck_pins,
     }
 }
 

@@ -108,6 +108,7 @@ fn desired_statuses(
                 resources: status.resources.clone(),
                 admitted_pods: i64::from(status.admitted_pods),
                 pending_pods: i64::from(status.pending_pods),
+                unadmitted_pods: i64::from(report.unadmitted_pods),
             });
             desired.push(StatusWrite {
                 queue: queue.clone(),

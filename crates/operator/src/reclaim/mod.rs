@@ -70,6 +70,7 @@ use tracing::Instrument;
 
 pub use begin::{BeginError, Reservation};
 pub use crash::{BadCrashPoint, CrashPoint};
+pub use evict::{Eviction, EvictionTarget, try_evict};
 use execute::HandoverEnd;
 pub use handover::{Handover, PassTiming};
 use intent::Mark;

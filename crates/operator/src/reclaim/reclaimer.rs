@@ -43,6 +43,12 @@ impl std::fmt::Debug for Reclaimer {
 }
 
 impl Reclaimer {
+    /// The client that never retries by itself, for evictions outside a handover (the
+    /// admission loop's enforcement of quotas on unadmitted pods).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// `client` must be built with `Config::default_retry` off.
     pub fn new(
         client: Client,
