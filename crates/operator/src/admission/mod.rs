@@ -253,29 +253,12 @@ fn run_pass(
     let mut creation = context.at_creation.pass();
 
     // 1. observe (no client): stores, assumed writes, reservations and cool-downs
-    let (mut observed, settled) = observe::read(
-        &context.stores,
-        &mut shared.assumed(),
-        &mut creation,
-        &mut carried.pod_models,
-        now,
-    );
-    for settled in settled {
-        admitted_at_creation(context, &settled);
-    }
-    handovers.ignore_unrecorded(
-        &mut observed.pods,
-        &observed.queues,
-        &observed.namespaces,
-        now,
-    );
-    let observation = observe::snapshot(observed, &context.stores, handovers.reclaimed_from());
     let Observation {
         mut snapshot,
         unreadable_pods,
         invalid_queues,
         stuck_pins,
-    } = observation;
+    } = observe_pass(shared, handovers, &mut creation, carried, now);
 
     // 2. decide (pure, in the core)
     let decisions = admission::admission_cycle(&mut snapshot, &Policy::default(), now);
@@ -326,6 +309,35 @@ fn run_pass(
         planned,
         reclaims: applied.reclaims,
     }
+}
+
+/// Phase 1 of a pass: what the stores show, with the writes still in flight assumed, the
+/// reservations that appeared settled, and reclaim marks no in-flight record vouches for ignored.
+fn observe_pass(
+    shared: &Shared,
+    handovers: &Handovers,
+    creation: &mut at_creation::Pass<'_>,
+    carried: &mut PassMemory,
+    now: Timestamp,
+) -> Observation {
+    let context = &shared.context;
+    let (mut observed, settled) = observe::read(
+        &context.stores,
+        &mut shared.assumed(),
+        creation,
+        &mut carried.pod_models,
+        now,
+    );
+    for settled in settled {
+        admitted_at_creation(context, &settled);
+    }
+    handovers.ignore_unrecorded(
+        &mut observed.pods,
+        &observed.queues,
+        &observed.namespaces,
+        now,
+    );
+    observe::snapshot(observed, &context.stores, handovers.reclaimed_from())
 }
 
 /// What a pass leaves to the next (this term's only).
