@@ -9,8 +9,13 @@
 //!
 //! A managed pod is also made tenant-proof, whatever else happens to it: every `gpuqueue.io/*`
 //! annotation its creator wrote is removed (the operator's state is the operator's to write;
-//! only [`USER_KNOBS`] stay, capped), and `spec.preemptionPolicy` is set to `Never`, so a high
-//! PriorityClass cannot make kube-scheduler preempt another queue's guaranteed pods.
+//! only [`USER_KNOBS`] stay, capped).
+//!
+//! Its `spec.preemptionPolicy` is left as its PriorityClass sets it: the API server's Priority
+//! admission plugin runs again after a webhook mutates a pod and refuses any other value ("the
+//! string value of PreemptionPolicy (Never) must not be provided in pod spec"). A high
+//! PriorityClass gets a pod nowhere anyway: it cannot leave the gate (the policy in
+//! `config/policy/` refuses its removal) and is released pinned to a node with room.
 //!
 //! Two kinds of pod are refused in a claimed namespace, because the queue could not count
 //! them: a GPU pod created with `spec.nodeName` (it skips the scheduler and the gate), and any
@@ -44,9 +49,6 @@ pub const USER_KNOBS: &[&str] = &[annotations::CHECKPOINT_COST];
 /// The largest `gpuqueue.io/checkpoint-cost` kept; a bigger value is lowered to it, so that no
 /// tenant can claim more than the documented maximum.
 pub const CHECKPOINT_COST_MAX: u64 = 1000;
-
-/// The preemption policy of every managed pod: only the operator's reclaim frees GPUs.
-const PREEMPTION_POLICY: &str = "Never";
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {
@@ -199,9 +201,8 @@ fn resource_claims_refused(namespace: &str, queue: &str) -> String {
     )
 }
 
-/// Removes the creator's `gpuqueue.io/*` annotations but the user knobs, caps the knobs, and
-/// sets the preemption policy: the operations, applied to `pod` too so that later operations
-/// see what the API server will.
+/// Removes the creator's `gpuqueue.io/*` annotations but the user knobs, and caps the knobs:
+/// the operations, applied to `pod` too so that later operations see what the API server will.
 fn tenant_proofing(pod: &mut Pod) -> Vec<serde_json::Value> {
     let mut operations = Vec::new();
     if let Some(notes) = pod.metadata.annotations.as_mut() {
@@ -227,14 +228,6 @@ fn tenant_proofing(pod: &mut Pod) -> Vec<serde_json::Value> {
             );
             operations.push(json!({"op": "replace", "path": path, "value": cost}));
         }
-    }
-    if let Some(spec) = pod.spec.as_mut()
-        && spec.preemption_policy.as_deref() != Some(PREEMPTION_POLICY)
-    {
-        spec.preemption_policy = Some(PREEMPTION_POLICY.to_owned());
-        operations.push(
-            json!({"op": "add", "path": "/spec/preemptionPolicy", "value": PREEMPTION_POLICY}),
-        );
     }
     operations
 }
@@ -288,11 +281,6 @@ mod tests {
         fn claiming_queue(&self, pod: &Pod) -> Option<String> {
             (pod.metadata.namespace.as_deref() == Some("tenant")).then(|| "tenant-queue".to_owned())
         }
-    }
-
-    /// What every managed pod gets: the preemption policy `Never`.
-    fn never_preempts() -> serde_json::Value {
-        json!({"op": "add", "path": "/spec/preemptionPolicy", "value": "Never"})
     }
 
     fn review_body(operation: &str, namespace: &str, spec: &serde_json::Value) -> Vec<u8> {
@@ -358,7 +346,7 @@ mod tests {
         assert_eq!(answer.queue.as_deref(), Some("tenant-queue"));
         assert_eq!(
             patch_of(&answer).unwrap(),
-            json!([never_preempts(), {"op": "add", "path": "/spec/schedulingGates",
+            json!([{"op": "add", "path": "/spec/schedulingGates",
                     "value": [{"name": "gpuqueue.io/admission"}]}])
         );
     }
@@ -393,7 +381,6 @@ mod tests {
         assert_eq!(
             patch_of(&answer).unwrap(),
             json!([
-                never_preempts(),
                 {"op": "add", "path": "/spec/nodeSelector",
                  "value": {"kubernetes.io/hostname": "gpu-node-3"}},
                 {"op": "add", "path": "/metadata/annotations", "value": {
@@ -416,7 +403,7 @@ mod tests {
         let answer = review(&serde_json::to_vec(&body).unwrap(), &AdmittingPolicy).unwrap();
         let patch = patch_of(&answer).unwrap();
         assert_eq!(
-            patch[1],
+            patch[0],
             json!({"op": "add", "path": "/spec/nodeSelector/kubernetes.io~1hostname",
                    "value": "gpu-node-3"})
         );
@@ -427,7 +414,7 @@ mod tests {
             ),
             "{patch}"
         );
-        assert_eq!(patch.as_array().unwrap().len(), 6);
+        assert_eq!(patch.as_array().unwrap().len(), 5);
     }
 
     #[test]
@@ -444,7 +431,7 @@ mod tests {
         let spec = gpu_spec(Some(json!([{"name": "gpuqueue.io/admission"}])));
         let answer = review(&review_body("CREATE", "tenant", &spec), &AdmittingPolicy).unwrap();
         assert_eq!(answer.result, WebhookResult::AlreadyGated);
-        assert_eq!(patch_of(&answer), Some(json!([never_preempts()])));
+        assert_eq!(patch_of(&answer), None);
     }
 
     #[test]
@@ -453,19 +440,14 @@ mod tests {
         let answer = review(&review_body("CREATE", "tenant", &spec), &TenantPolicy).unwrap();
         assert_eq!(
             patch_of(&answer).unwrap(),
-            json!([never_preempts(), {"op": "add", "path": "/spec/schedulingGates/-",
+            json!([{"op": "add", "path": "/spec/schedulingGates/-",
                     "value": {"name": "gpuqueue.io/admission"}}])
         );
     }
 
     #[test]
-    fn a_pod_gated_by_hand_keeps_its_gate_and_never_preempts() {
-        let mut spec = gpu_spec(Some(json!([{"name": "gpuqueue.io/admission"}])));
-        let answer = review(&review_body("CREATE", "tenant", &spec), &TenantPolicy).unwrap();
-        assert_eq!(answer.result, WebhookResult::AlreadyGated);
-        assert_eq!(patch_of(&answer), Some(json!([never_preempts()])));
-        // Already tenant-proof: nothing to change.
-        spec["preemptionPolicy"] = json!("Never");
+    fn a_pod_gated_by_hand_passes_unchanged() {
+        let spec = gpu_spec(Some(json!([{"name": "gpuqueue.io/admission"}])));
         let answer = review(&review_body("CREATE", "tenant", &spec), &TenantPolicy).unwrap();
         assert_eq!(answer.result, WebhookResult::AlreadyGated);
         assert_eq!(patch_of(&answer), None);
@@ -551,13 +533,21 @@ mod tests {
     }
 
     #[test]
-    fn a_managed_pod_never_preempts_even_with_a_high_priority_class() {
-        let mut spec = gpu_spec(None);
-        spec["priorityClassName"] = json!("system-node-critical");
-        spec["preemptionPolicy"] = json!("PreemptLowerPriority");
-        let answer = review(&review_body("CREATE", "tenant", &spec), &TenantPolicy).unwrap();
-        assert_eq!(answer.result, WebhookResult::Gated);
-        assert_eq!(patch_of(&answer).unwrap()[0], never_preempts());
+    fn a_pod_gated_by_hand_loses_its_forged_annotations() {
+        let mut body: serde_json::Value = serde_json::from_slice(&review_body(
+            "CREATE",
+            "tenant",
+            &gpu_spec(Some(json!([{"name": "gpuqueue.io/admission"}]))),
+        ))
+        .unwrap();
+        body["request"]["object"]["metadata"]["annotations"] =
+            json!({"gpuqueue.io/reclaim-id": "forged"});
+        let answer = review(&serde_json::to_vec(&body).unwrap(), &TenantPolicy).unwrap();
+        assert_eq!(answer.result, WebhookResult::AlreadyGated);
+        assert_eq!(
+            patch_of(&answer).unwrap(),
+            json!([{"op": "remove", "path": "/metadata/annotations/gpuqueue.io~1reclaim-id"}])
+        );
     }
 
     /// A review of a GPU pod in `namespace` whose creator wrote `notes`.
@@ -588,7 +578,6 @@ mod tests {
                 remove("reclaim-deadline"),
                 remove("reclaim-id"),
                 remove("reclaim-role"),
-                never_preempts(),
                 {"op": "add", "path": "/spec/schedulingGates",
                  "value": [{"name": "gpuqueue.io/admission"}]},
             ])
@@ -644,7 +633,10 @@ mod tests {
             &TenantPolicy,
         )
         .unwrap();
-        assert_eq!(patch_of(&answer).unwrap()[0], never_preempts());
+        assert_eq!(
+            patch_of(&answer).unwrap()[0]["path"],
+            "/spec/schedulingGates"
+        );
     }
 
     #[test]
