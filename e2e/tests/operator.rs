@@ -688,6 +688,18 @@ async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_r
         "kubectl apply -k config/: {stderr}"
     );
     assert!(!stderr.contains("PodSecurity"), "{stderr}");
+    // The opt-in NetworkPolicy is valid too (KWOK enforces none; a CNI would).
+    let network_policy = cluster
+        .kubectl()
+        .args(["apply", "--server-side", "-k"])
+        .arg(repo_root().join("config/network-policy"))
+        .output()
+        .unwrap();
+    assert!(
+        network_policy.status.success(),
+        "kubectl apply -k config/network-policy: {}",
+        String::from_utf8_lossy(&network_policy.stderr)
+    );
 
     // The ReplicaSet's pods pass Pod Security `restricted` (enforced by the namespace) and run.
     let pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);
