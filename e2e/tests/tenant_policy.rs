@@ -18,7 +18,10 @@ use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, UserAccess, apply_yaml, gpu_pod,
     wait_for,
 };
-use k8s_openapi::api::{authorization::v1::SelfSubjectRulesReview, core::v1::Pod};
+use k8s_openapi::api::{
+    authorization::v1::SelfSubjectRulesReview,
+    core::v1::{Namespace, Pod},
+};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -495,4 +498,53 @@ async fn edit_writes_no_pod_subresource_that_could_carry_the_gate_or_annotations
         "a new pod subresource is writable with `edit`: check whether it can change the gate \
          or annotations, and match it in config/policy/pod_updates.yaml"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_decides_claims_by_namespace_selector_as_the_operator_does() {
+    // Queue `labs` claims by labels only; the policy alone (no operator) must read them.
+    let mut world = World::start("tenant_selector", 8).await;
+    world.stop_operator();
+    let admin = world.cluster.client();
+    apply_queue(
+        &admin,
+        "apiVersion: gpuqueue.io/v1alpha1\nkind: GpuQueue\nmetadata:\n  name: labs\nspec:\n  namespaceSelector:\n    matchLabels: {team: labs}\n    matchExpressions:\n      - {key: tier, operator: In, values: [research]}\n      - {key: frozen, operator: DoesNotExist}\n  resources:\n    - {name: nvidia.com/gpu, guaranteed: 2, burstable: 0}\n",
+    )
+    .await;
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    let labelled = |labels: serde_json::Value| {
+        let namespaces = namespaces.clone();
+        let cluster = &world.cluster;
+        async move {
+            let namespace = cluster.namespace("lab").await.unwrap();
+            namespaces
+                .patch(
+                    namespace.name(),
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": labels}})),
+                )
+                .await
+                .unwrap();
+            namespace
+        }
+    };
+    let claimed = labelled(json!({"team": "labs", "tier": "research"})).await;
+    let frozen = labelled(json!({"team": "labs", "tier": "research", "frozen": "yes"})).await;
+    let other_tier = labelled(json!({"team": "labs", "tier": "prod"})).await;
+
+    let in_claimed: Api<Pod> = Api::namespaced(admin.clone(), claimed.name());
+    refused_creation(
+        &in_claimed,
+        &bound_at_creation("pinned"),
+        &format!(
+            "spec.nodeName is refused for a GPU pod in namespace {}, which GpuQueue labs claims",
+            claimed.name()
+        ),
+    )
+    .await;
+    // The queue is loaded (it refused above); namespaces it does not select are free.
+    for namespace in [&frozen, &other_tier] {
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace.name());
+        create(&pods, &bound_at_creation("pinned")).await;
+    }
 }
