@@ -46,11 +46,22 @@ say "Building and starting the operator"
 cargo build --quiet --locked -p gpuqueue-operator
 kubectl apply --server-side -f crds/ >/dev/null
 kubectl apply --server-side -f config/namespace.yaml >/dev/null
-# The webhook configuration from config/, calling the operator on this machine instead of a Service.
-kubectl apply --server-side -f config/webhook/mutating_webhook_configuration.yaml >/dev/null
+# What config/ ships but the Deployment and its Services (the operator runs on this machine):
+# the RBAC, the admission policies, and the webhook configuration, calling the operator here
+# instead of a Service.
+kubectl apply --server-side -k config/rbac >/dev/null
+kubectl apply --server-side -k config/policy >/dev/null
+kubectl apply --server-side -k config/webhook >/dev/null
 kubectl patch mutatingwebhookconfiguration gpuqueue-operator --type=json -p \
     "[{\"op\": \"replace\", \"path\": \"/webhooks/0/clientConfig\", \"value\": {\"url\": \"https://127.0.0.1:$WEBHOOK_PORT/mutate-pods\"}}]" >/dev/null
-nohup target/debug/gpuqueue-operator --kubeconfig="$KUBECONFIG" --namespace=gpuqueue-system \
+# The operator runs as its ServiceAccount, so with exactly the RBAC of config/rbac/ and as the
+# one identity the policies exempt.
+OPERATOR_KUBECONFIG="$DIR/operator.kubeconfig"
+kubectl config view --raw --minify >"$OPERATOR_KUBECONFIG"
+kubectl --kubeconfig="$OPERATOR_KUBECONFIG" config set-credentials gpuqueue-operator \
+    --token="$(kubectl -n gpuqueue-system create token gpuqueue-operator --duration=24h)" >/dev/null
+kubectl --kubeconfig="$OPERATOR_KUBECONFIG" config set-context --current --user=gpuqueue-operator >/dev/null
+nohup target/debug/gpuqueue-operator --kubeconfig="$OPERATOR_KUBECONFIG" --namespace=gpuqueue-system \
     --metrics-addr="127.0.0.1:$METRICS_PORT" --webhook-addr="127.0.0.1:$WEBHOOK_PORT" \
     --webhook-extra-san=127.0.0.1 --lease-identity=demo \
     >"$DIR/operator.log" 2>&1 &

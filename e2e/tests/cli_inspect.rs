@@ -4,6 +4,8 @@
 //! real `gpuqueue-operator` binary gates and admits pods, so every status, waiting reason and
 //! event the CLI shows was written by the operator.
 
+mod common;
+
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -11,8 +13,8 @@ use std::process::{Command, Output};
 
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, ManagedProcess, TempNamespace,
-    apply_yaml, describe_pod, gpu_pod, install_crds, repo_root, target_dir, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
+    describe_pod, gpu_pod, repo_root, target_dir, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{
@@ -51,62 +53,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap()
-}
-
-/// The CRD, the operator's namespace and its webhook configuration from `config/`, pointed at
-/// `https://127.0.0.1:<port>` (nothing runs in-cluster here).
-async fn install(client: &Client, webhook_port: u16) {
-    install_crds(client, &repo_root().join("crds"))
-        .await
-        .unwrap();
-    let namespace = std::fs::read_to_string(repo_root().join("config/namespace.yaml")).unwrap();
-    apply_yaml(client, &namespace, None).await.unwrap();
-    let manifest = repo_root().join("config/webhook/mutating_webhook_configuration.yaml");
-    let mut config: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
-    for webhook in config["webhooks"].as_array_mut().unwrap() {
-        webhook["clientConfig"] =
-            json!({"url": format!("https://127.0.0.1:{webhook_port}/mutate-pods")});
-    }
-    apply_yaml(client, &serde_yaml::to_string(&config).unwrap(), None)
-        .await
-        .unwrap();
-}
-
-/// Starts the operator and waits until `/readyz` says its stores are synced and its CA is in
-/// the webhook configuration (before that, new pods would miss the gate).
-async fn start_operator(cluster: &ControlPlane, bin: &Path, webhook_port: u16) -> ManagedProcess {
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut command = Command::new(bin.join("gpuqueue-operator"));
-    command
-        .arg(format!(
-            "--kubeconfig={}",
-            cluster.kubeconfig_path().display()
-        ))
-        .arg("--namespace=gpuqueue-system")
-        .arg(format!("--metrics-addr={metrics}"))
-        .arg(format!("--webhook-addr=127.0.0.1:{webhook_port}"))
-        .arg("--webhook-extra-san=127.0.0.1")
-        .arg("--lease-identity=cli-e2e")
-        .arg("--log-filter=info,gpuqueue_operator=debug")
-        .env_remove("KUBECONFIG")
-        .env_remove("POD_NAMESPACE")
-        .env_remove("POD_NAME");
-    let process = cluster.spawn("operator", command).unwrap();
-    let url = format!("http://{metrics}/readyz");
-    wait_for("the operator to be ready", DEFAULT_TIMEOUT, || {
-        let url = url.clone();
-        async move {
-            match reqwest::get(&url).await {
-                Ok(r) if r.status().is_success() => Ok(()),
-                Ok(r) => Err(r.text().await.unwrap_or_default()),
-                Err(e) => Err(e.to_string()),
-            }
-        }
-    })
-    .await
-    .unwrap();
-    process
 }
 
 /// `kubectl <args>` with the plugin's folder first on the PATH, as a user who installed it.
@@ -338,7 +284,7 @@ async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
     );
 
     let webhook_port = free_port();
-    install(&client, webhook_port).await;
+    common::install(&cluster, webhook_port).await;
     let batch = cluster.namespace("batch").await.unwrap();
     let online = cluster.namespace("online").await.unwrap();
     let web = cluster.namespace("web").await.unwrap();
@@ -375,7 +321,8 @@ async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
         "{table}"
     );
 
-    let _operator = start_operator(&cluster, &bin, webhook_port).await;
+    let _operator =
+        common::Operator::start(&cluster, common::Options::new("cli-e2e", webhook_port)).await;
 
     let (admitted, waiting_name) = create_pods(&client, &batch, &web).await;
 

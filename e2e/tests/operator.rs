@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use common::{
     OPERATOR_NAMESPACE, Operator, Options, annotation, apply_queue, bound, condition, create,
-    event, events, free_port, gated, install, is_gated, numbers, queue_status, queue_yaml, settled,
-    waiting_reason,
+    event, events, free_port, gated, install, is_gated, numbers, operator_access, queue_status,
+    queue_yaml, settled, waiting_reason,
 };
 use gpuqueue_api::{NVIDIA_GPU, annotations, conditions, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
@@ -240,24 +240,10 @@ async fn the_operator_needs_no_more_than_the_rbac_in_config() {
     let cluster = start("operator_rbac", None).await;
     let admin = cluster.client();
     let webhook_port = free_port();
+    // `install` applies config/rbac/, and the operator runs as its ServiceAccount.
     install(&cluster, webhook_port).await;
-    for file in [
-        "service_account.yaml",
-        "cluster_role.yaml",
-        "cluster_role_binding.yaml",
-        "leader_election_role.yaml",
-        "leader_election_role_binding.yaml",
-    ] {
-        let yaml = std::fs::read_to_string(repo_root().join("config/rbac").join(file)).unwrap();
-        apply_yaml(&admin, &yaml, None).await.unwrap();
-    }
-    let account = cluster
-        .service_account_access(OPERATOR_NAMESPACE, "gpuqueue-operator")
-        .await
-        .unwrap();
-    let mut options = Options::new("rbac", webhook_port);
-    options.kubeconfig = Some(account.kubeconfig.clone());
-    let operator = Operator::start(&cluster, options).await;
+    let account = operator_access(&cluster).await;
+    let operator = Operator::start(&cluster, Options::new("rbac", webhook_port)).await;
 
     // The same scenario, run by the operator as its ServiceAccount.
     tenants_borrow_and_wait(&cluster, &admin, &operator).await;
@@ -340,23 +326,26 @@ async fn unmanaged_and_bypassing_gpu_pods_count_as_used_capacity() {
     let client = cluster.client();
     let webhook_port = free_port();
     install(&cluster, webhook_port).await;
-    let _operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
 
     let team = cluster.namespace("team").await.unwrap();
     let other = cluster.namespace("other").await.unwrap();
     apply_queue(&client, &queue_yaml("team", &[team.name()], 8, 0)).await;
+
+    // A pod of the team that bypassed the gate: created while no operator answered the
+    // webhook (failure policy Ignore), so kube-scheduler bound it ungated. 1 GPU, charged to
+    // its queue. (A pod bound at creation with spec.nodeName, the other bypass, is refused
+    // by the policy in config/policy/.)
+    let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
+    create(&pods, &gpu_pod("bypass", NVIDIA_GPU, 1)).await;
+    let bypass = bound(&pods, "bypass").await;
+    assert!(!is_gated(&bypass) && annotation(&bypass, annotations::QUEUE).is_none());
+    let _operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
 
     // Another scheduler's GPU pod outside any queue: 5 GPUs the operator does not manage.
     let others: Api<Pod> = Api::namespaced(client.clone(), other.name());
     create(&others, &gpu_pod("foreign", NVIDIA_GPU, 5)).await;
     let foreign = bound(&others, "foreign").await;
     assert!(!is_gated(&foreign) && annotation(&foreign, annotations::QUEUE).is_none());
-
-    // A pod of the team that bypassed the gate (bound at creation): 1 GPU, charged to its queue.
-    let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
-    let mut bypass = gpu_pod("bypass", NVIDIA_GPU, 1);
-    bypass.spec.as_mut().unwrap().node_name = Some("gpu-node-0".into());
-    create(&pods, &bypass).await;
 
     // 4 one-GPU pods, gated by hand: only the 2 GPUs still free are admitted.
     for i in 0..4 {
@@ -699,6 +688,18 @@ async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_r
         "kubectl apply -k config/: {stderr}"
     );
     assert!(!stderr.contains("PodSecurity"), "{stderr}");
+    // The opt-in NetworkPolicy is valid too (KWOK enforces none; a CNI would).
+    let network_policy = cluster
+        .kubectl()
+        .args(["apply", "--server-side", "-k"])
+        .arg(repo_root().join("config/network-policy"))
+        .output()
+        .unwrap();
+    assert!(
+        network_policy.status.success(),
+        "kubectl apply -k config/network-policy: {}",
+        String::from_utf8_lossy(&network_policy.stderr)
+    );
 
     // The ReplicaSet's pods pass Pod Security `restricted` (enforced by the namespace) and run.
     let pods: Api<Pod> = Api::namespaced(client.clone(), OPERATOR_NAMESPACE);

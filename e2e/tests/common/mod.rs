@@ -1,7 +1,8 @@
 //! The operator as the end-to-end tests run it: the real `gpuqueue-operator` binary as a
-//! process against the test's control plane, with its webhook configuration installed from
-//! `config/` (pointed at the process by URL instead of a Service, since nothing runs
-//! in-cluster here).
+//! process against the test's control plane, as its ServiceAccount with the RBAC of `config/`,
+//! and with everything else `config/` ships but the Deployment and its Services installed as
+//! shipped: the admission policies, and the webhook configuration (pointed at the process by
+//! URL instead of a Service, the one change, since nothing runs in-cluster here).
 
 #![allow(dead_code)] // each test file uses its own part of these helpers
 
@@ -12,14 +13,15 @@ use std::sync::OnceLock;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
-    ControlPlane, DEFAULT_TIMEOUT, ManagedProcess, apply_yaml, describe_pod, install_crds,
-    repo_root, target_dir, wait_for,
+    ControlPlane, DEFAULT_TIMEOUT, ManagedProcess, UserAccess, apply_yaml, describe_pod,
+    install_crds, repo_root, target_dir, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod, PodSchedulingGate};
 use kube::{
     Client,
-    api::{Api, ListParams, PostParams},
+    api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
+use serde::Deserialize;
 use serde_json::json;
 
 /// The operator's namespace, as `config/` installs it.
@@ -63,26 +65,126 @@ pub fn free_port() -> u16 {
         .expect("no free port")
 }
 
-/// Installs what the operator needs before it starts: the CRD, its namespace (from
-/// `config/namespace.yaml`) and its webhook configuration (from `config/`), calling
-/// `https://127.0.0.1:<webhook_port>/mutate-pods`.
+/// The operator's ServiceAccount, as `config/rbac/` creates it; the operator runs as it.
+pub const OPERATOR_ACCOUNT: &str = "gpuqueue-operator";
+
+/// The parts of `config/kustomization.yaml` not installed here: the CRD comes from `crds/`
+/// (the same files; a test keeps them equal), and `manager/` runs the operator in-cluster,
+/// where the tests run it as a process instead.
+const NOT_INSTALLED: &[&str] = &["crd", "manager"];
+
+/// Installs what `config/` ships before the operator starts: the CRD, its namespace, its RBAC,
+/// the admission policies, and its webhook configuration calling
+/// `https://127.0.0.1:<webhook_port>/mutate-pods`. Returns once the policies are enforced.
 pub async fn install(cluster: &ControlPlane, webhook_port: u16) {
     let client = cluster.client();
     install_crds(&client, &repo_root().join("crds"))
         .await
         .unwrap();
-    let namespace = std::fs::read_to_string(repo_root().join("config/namespace.yaml")).unwrap();
-    apply_yaml(&client, &namespace, None).await.unwrap();
-    let manifest = repo_root().join("config/webhook/mutating_webhook_configuration.yaml");
-    let mut config: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(manifest).unwrap()).unwrap();
-    for webhook in config["webhooks"].as_array_mut().unwrap() {
-        webhook["clientConfig"] =
-            json!({"url": format!("https://127.0.0.1:{webhook_port}/mutate-pods")});
+    let config = repo_root().join("config");
+    for file in kustomized_files(&config) {
+        if NOT_INSTALLED
+            .iter()
+            .any(|part| file.starts_with(config.join(part)))
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        let mut yaml = String::new();
+        for document in serde_yaml::Deserializer::from_str(&text) {
+            let mut object = serde_json::Value::deserialize(document).unwrap();
+            let webhooks = object.get_mut("webhooks").and_then(|w| w.as_array_mut());
+            for webhook in webhooks.into_iter().flatten() {
+                webhook["clientConfig"] =
+                    json!({"url": format!("https://127.0.0.1:{webhook_port}/mutate-pods")});
+            }
+            yaml.push_str("---\n");
+            yaml.push_str(&serde_yaml::to_string(&object).unwrap());
+        }
+        apply_yaml(&client, &yaml, None)
+            .await
+            .unwrap_or_else(|error| panic!("applying {}: {error}", file.display()));
     }
-    apply_yaml(&client, &serde_yaml::to_string(&config).unwrap(), None)
+    policies_enforced(&client).await;
+}
+
+/// The files a kustomization lists under `resources`, folders followed into their own
+/// `kustomization.yaml`, in order.
+pub fn kustomized_files(dir: &Path) -> Vec<PathBuf> {
+    let kustomization: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap())
+            .unwrap();
+    let mut files = Vec::new();
+    for resource in kustomization["resources"].as_array().into_iter().flatten() {
+        let path = dir.join(resource.as_str().unwrap());
+        if path.is_dir() {
+            files.extend(kustomized_files(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// Waits until the API server enforces the pod policies of `config/policy/` (it loads them,
+/// and the GpuQueues the creation policy reads, a moment after they are created; until then it
+/// refuses every pod): a CPU pod in `default`, which no webhook sees, can be created, and a dry
+/// run removing its admission gate is refused.
+async fn policies_enforced(client: &Client) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let probe = gated(
+        serde_json::from_value(json!({
+            "metadata": {"name": "gpuqueue-policy-probe"},
+            "spec": {"containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10"}]},
+        }))
+        .unwrap(),
+    );
+    wait_for(
+        "the creation policy to read GpuQueues",
+        DEFAULT_TIMEOUT,
+        || async {
+            pods.create(&PostParams::default(), &probe)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
+    .unwrap();
+    let ungate: Patch<serde_json::Value> = Patch::Json(
+        serde_json::from_value(json!([{"op": "remove", "path": "/spec/schedulingGates"}])).unwrap(),
+    );
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    wait_for(
+        "the pod policies to be enforced",
+        DEFAULT_TIMEOUT,
+        || async {
+            match pods.patch("gpuqueue-policy-probe", &dry_run, &ungate).await {
+                Err(kube::Error::Api(status))
+                    if status.message.contains("gpuqueue.io/admission") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    pods.delete("gpuqueue-policy-probe", &DeleteParams::default())
         .await
         .unwrap();
+}
+
+/// Credentials of the operator's ServiceAccount (after [`install`]), to act as the operator.
+pub async fn operator_access(cluster: &ControlPlane) -> UserAccess {
+    cluster
+        .service_account_access(OPERATOR_NAMESPACE, OPERATOR_ACCOUNT)
+        .await
+        .unwrap()
 }
 
 /// How to start one operator process.
@@ -90,7 +192,7 @@ pub async fn install(cluster: &ControlPlane, webhook_port: u16) {
 pub struct Options {
     /// Its Lease identity, and the name of its log file.
     pub identity: String,
-    /// The kubeconfig it uses; the cluster admin's by default.
+    /// The kubeconfig it uses; its ServiceAccount's by default (see [`install`]).
     pub kubeconfig: Option<PathBuf>,
     pub webhook_port: u16,
     /// Run the release build (benchmarks).
@@ -125,10 +227,10 @@ impl Operator {
     /// Starts the operator and waits until it is ready (stores synced, webhook CA published).
     pub async fn start(cluster: &ControlPlane, options: Options) -> Self {
         let metrics = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-        let kubeconfig = options
-            .kubeconfig
-            .clone()
-            .unwrap_or_else(|| cluster.kubeconfig_path().to_owned());
+        let kubeconfig = match options.kubeconfig.clone() {
+            Some(kubeconfig) => kubeconfig,
+            None => operator_access(cluster).await.kubeconfig,
+        };
         let mut command = Command::new(operator_binary(options.release));
         command
             .arg(format!("--kubeconfig={}", kubeconfig.display()))

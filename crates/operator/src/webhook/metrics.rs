@@ -20,6 +20,9 @@ pub enum WebhookResult {
     AlreadyGated,
     /// No queue manages the pod; it passes unchanged.
     NotManaged,
+    /// The pod was refused: a queue claims its namespace but could not count it (a GPU pod
+    /// with `spec.nodeName`, or a pod with `spec.resourceClaims`).
+    Refused,
     /// The request could not be read; it was answered without a change.
     Invalid,
 }
@@ -33,6 +36,7 @@ impl WebhookResult {
             Self::Busy => "busy",
             Self::AlreadyGated => "already_gated",
             Self::NotManaged => "not_managed",
+            Self::Refused => "refused",
             Self::Invalid => "invalid",
         }
     }

@@ -28,8 +28,12 @@
 //!   in the bundle answers 503, which is what alerts should watch.
 //!
 //! The blast radius is kept small in the configuration itself: `matchConditions` send only pods
-//! that request an `nvidia.com/` resource, the namespace selector leaves out the system
-//! namespaces and the operator's own, and `timeoutSeconds` is short.
+//! that request an extended resource (such as `nvidia.com/gpu`) or DRA devices, the namespace
+//! selector leaves out the system namespaces and the operator's own, and `timeoutSeconds` is
+//! short. What must hold during an outage does not depend on the webhook: the
+//! ValidatingAdmissionPolicies in `config/policy/`, which the API server evaluates itself,
+//! keep the gate and the operator's annotations to the operator and refuse, in claimed
+//! namespaces, the pods the webhook refuses ([`mutate`]).
 
 pub mod ca_bundle;
 pub mod certs;

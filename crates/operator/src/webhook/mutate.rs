@@ -5,16 +5,27 @@
 //! Which pods are managed is not decided here: a [`GatePolicy`] answers it from the stores by
 //! the core's rules (a GPU request, in a namespace one queue claims). This module only turns
 //! the answer into a JSON patch, and is idempotent: a pod that already carries the gate (put
-//! there by hand, or by an earlier call) is admitted unchanged, and other gates are kept.
+//! there by hand, or by an earlier call) keeps it and is not admitted, and other gates are kept.
 //!
-//! A pod created with `spec.nodeName` already set skips the scheduler, and the API server
-//! refuses scheduling gates on it, so it is never gated; like any pod that bypassed the gate it
-//! is counted as used capacity.
+//! A managed pod is also made tenant-proof, whatever else happens to it: every `gpuqueue.io/*`
+//! annotation its creator wrote is removed (the operator's state is the operator's to write;
+//! only [`USER_KNOBS`] stay, capped).
+//!
+//! Its `spec.preemptionPolicy` is left as its PriorityClass sets it: the API server's Priority
+//! admission plugin runs again after a webhook mutates a pod and refuses any other value ("the
+//! string value of PreemptionPolicy (Never) must not be provided in pod spec"). A high
+//! PriorityClass gets a pod nowhere anyway: it cannot leave the gate (the policy in
+//! `config/policy/` refuses its removal) and is released pinned to a node with room.
+//!
+//! Two kinds of pod are refused in a claimed namespace, because the queue could not count
+//! them: a GPU pod created with `spec.nodeName` (it skips the scheduler and the gate), and any
+//! pod with `spec.resourceClaims` (DRA devices, not counted yet). The ValidatingAdmissionPolicy
+//! in `config/policy/` refuses the same pods with the same messages while the webhook is down.
 
 use std::collections::BTreeMap;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations};
-use gpuqueue_core::model::is_gated;
+use gpuqueue_core::model::{is_gated, is_gpu_pod};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
@@ -25,14 +36,32 @@ use serde_json::json;
 use super::metrics::WebhookResult;
 use crate::{
     admission::at_creation::{CreationAdmission, Gate},
-    writes::pod::pin_and_annotate,
+    writes::pod::{escape, pin_and_annotate},
 };
+
+/// The prefix of every annotation the operator writes and reads.
+const OPERATOR_PREFIX: &str = "gpuqueue.io/";
+
+/// The `gpuqueue.io/*` annotations a pod's creator may write: documented knobs, kept at
+/// creation (capped) while every other `gpuqueue.io/*` annotation is removed.
+pub const USER_KNOBS: &[&str] = &[annotations::CHECKPOINT_COST];
+
+/// The largest `gpuqueue.io/checkpoint-cost` kept; a bigger value is lowered to it, so that no
+/// tenant can claim more than the documented maximum.
+pub const CHECKPOINT_COST_MAX: u64 = 1000;
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {
     /// The queue that manages `pod`, or `None` when the operator leaves it alone. The pod's
     /// namespace is set, even when the creator left it to the request.
     fn managing_queue(&self, pod: &Pod) -> Option<String>;
+
+    /// The queue that claims `pod`'s namespace, GPU pod or not (to refuse what it could not
+    /// count). The default, [`Self::managing_queue`], suffices for a policy that only ever
+    /// sees GPU pods.
+    fn claiming_queue(&self, pod: &Pod) -> Option<String> {
+        self.managing_queue(pod)
+    }
 
     /// Admits a managed pod at its creation instead of gating it, when the leader can decide
     /// it at once; `Err` sends it to the gate, saying why.
@@ -87,31 +116,47 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
     if pod.metadata.namespace.is_none() {
         pod.metadata.namespace.clone_from(&request.namespace);
     }
-    let spec = pod.spec.as_ref();
-    if spec.is_some_and(|spec| spec.node_name.is_some()) {
-        return allow(WebhookResult::NotManaged);
+    if let Some((message, queue)) = refusal(&pod, policy) {
+        return Answer {
+            review: AdmissionResponse::from(request).deny(message).into_review(),
+            result: WebhookResult::Refused,
+            queue: Some(queue),
+        };
     }
-    let gates = spec.and_then(|spec| spec.scheduling_gates.as_deref());
     let Some(queue) = policy.managing_queue(&pod) else {
         return allow(WebhookResult::NotManaged);
     };
-    if is_gated(&pod) {
-        return allow(WebhookResult::AlreadyGated);
-    }
-    // A dry run creates nothing, so it must reserve nothing: it sees the gate.
-    let at_creation = if request.dry_run {
-        Err(Gate::Declined)
+    let mut operations = tenant_proofing(&mut pod);
+    let result = if is_gated(&pod) {
+        WebhookResult::AlreadyGated
     } else {
-        policy.admit_at_creation(&pod)
+        // A dry run creates nothing, so it must reserve nothing: it sees the gate.
+        let at_creation = if request.dry_run {
+            Err(Gate::Declined)
+        } else {
+            policy.admit_at_creation(&pod)
+        };
+        let has_gates = pod
+            .spec
+            .as_ref()
+            .is_some_and(|spec| spec.scheduling_gates.is_some());
+        match at_creation {
+            Ok(admitted) => {
+                operations.extend(admission_operations(&pod, &admitted));
+                WebhookResult::Admitted
+            }
+            Err(gate) => {
+                operations.push(gate_operation(has_gates));
+                match gate {
+                    Gate::Declined => WebhookResult::Gated,
+                    Gate::Busy => WebhookResult::Busy,
+                }
+            }
+        }
     };
-    let (operations, result) = match at_creation {
-        Ok(admitted) => (
-            admission_operations(&pod, &admitted),
-            WebhookResult::Admitted,
-        ),
-        Err(Gate::Declined) => (vec![gate_operation(gates.is_some())], WebhookResult::Gated),
-        Err(Gate::Busy) => (vec![gate_operation(gates.is_some())], WebhookResult::Busy),
-    };
+    if operations.is_empty() {
+        return allow(result);
+    }
     let patched = serde_json::from_value::<json_patch::Patch>(serde_json::Value::Array(operations))
         .map_err(|error| error.to_string())
         .and_then(|patch| {
@@ -131,6 +176,73 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
             allow(WebhookResult::Invalid)
         }
     }
+}
+
+/// The message refusing a pod the queue claiming its namespace could not count, and that
+/// queue; `None` when the pod may be created.
+fn refusal(pod: &Pod, policy: &dyn GatePolicy) -> Option<(String, String)> {
+    let spec = pod.spec.as_ref()?;
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
+        let queue = policy.claiming_queue(pod)?;
+        return Some((resource_claims_refused(namespace, &queue), queue));
+    }
+    if spec.node_name.is_some() && is_gpu_pod(pod) {
+        let queue = policy.managing_queue(pod)?;
+        return Some((node_name_refused(namespace, &queue), queue));
+    }
+    None
+}
+
+/// The refusal of a GPU pod bound at creation (the policy in `config/policy/` says the same).
+fn node_name_refused(namespace: &str, queue: &str) -> String {
+    format!(
+        "gpuqueue: spec.nodeName is refused for a GPU pod in namespace {namespace}, which GpuQueue \
+         {queue} claims: a pod bound at creation skips the queue's admission. Leave spec.nodeName \
+         unset (choose nodes with a nodeSelector or node affinity); the queue admits the pod and \
+         kube-scheduler binds it."
+    )
+}
+
+/// The refusal of a pod with DRA claims (the policy in `config/policy/` says the same).
+fn resource_claims_refused(namespace: &str, queue: &str) -> String {
+    format!(
+        "gpuqueue: spec.resourceClaims is refused in namespace {namespace}, which GpuQueue \
+         {queue} claims: gpuqueue does not count DRA ResourceClaims yet, so their devices would \
+         escape the queue's quota. Request GPUs as an extended resource (resources.limits, e.g. \
+         nvidia.com/gpu: 1) instead."
+    )
+}
+
+/// Removes the creator's `gpuqueue.io/*` annotations but the user knobs, and caps the knobs:
+/// the operations, applied to `pod` too so that later operations see what the API server will.
+fn tenant_proofing(pod: &mut Pod) -> Vec<serde_json::Value> {
+    let mut operations = Vec::new();
+    if let Some(notes) = pod.metadata.annotations.as_mut() {
+        let forged: Vec<String> = notes
+            .keys()
+            .filter(|key| key.starts_with(OPERATOR_PREFIX) && !USER_KNOBS.contains(&key.as_str()))
+            .cloned()
+            .collect();
+        for key in forged {
+            notes.remove(&key);
+            let path = format!("/metadata/annotations/{}", escape(&key));
+            operations.push(json!({"op": "remove", "path": path}));
+        }
+        if let Some(cost) = notes.get_mut(annotations::CHECKPOINT_COST)
+            && cost
+                .parse::<u64>()
+                .is_ok_and(|cost| cost > CHECKPOINT_COST_MAX)
+        {
+            *cost = CHECKPOINT_COST_MAX.to_string();
+            let path = format!(
+                "/metadata/annotations/{}",
+                escape(annotations::CHECKPOINT_COST)
+            );
+            operations.push(json!({"op": "replace", "path": path, "value": cost}));
+        }
+    }
+    operations
 }
 
 /// Adds our gate, after any others.
@@ -178,6 +290,10 @@ mod tests {
             });
             (in_tenant && wants_gpu).then(|| "tenant-queue".to_owned())
         }
+
+        fn claiming_queue(&self, pod: &Pod) -> Option<String> {
+            (pod.metadata.namespace.as_deref() == Some("tenant")).then(|| "tenant-queue".to_owned())
+        }
     }
 
     fn review_body(operation: &str, namespace: &str, spec: &serde_json::Value) -> Vec<u8> {
@@ -222,10 +338,7 @@ mod tests {
     /// The JSON patch of the answer, decoded, or `None` when the pod passes unchanged.
     fn patch_of(answer: &Answer) -> Option<serde_json::Value> {
         let response = serde_json::to_value(&answer.review).unwrap()["response"].clone();
-        assert_eq!(
-            response["allowed"], true,
-            "the webhook never denies: {response}"
-        );
+        assert_eq!(response["allowed"], true, "the pod was refused: {response}");
         assert_eq!(response["uid"], "0b5f1b6e-1111-2222-3333-444455556666");
         // kube serialises the patch bytes as a JSON array of numbers, which the API server
         // reads like the base64 string Go would write.
@@ -366,11 +479,183 @@ mod tests {
         }
     }
 
+    /// The refusal's message, asserting the review refused the pod.
+    fn refusal_of(answer: &Answer) -> String {
+        let response = serde_json::to_value(&answer.review).unwrap()["response"].clone();
+        assert_eq!(response["allowed"], false, "{response}");
+        assert_eq!(response.get("patch"), None);
+        assert_eq!(answer.result, WebhookResult::Refused);
+        response["status"]["message"].as_str().unwrap().to_owned()
+    }
+
     #[test]
-    fn a_pod_bound_at_creation_is_never_gated() {
+    fn a_gpu_pod_bound_at_creation_in_a_claimed_namespace_is_refused() {
         let mut spec = gpu_spec(None);
         spec["nodeName"] = json!("gpu-node-1");
-        let answer = review(&review_body("CREATE", "tenant", &spec), &TenantPolicy).unwrap();
+        let answer = review(&review_body("CREATE", "tenant", &spec), &AdmittingPolicy).unwrap();
+        let message = refusal_of(&answer);
+        assert!(
+            message.starts_with(
+                "gpuqueue: spec.nodeName is refused for a GPU pod in namespace tenant, \
+                 which GpuQueue tenant-queue claims"
+            ),
+            "{message}"
+        );
+        assert!(message.contains("Leave spec.nodeName unset"), "{message}");
+    }
+
+    #[test]
+    fn pods_bound_at_creation_elsewhere_or_without_gpus_pass_unchanged() {
+        let mut gpu = gpu_spec(None);
+        gpu["nodeName"] = json!("gpu-node-1");
+        let cpu = json!({"nodeName": "node-1", "containers": [{"name": "web", "image": "nginx"}]});
+        for body in [
+            review_body("CREATE", "other", &gpu),
+            review_body("CREATE", "tenant", &cpu),
+        ] {
+            let answer = review(&body, &TenantPolicy).unwrap();
+            assert_eq!(answer.result, WebhookResult::NotManaged);
+            assert_eq!(patch_of(&answer), None);
+        }
+    }
+
+    #[test]
+    fn any_pod_with_resource_claims_in_a_claimed_namespace_is_refused() {
+        let claims = json!([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]);
+        let mut cpu = json!({"containers": [{"name": "web", "image": "nginx"}]});
+        cpu["resourceClaims"] = claims.clone();
+        let mut gpu = gpu_spec(None);
+        gpu["resourceClaims"] = claims;
+        for spec in [&cpu, &gpu] {
+            let answer = review(&review_body("CREATE", "tenant", spec), &TenantPolicy).unwrap();
+            let message = refusal_of(&answer);
+            assert!(
+                message.starts_with(
+                    "gpuqueue: spec.resourceClaims is refused in namespace tenant, which GpuQueue \
+                     tenant-queue claims: gpuqueue does not count DRA ResourceClaims yet"
+                ),
+                "{message}"
+            );
+            assert!(
+                message.contains("Request GPUs as an extended resource"),
+                "{message}"
+            );
+        }
+        let answer = review(&review_body("CREATE", "other", &cpu), &TenantPolicy).unwrap();
+        assert_eq!(answer.result, WebhookResult::NotManaged);
+    }
+
+    #[test]
+    fn a_pod_gated_by_hand_loses_its_forged_annotations() {
+        let mut body: serde_json::Value = serde_json::from_slice(&review_body(
+            "CREATE",
+            "tenant",
+            &gpu_spec(Some(json!([{"name": "gpuqueue.io/admission"}]))),
+        ))
+        .unwrap();
+        body["request"]["object"]["metadata"]["annotations"] =
+            json!({"gpuqueue.io/reclaim-id": "forged"});
+        let answer = review(&serde_json::to_vec(&body).unwrap(), &TenantPolicy).unwrap();
+        assert_eq!(answer.result, WebhookResult::AlreadyGated);
+        assert_eq!(
+            patch_of(&answer).unwrap(),
+            json!([{"op": "remove", "path": "/metadata/annotations/gpuqueue.io~1reclaim-id"}])
+        );
+    }
+
+    /// A review of a GPU pod in `namespace` whose creator wrote `notes`.
+    fn annotated(namespace: &str, notes: &serde_json::Value) -> Vec<u8> {
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&review_body("CREATE", namespace, &gpu_spec(None))).unwrap();
+        body["request"]["object"]["metadata"]["annotations"] = notes.clone();
+        serde_json::to_vec(&body).unwrap()
+    }
+
+    #[test]
+    fn forged_operator_annotations_are_removed_and_user_knobs_kept() {
+        let notes = json!({
+            "team": "search",
+            "gpuqueue.io/reclaim-id": "forged",
+            "gpuqueue.io/reclaim-role": "victim",
+            "gpuqueue.io/reclaim-deadline": "2099-01-01T00:00:00Z",
+            "gpuqueue.io/admitted-as": "guaranteed",
+            "gpuqueue.io/checkpoint-cost": "40",
+        });
+        let answer = review(&annotated("tenant", &notes), &TenantPolicy).unwrap();
+        assert_eq!(answer.result, WebhookResult::Gated);
+        let remove = |key: &str| json!({"op": "remove", "path": format!("/metadata/annotations/gpuqueue.io~1{key}")});
+        assert_eq!(
+            patch_of(&answer).unwrap(),
+            json!([
+                remove("admitted-as"),
+                remove("reclaim-deadline"),
+                remove("reclaim-id"),
+                remove("reclaim-role"),
+                {"op": "add", "path": "/spec/schedulingGates",
+                 "value": [{"name": "gpuqueue.io/admission"}]},
+            ])
+        );
+    }
+
+    #[test]
+    fn a_pod_admitted_at_creation_carries_only_the_operators_annotations() {
+        let notes = json!({
+            "gpuqueue.io/admitted-at-creation": "forged-token",
+            "gpuqueue.io/waiting-reason": "forged",
+        });
+        let answer = review(&annotated("tenant", &notes), &AdmittingPolicy).unwrap();
+        assert_eq!(answer.result, WebhookResult::Admitted);
+        let patch = patch_of(&answer).unwrap();
+        let ops = patch.as_array().unwrap();
+        assert_eq!(
+            ops[..2],
+            [
+                json!({"op": "remove", "path": "/metadata/annotations/gpuqueue.io~1admitted-at-creation"}),
+                json!({"op": "remove", "path": "/metadata/annotations/gpuqueue.io~1waiting-reason"}),
+            ]
+        );
+        assert!(
+            ops.contains(&json!({"op": "add", "path": "/metadata/annotations/gpuqueue.io~1admitted-at-creation", "value": "00ff"})),
+            "{patch}"
+        );
+        // The removed waiting reason is not removed twice.
+        assert_eq!(
+            ops.iter().filter(|op| op["op"] == "remove").count(),
+            2,
+            "{patch}"
+        );
+    }
+
+    #[test]
+    fn the_checkpoint_cost_knob_is_capped() {
+        let answer = review(
+            &annotated(
+                "tenant",
+                &json!({"gpuqueue.io/checkpoint-cost": "99999999"}),
+            ),
+            &TenantPolicy,
+        )
+        .unwrap();
+        assert_eq!(
+            patch_of(&answer).unwrap()[0],
+            json!({"op": "replace", "path": "/metadata/annotations/gpuqueue.io~1checkpoint-cost",
+                   "value": CHECKPOINT_COST_MAX.to_string()})
+        );
+        let answer = review(
+            &annotated("tenant", &json!({"gpuqueue.io/checkpoint-cost": "1000"})),
+            &TenantPolicy,
+        )
+        .unwrap();
+        assert_eq!(
+            patch_of(&answer).unwrap()[0]["path"],
+            "/spec/schedulingGates"
+        );
+    }
+
+    #[test]
+    fn unmanaged_pods_keep_their_annotations() {
+        let notes = json!({"gpuqueue.io/reclaim-id": "theirs"});
+        let answer = review(&annotated("other", &notes), &TenantPolicy).unwrap();
         assert_eq!(answer.result, WebhookResult::NotManaged);
         assert_eq!(patch_of(&answer), None);
     }

@@ -42,6 +42,10 @@ impl GatePolicy for StoreGatePolicy {
         if !is_gpu_pod(pod) {
             return None;
         }
+        self.claiming_queue(pod)
+    }
+
+    fn claiming_queue(&self, pod: &Pod) -> Option<String> {
         let namespace = pod.metadata.namespace.clone()?;
         let stored = self.stores.queues.state();
         let queues: Vec<Queue> = stored
@@ -119,6 +123,16 @@ mod tests {
         let policy = policy(stores().stores);
         assert_eq!(policy.managing_queue(&pod("online", None)), None);
         assert_eq!(policy.managing_queue(&pod("elsewhere", Some(1))), None);
+    }
+
+    #[test]
+    fn any_pod_of_a_claimed_namespace_has_its_claiming_queue() {
+        let policy = policy(stores().stores);
+        assert_eq!(
+            policy.claiming_queue(&pod("online", None)).as_deref(),
+            Some("online")
+        );
+        assert_eq!(policy.claiming_queue(&pod("elsewhere", None)), None);
     }
 
     #[test]

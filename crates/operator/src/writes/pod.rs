@@ -224,7 +224,7 @@ pub fn describe(pod: &Pod) -> String {
 }
 
 /// Escapes a map key for a JSON pointer (RFC 6901): `~` as `~0`, `/` as `~1`.
-fn escape(key: &str) -> String {
+pub(crate) fn escape(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
