@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    Operator, Options, annotation, apply_queue, bound, condition, create, event, events, free_port,
-    install, is_gated, numbers, queue_status,
+    Operator, Options, all_running, annotation, apply_queue, bound, condition, create, event,
+    events, free_port, install, is_gated, numbers, queue_status,
 };
 use gpuqueue_api::{
     NVIDIA_GPU, annotations, conditions,
@@ -125,43 +125,6 @@ fn name(pod: &Pod) -> String {
 
 fn node_of(pod: &Pod) -> String {
     pod.spec.as_ref().unwrap().node_name.clone().unwrap()
-}
-
-/// Waits until `count` pods of the namespace run with an IP; returns them.
-async fn all_running(pods: &Api<Pod>, count: usize) -> Vec<Pod> {
-    wait_for(
-        format!("{count} pods running with an IP"),
-        DEFAULT_TIMEOUT,
-        || async {
-            let list = pods
-                .list(&ListParams::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let running: Vec<Pod> = list
-                .items
-                .iter()
-                .filter(|p| {
-                    let status = p.status.as_ref();
-                    status.and_then(|s| s.phase.as_deref()) == Some("Running")
-                        && status.and_then(|s| s.pod_ip.as_ref()).is_some()
-                        && p.metadata.deletion_timestamp.is_none()
-                })
-                .cloned()
-                .collect();
-            if running.len() == count && list.items.len() == count {
-                Ok(running)
-            } else {
-                Err(list
-                    .items
-                    .iter()
-                    .map(describe_pod)
-                    .collect::<Vec<_>>()
-                    .join("; "))
-            }
-        },
-    )
-    .await
-    .unwrap()
 }
 
 /// A fake vLLM on the pod's IP, as the pod's own server would listen.

@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{
-    Operator, Options, annotation, apply_queue, bound, create, event, free_port, install,
+    Operator, Options, all_running, annotation, apply_queue, bound, create, event, free_port,
+    install,
 };
 use gpuqueue_api::{
     NVIDIA_GPU, annotations,
@@ -73,33 +74,6 @@ fn annotated(mut pod: Pod, notes: &[(&str, &str)]) -> Pod {
             .collect(),
     );
     pod
-}
-
-/// Waits until every pod of the namespace runs; returns them.
-async fn running(pods: &Api<Pod>, count: usize) -> Vec<Pod> {
-    wait_for(format!("{count} pods running"), DEFAULT_TIMEOUT, || async {
-        let list = pods
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        let up = list
-            .items
-            .iter()
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .count();
-        if up == count && list.items.len() == count {
-            Ok(list.items)
-        } else {
-            Err(list
-                .items
-                .iter()
-                .map(describe_pod)
-                .collect::<Vec<_>>()
-                .join("; "))
-        }
-    })
-    .await
-    .unwrap()
 }
 
 /// Waits for the record of a handover with `role` to `owner` (`namespace/name`) on `queue`.
@@ -187,7 +161,7 @@ async fn forged_reclaim_marks_stop_nothing_record_nothing_and_protect_nothing() 
     for name in ["plain-1", "plain-2"] {
         create(&tenant_pods, &gpu_pod(name, NVIDIA_GPU, 1)).await;
     }
-    let forged = running(&tenant_pods, 4).await;
+    let forged = all_running(&tenant_pods, 4).await;
     assert!(
         forged
             .iter()
@@ -249,7 +223,7 @@ async fn a_victim_on_the_nodes_network_is_evicted_without_being_called() {
     let mut victim = gpu_pod("host-net", NVIDIA_GPU, 1);
     victim.spec.as_mut().unwrap().host_network = Some(true);
     create(&tenant_pods, &victim).await;
-    let victim = running(&tenant_pods, 1).await.remove(0);
+    let victim = all_running(&tenant_pods, 1).await.remove(0);
     let address: IpAddr = victim
         .status
         .as_ref()
@@ -315,7 +289,7 @@ async fn an_owner_whose_freed_gpus_an_intruder_took_is_planned_again() {
     let tenant = cluster.tenant_with_edit(batch.name()).await.unwrap();
     let tenant_pods: Api<Pod> = Api::namespaced(tenant.client.clone(), batch.name());
     create(&tenant_pods, &gpu_pod("borrower", NVIDIA_GPU, 1)).await;
-    running(&tenant_pods, 1).await;
+    all_running(&tenant_pods, 1).await;
     let budget = "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: keep\nspec:\n  minAvailable: 1\n  selector:\n    matchLabels: {app: borrower}\n";
     apply_yaml(&admin, budget, Some(batch.name()))
         .await

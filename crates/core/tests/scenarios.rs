@@ -15,8 +15,8 @@ use gpuqueue_core::admission::{
     Decision, NotAtCreation, admission_cycle, admit_at_creation, decide,
 };
 use gpuqueue_core::model::{
-    AdmittedAs, Assignment, GpuRequest, Namespace, Node, PodKey, PodState, Queue, ReclaimSettings,
-    ResourceQuota,
+    AdmittedAs, Assignment, GpuRequest, Namespace, Node, Pod, PodKey, PodState, Queue,
+    ReclaimSettings, ResourceQuota,
 };
 use gpuqueue_core::quantity::Milli;
 use gpuqueue_core::status::queue_reports;
@@ -906,17 +906,9 @@ fn a_pod_that_needs_a_reclaim_is_not_admitted_at_creation_and_nothing_is_marked(
 fn a_pod_reserved_at_creation_that_the_store_has_not_shown_is_never_a_reclaim_victim() {
     // b borrows all of n1: one running pod, and one admitted at creation a moment ago whose
     // pod may never exist. Evicting the phantom frees nothing; the plan takes the real pod.
-    let mut phantom = running("b/phantom", 2, "n1", 50);
-    phantom.reserved_unseen = true;
-    phantom.started_at = None;
-    phantom.state = PodState::Admitted(Assignment {
-        node: Some("n1".into()),
-        bound: false,
-        terminating: false,
-    });
     let pods = vec![
         running("b/real", 2, "n1", 10),
-        phantom,
+        reserved_unseen("b/phantom", 2, "n1", 50),
         pending("a/owner", 2, 60),
     ];
     let mut snapshot = build(
@@ -937,17 +929,9 @@ fn a_reserved_pod_is_never_the_borrower_that_hides_its_queues_real_borrowers() {
     // b is guaranteed 2 and borrows 2: its newest pod is a reservation the store has not shown.
     // Were the reservation marked as b's borrower (it is the most recently admitted), b would
     // have no evictable borrower and a's guarantee would wait until the reservation expires.
-    let mut phantom = running("b/phantom", 2, "n1", 50);
-    phantom.reserved_unseen = true;
-    phantom.started_at = None;
-    phantom.state = PodState::Admitted(Assignment {
-        node: Some("n1".into()),
-        bound: false,
-        terminating: false,
-    });
     let pods = vec![
         running("b/real", 2, "n1", 10),
-        phantom,
+        reserved_unseen("b/phantom", 2, "n1", 50),
         pending("a/owner", 2, 60),
     ];
     let mut snapshot = build(
@@ -961,4 +945,17 @@ fn a_reserved_pod_is_never_the_borrower_that_hides_its_queues_real_borrowers() {
     };
     let victims: Vec<&str> = plan.victims.iter().map(|v| v.key.name.as_str()).collect();
     assert_eq!(victims, ["real"]);
+}
+
+/// A pod the webhook admitted at creation on `node` at `at`, which the pod store has not shown.
+fn reserved_unseen(key: &str, gpus: u32, node: &str, at: i64) -> Pod {
+    let mut pod = running(key, gpus, node, at);
+    pod.reserved_unseen = true;
+    pod.started_at = None;
+    pod.state = PodState::Admitted(Assignment {
+        node: Some(node.into()),
+        bound: false,
+        terminating: false,
+    });
+    pod
 }

@@ -471,3 +471,40 @@ pub async fn event(client: &Client, namespace: &str, name: &str, reason: &str) -
     .await
     .unwrap()
 }
+
+/// Waits until `count` pods of the namespace run with an IP; returns them.
+pub async fn all_running(pods: &Api<Pod>, count: usize) -> Vec<Pod> {
+    wait_for(
+        format!("{count} pods running with an IP"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let list = pods
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let running: Vec<Pod> = list
+                .items
+                .iter()
+                .filter(|p| {
+                    let status = p.status.as_ref();
+                    status.and_then(|s| s.phase.as_deref()) == Some("Running")
+                        && status.and_then(|s| s.pod_ip.as_ref()).is_some()
+                        && p.metadata.deletion_timestamp.is_none()
+                })
+                .cloned()
+                .collect();
+            if running.len() == count && list.items.len() == count {
+                Ok(running)
+            } else {
+                Err(list
+                    .items
+                    .iter()
+                    .map(describe_pod)
+                    .collect::<Vec<_>>()
+                    .join("; "))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
