@@ -32,7 +32,7 @@ use gpuqueue_e2e::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Client,
-    api::{Api, ListParams},
+    api::{Api, DeleteParams, ListParams},
 };
 
 /// Long enough for a handover whose owner is never bound to give up (budget, grace, settle
@@ -318,10 +318,15 @@ async fn an_owner_whose_freed_gpus_an_intruder_took_is_planned_again() {
     .await
     .unwrap();
 
-    // The intruder: a tenant pod bound to the node by name, past scheduler and gate.
+    // The intruder: a pod bound to the node by name, past scheduler and gate. In a claimed
+    // namespace the webhook and the creation policy refuse that (tenant_policy tests it), and
+    // an unadmitted pod there is evicted while the owner waits (tenant_liveness); a namespace
+    // no queue claims may still do it, and its pods are no queue's to evict.
+    let unclaimed = cluster.namespace("unclaimed").await.unwrap();
+    let intruders: Api<Pod> = Api::namespaced(admin.clone(), unclaimed.name());
     let mut intruder = gpu_pod("intruder", NVIDIA_GPU, 1);
     intruder.spec.as_mut().unwrap().node_name = Some("gpu-node-0".to_owned());
-    create(&tenant_pods, &intruder).await;
+    create(&intruders, &intruder).await;
 
     // The handover ends without the owner bound, and says what was done about it.
     let first_name = first.metadata.name.clone().unwrap();
@@ -334,7 +339,13 @@ async fn an_owner_whose_freed_gpus_an_intruder_took_is_planned_again() {
         "{note}"
     );
 
-    // Not pinned for good: the replacement is planned again and gets online's guarantee.
+    // Not pinned for good: once the intruder leaves, a replacement (not the first owner, which
+    // would have bound the moment the GPU freed had it stayed pinned) is planned again and gets
+    // online's guarantee.
+    intruders
+        .delete("intruder", &DeleteParams::default())
+        .await
+        .unwrap();
     let replacement = wait_for("a replacement owner bound", UNBOUND_TIMEOUT, || async {
         let list = owners
             .list(&ListParams::default())
