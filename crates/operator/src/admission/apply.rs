@@ -482,7 +482,7 @@ mod tests {
             &mut observe::PodModels::default(),
             now,
         );
-        let observation = observe::snapshot(observed, &stores.stores, []);
+        let observation = observe::snapshot(observed, &stores.stores, [], now);
         let mut snapshot = observation.snapshot;
         let decisions = admission::admission_cycle(&mut snapshot, &Policy::default(), now);
         plan(

@@ -337,7 +337,7 @@ fn observe_pass(
         &observed.namespaces,
         now,
     );
-    observe::snapshot(observed, &context.stores, handovers.reclaimed_from())
+    observe::snapshot(observed, &context.stores, handovers.reclaimed_from(), now)
 }
 
 /// What a pass leaves to the next (this term's only).

@@ -192,6 +192,7 @@ pub fn snapshot(
     observed: Observed,
     stores: &Stores,
     reclaimed_from: impl IntoIterator<Item = (String, Timestamp)>,
+    now: Timestamp,
 ) -> Observation {
     for problem in &observed.problems {
         tracing::debug!(%problem, "object left out of the snapshot");
@@ -208,7 +209,7 @@ pub fn snapshot(
         .workload_mix(mix);
     // When each queue was last reclaimed from (its borrowing cool-down): from the queues'
     // handover records, and from this process's handovers whose records are not written yet.
-    for (queue, at) in last_reclaims(stores).into_iter().chain(reclaimed_from) {
+    for (queue, at) in last_reclaims(stores, now).into_iter().chain(reclaimed_from) {
         builder = builder.reclaimed_from(queue, at);
     }
     let (snapshot, issues) = builder.build();
@@ -223,8 +224,10 @@ pub fn snapshot(
     }
 }
 
-/// When each queue was last reclaimed from, from the reclaim records in its status.
-fn last_reclaims(stores: &Stores) -> Vec<(String, Timestamp)> {
+/// When each queue was last reclaimed from, from the reclaim records in its status. No reclaim
+/// started after `now`: a later start (a skewed clock, or a record an older version resumed from
+/// a forged intent) would stop the queue from borrowing until then.
+fn last_reclaims(stores: &Stores, now: Timestamp) -> Vec<(String, Timestamp)> {
     let mut last: HashMap<String, Timestamp> = HashMap::new();
     for stored in stores.queues.state() {
         let Ok(queue) = &stored.0 else { continue };
@@ -232,11 +235,11 @@ fn last_reclaims(stores: &Stores) -> Vec<(String, Timestamp)> {
             continue;
         };
         for record in status.last_handovers.iter().filter(|r| r.role == VICTIM) {
-            if let Some(at) = &record.started_at {
+            if let Some(at) = record.started_at.as_ref().map(|at| at.0.min(now)) {
                 let entry = last
                     .entry(queue.metadata.name.clone().unwrap_or_default())
-                    .or_insert(at.0);
-                *entry = (*entry).max(at.0);
+                    .or_insert(at);
+                *entry = (*entry).max(at);
             }
         }
     }
@@ -248,7 +251,24 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::cluster::testing::{claiming_stores as stores, gpu_pod as pod};
+    use crate::cluster::testing::{TestStores, claiming_stores as stores, gpu_pod as pod, queue};
+
+    #[test]
+    fn a_reclaim_record_that_starts_after_now_counts_as_starting_now() {
+        let mut stores = TestStores::new();
+        let mut batch = queue("batch", &["batch"], None);
+        batch["status"] = json!({"lastHandovers": [{
+            "id": "rc-forged", "role": "victim", "ownerPod": "online/o", "node": "n1",
+            "startedAt": "2099-01-01T00:00:00Z", "outcome": "Completed",
+            "budgetMillis": 3000, "totalMillis": 900
+        }]});
+        stores.add_queue(batch);
+        let now: Timestamp = "2026-12-01T12:00:00Z".parse().unwrap();
+        assert_eq!(
+            last_reclaims(&stores.stores, now),
+            [("batch".to_owned(), now)]
+        );
+    }
 
     #[test]
     fn a_pod_is_converted_again_only_when_the_store_holds_a_new_object() {

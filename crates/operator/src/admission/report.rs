@@ -404,7 +404,7 @@ mod tests {
             &mut observe::PodModels::default(),
             now,
         );
-        let observation = observe::snapshot(observed, &stores.stores, []);
+        let observation = observe::snapshot(observed, &stores.stores, [], now);
         let reports = queue_reports(&observation.snapshot);
         let (desired, rows) = desired_statuses(&assumed, &stores.stores, &reports, &[], now);
         assert_eq!(desired.len(), 1);
