@@ -324,8 +324,12 @@ async fn many_creates_refused_after_the_webhook_hold_at_most_the_namespace_cap()
         world.answered("admitted").await,
         world.answered("gated").await,
     );
+    // Paced past the second in which a reservation counts as a create still in flight: a
+    // burst of real creates is never gated by the cap, only reservations whose pods should
+    // have shown by then.
     for _ in 0..5 {
         world.create_refused_after_mutation(1).await;
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     }
     // Two reservations, then the gate (a gated pod that never appears reserves nothing).
     assert_eq!(world.answered("admitted").await, admitted + 2);

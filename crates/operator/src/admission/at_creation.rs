@@ -14,8 +14,10 @@
 //! webhook answered (another admission plugin, or validation, refused the pod), and anyone who
 //! may create pods can make it fail on purpose, so a reservation is held in check three ways:
 //! it lasts [`RESERVATION_TTL`] and a pass is woken when it expires; a namespace holds at most
-//! [`DEFAULT_RESERVATIONS_PER_NAMESPACE`] (configurable) at once, beyond which its new pods go
-//! to the gate; and a reserved pod is never a reclaim victim (the core's `reserved_unseen`).
+//! [`DEFAULT_RESERVATIONS_PER_NAMESPACE`] (configurable) reservations older than
+//! [`UNSETTLED_AFTER`] (creates that should have shown their pod by then), beyond which its new
+//! pods go to the gate; and a reserved pod is never a reclaim victim (the core's
+//! `reserved_unseen`).
 //!
 //! Only the leader admits at creation, and only while nothing waits: once a pod is gated (it
 //! did not fit, or another pod waits), every new pod goes to the gate until a pass has seen the
@@ -51,11 +53,16 @@ use crate::leader::Term;
 /// Longer would let a failed create (a tenant can fail one on purpose) hold capacity longer.
 pub const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(15);
 
-/// How many reservations one namespace may hold at once before its new pods go to the gate.
-/// A burst of creations keeps its reservations only until the next pass sees the pods (at
-/// most about half a second later), so a namespace creating 250 pods/s holds about 125; a
-/// tenant failing its creates on purpose holds no more than this, for [`RESERVATION_TTL`].
+/// How many unsettled reservations (older than [`UNSETTLED_AFTER`]) one namespace may hold
+/// before its new pods go to the gate: a tenant failing its creates on purpose holds no more
+/// than this, plus what it creates within [`UNSETTLED_AFTER`], each for [`RESERVATION_TTL`].
 pub const DEFAULT_RESERVATIONS_PER_NAMESPACE: usize = 128;
+
+/// A reservation younger than this is a create still in flight, not a suspect: the pod reaches
+/// the store within milliseconds and the next pass settles it. Counting those against the cap
+/// would gate a burst of real pods (1,000 created at once hold several hundred reservations
+/// between passes), and one gated pod closes admission at creation until a pass has seen it.
+const UNSETTLED_AFTER: SignedDuration = SignedDuration::from_secs(1);
 
 /// After the webhook gated a pod, how long until a pass may consider it seen: the pod reaches
 /// the store within milliseconds of its creation, so a pass that starts this much later and
@@ -236,7 +243,7 @@ impl AtCreation {
         let held = state
             .reservations
             .iter()
-            .filter(|r| r.pod.key.namespace == namespace)
+            .filter(|r| r.pod.key.namespace == namespace && r.made_at + UNSETTLED_AFTER <= now)
             .count();
         if held >= self.per_namespace {
             tracing::debug!(%namespace, held, "namespace holds its most reservations; gated");
@@ -606,6 +613,19 @@ mod tests {
             pass.reserved_pods().all(|pod| pod.reserved_unseen),
             "never a reclaim victim"
         );
+    }
+
+    #[tokio::test]
+    async fn reservations_of_creates_still_in_flight_do_not_count_against_the_cap() {
+        let (term, _state) = term().await;
+        let at_creation = AtCreation::new(true).with_reservations_per_namespace(1);
+        at_creation.pass().publish(term, snapshot(), false, at(0));
+        // A burst: three creates within a second, before any pass could have seen the pods.
+        for _ in 0..3 {
+            assert!(at_creation.admit(&new_pod(1), at(1)).is_ok());
+        }
+        // A second later none has shown its pod: they are suspects, and the cap is reached.
+        assert_eq!(at_creation.admit(&new_pod(1), at(2)), Err(Gate::Declined));
     }
 
     #[tokio::test]
