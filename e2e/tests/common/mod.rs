@@ -126,31 +126,64 @@ pub fn kustomized_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// Waits until the API server enforces the pod policies of `config/policy/` (it loads them,
-/// and the GpuQueues the creation policy reads, a moment after they are created; until then it
-/// refuses every pod): a CPU pod in `default`, which no webhook sees, can be created, and a dry
-/// run removing its admission gate is refused.
+/// Waits until the API server enforces the pod policies of `config/policy/`. It loads each
+/// policy, and the GpuQueues the creation policy reads, a moment after they are created, and
+/// allows everything a policy it has not loaded would refuse, so each wait looks for a refusal:
+/// a probe queue claims a probe namespace until a dry run creating a GPU pod with
+/// `spec.nodeName` there is refused by the creation policy, and a dry run removing a CPU pod's
+/// admission gate in `default` (which no webhook sees) is refused by the update policy.
 async fn policies_enforced(client: &Client) {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-    let probe = gated(
-        serde_json::from_value(json!({
-            "metadata": {"name": "gpuqueue-policy-probe"},
-            "spec": {"containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10"}]},
-        }))
-        .unwrap(),
-    );
+    const PROBE: &str = "gpuqueue-policy-probe";
+    apply_yaml(
+        client,
+        &format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {PROBE}\n---\n{}",
+            queue_yaml(PROBE, &[PROBE], 1, 0)
+        ),
+        None,
+    )
+    .await
+    .unwrap();
+    let probe = |bound_gpu_pod: bool| -> Pod {
+        let mut container = json!({"name": "probe", "image": "registry.k8s.io/pause:3.10"});
+        let mut spec = json!({});
+        if bound_gpu_pod {
+            container["resources"] = json!({"limits": {"nvidia.com/gpu": "1"}});
+            spec["nodeName"] = json!(PROBE);
+        }
+        spec["containers"] = json!([container]);
+        serde_json::from_value(json!({"metadata": {"name": PROBE}, "spec": spec})).unwrap()
+    };
+    let dry_run_create = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let probe_pods: Api<Pod> = Api::namespaced(client.clone(), PROBE);
     wait_for(
         "the creation policy to read GpuQueues",
         DEFAULT_TIMEOUT,
         || async {
-            pods.create(&PostParams::default(), &probe)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
+            match probe_pods.create(&dry_run_create, &probe(true)).await {
+                Err(kube::Error::Api(status))
+                    if status.message.contains("spec.nodeName is refused") =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
         },
     )
     .await
     .unwrap();
+    let queues: Api<GpuQueue> = Api::all(client.clone());
+    queues
+        .delete(PROBE, &DeleteParams::default())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &gated(probe(false)))
+        .await
+        .unwrap();
     let ungate: Patch<serde_json::Value> = Patch::Json(
         serde_json::from_value(json!([{"op": "remove", "path": "/spec/schedulingGates"}])).unwrap(),
     );
@@ -162,7 +195,7 @@ async fn policies_enforced(client: &Client) {
         "the pod policies to be enforced",
         DEFAULT_TIMEOUT,
         || async {
-            match pods.patch("gpuqueue-policy-probe", &dry_run, &ungate).await {
+            match pods.patch(PROBE, &dry_run, &ungate).await {
                 Err(kube::Error::Api(status))
                     if status.message.contains("gpuqueue.io/admission") =>
                 {
@@ -174,9 +207,7 @@ async fn policies_enforced(client: &Client) {
     )
     .await
     .unwrap();
-    pods.delete("gpuqueue-policy-probe", &DeleteParams::default())
-        .await
-        .unwrap();
+    pods.delete(PROBE, &DeleteParams::default()).await.unwrap();
 }
 
 /// Credentials of the operator's ServiceAccount (after [`install`]), to act as the operator.
