@@ -1,0 +1,280 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+//! A handover on nodes that honour the grace period (`NodeBehaviour::Kubelet`, the default):
+//! the victim ignores SIGTERM, so it takes its whole grace period to terminate. The owner is
+//! bound after it is gone, never before, and no other pod that wants the GPUs meanwhile (a
+//! borrower of a third queue, a new pod of the victim's queue) gets them. The order comes from
+//! one watch of every pod (the API server's order of changes), not from timings.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::{
+    Operator, Options, all_running, annotation, apply_queue, bound, create, free_port, install,
+    queue_status, waiting_reason,
+};
+use futures::StreamExt;
+use gpuqueue_api::{NVIDIA_GPU, annotations, v1alpha1::HandoverRecord};
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, IGNORES_SIGTERM_ANNOTATION,
+    gpu_pod, pod_condition, wait_for,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// The victims' grace period: long enough that binding the owner early would be seen.
+const VICTIM_GRACE_SECONDS: u32 = 3;
+
+/// What the watch saw, in the API server's order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Change {
+    /// The pod `namespace/name` got a deletion timestamp.
+    Terminating(String),
+    /// The pod was removed.
+    Gone(String),
+    /// The pod was bound to a node.
+    Bound(String),
+}
+
+/// Every pod change of the cluster that matters here, in order, while the test runs (the
+/// watch stops when this is dropped, before the control plane goes).
+struct Changes {
+    log: Arc<Mutex<Vec<Change>>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Changes {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+impl Changes {
+    fn watch(client: Client) -> Self {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let changes = log.clone();
+        let watch = tokio::spawn(async move {
+            let pods: Api<Pod> = Api::all(client);
+            let mut events = watcher(pods, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let mut log = changes.lock().unwrap();
+                match event {
+                    Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
+                        let key = key(&pod);
+                        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
+                        for change in [
+                            bound.map(|_| Change::Bound(key.clone())),
+                            pod.metadata
+                                .deletion_timestamp
+                                .as_ref()
+                                .map(|_| Change::Terminating(key.clone())),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        {
+                            if !log.contains(&change) {
+                                log.push(change);
+                            }
+                        }
+                    }
+                    Ok(watcher::Event::Delete(pod)) => log.push(Change::Gone(key(&pod))),
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
+                }
+            }
+        });
+        Self { log, watch }
+    }
+
+    fn snapshot(&self) -> Vec<Change> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn position(&self, change: &Change) -> Option<usize> {
+        self.snapshot().iter().position(|c| c == change)
+    }
+
+    async fn wait_for(&self, change: Change) -> usize {
+        wait_for(
+            format!("the watch to see {change:?}"),
+            DEFAULT_TIMEOUT,
+            || {
+                let found = self.position(&change);
+                async move { found.ok_or_else(|| format!("{:?}", self.snapshot())) }
+            },
+        )
+        .await
+        .unwrap()
+    }
+}
+
+fn key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// A one-resource GpuQueue with a 10 s budget (room for the grace period on either side).
+fn queue(name: &str, namespace: &str, guaranteed: u32, burstable: u32, reclaim: &str) -> String {
+    format!(
+        "apiVersion: gpuqueue.io/v1alpha1\nkind: GpuQueue\nmetadata:\n  name: {name}\nspec:\n  namespaces: [{namespace}]\n  resources:\n    - {{name: nvidia.com/gpu, guaranteed: {guaranteed}, burstable: {burstable}}}\n  reclaim: {{budget: 10s, checkpoint: {{driver: none}}{reclaim}}}\n"
+    )
+}
+
+/// A one-GPU borrower whose process ignores SIGTERM: a kubelet kills it when its grace ends.
+fn stubborn_pod(name: &str) -> Pod {
+    let mut pod = gpu_pod(name, NVIDIA_GPU, 1);
+    pod.metadata.annotations = Some(
+        [(IGNORES_SIGTERM_ANNOTATION.to_owned(), "true".to_owned())]
+            .into_iter()
+            .collect(),
+    );
+    pod
+}
+
+async fn owner_record(client: &Client, owner: &str) -> HandoverRecord {
+    let find = |q: &gpuqueue_api::v1alpha1::GpuQueue| {
+        q.status.as_ref().and_then(|s| {
+            s.last_handovers
+                .iter()
+                .find(|r| r.role == "owner" && r.owner_pod == owner && !r.outcome.is_empty())
+                .cloned()
+        })
+    };
+    let queue = queue_status(client, "online", &format!("a record for {owner}"), |q| {
+        find(q).is_some()
+    })
+    .await;
+    find(&queue).unwrap()
+}
+
+/// One node of four GPUs and the operator.
+async fn start(name: &str) -> (ControlPlane, Operator) {
+    let cluster = ControlPlane::start(
+        ControlPlaneConfig::new(name).with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 4)]),
+    )
+    .await
+    .unwrap();
+    eprintln!("{name}: control plane up ({})", cluster.startup_summary());
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let operator = Operator::start(&cluster, Options::new("first", webhook_port)).await;
+    (cluster, operator)
+}
+
+/// The pod waits with a reason, was never admitted and the watch never saw it bound.
+async fn still_waiting(pods: &Api<Pod>, name: &str, changes: &Changes) {
+    let reason = waiting_reason(pods, name).await;
+    let pod = pods.get(name).await.unwrap();
+    assert!(
+        pod.spec.as_ref().unwrap().node_name.is_none(),
+        "{name} was bound ({reason})"
+    );
+    assert!(
+        annotation(&pod, annotations::ADMITTED_AS).is_none(),
+        "{name} was admitted: {:?}",
+        pod.metadata.annotations
+    );
+    let log = changes.snapshot();
+    assert!(
+        !log.contains(&Change::Bound(key(&pod))),
+        "{name} was bound: {log:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_is_bound_only_after_a_victim_that_uses_its_whole_grace_period_is_gone() {
+    let (cluster, _operator) = start("handover_waits_for_termination").await;
+    let client = cluster.client();
+    let online = cluster.namespace("online").await.unwrap();
+    let batch = cluster.namespace("batch").await.unwrap();
+    let lab = cluster.namespace("lab").await.unwrap();
+    apply_queue(&client, &queue("online", online.name(), 4, 0, "")).await;
+    let grace = format!(", victimGracePeriodSeconds: {VICTIM_GRACE_SECONDS}");
+    apply_queue(&client, &queue("batch", batch.name(), 0, 4, &grace)).await;
+    apply_queue(&client, &queue("lab", lab.name(), 0, 4, "")).await;
+
+    // Night: batch borrows all four GPUs of the only node.
+    let borrowers: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for i in 0..4 {
+        create(&borrowers, &stubborn_pod(&format!("b-{i}"))).await;
+    }
+    all_running(&borrowers, 4).await;
+    let changes = Changes::watch(client.clone());
+
+    // Morning: online wants one GPU back.
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    let owner_key = format!("{}/owner", online.name());
+    let victim = wait_for("a borrower to be evicted", DEFAULT_TIMEOUT, || async {
+        changes
+            .snapshot()
+            .into_iter()
+            .find_map(|c| match c {
+                Change::Terminating(pod) if pod.starts_with(batch.name()) => Some(pod),
+                _ => None,
+            })
+            .ok_or_else(|| format!("{:?}", changes.snapshot()))
+    })
+    .await
+    .unwrap();
+
+    // While the victim terminates, two more pods want its GPU: a borrower of a third queue,
+    // and a new pod of the victim's own queue (below its ceiling again once the victim goes).
+    let labs: Api<Pod> = Api::namespaced(client.clone(), lab.name());
+    create(&labs, &gpu_pod("third", NVIDIA_GPU, 1)).await;
+    create(&borrowers, &gpu_pod("b-new", NVIDIA_GPU, 1)).await;
+    let victim_pod = borrowers
+        .get(victim.rsplit('/').next().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        victim_pod.metadata.deletion_timestamp.is_some(),
+        "the victim is still terminating when the others arrive: {victim_pod:?}"
+    );
+    let deadline = victim_pod.metadata.deletion_timestamp.unwrap().0;
+
+    let owner = bound(&owners, "owner").await;
+    let gone = changes.wait_for(Change::Gone(victim.clone())).await;
+    let owner_bound = changes.wait_for(Change::Bound(owner_key.clone())).await;
+    assert!(
+        gone < owner_bound,
+        "the owner was bound while its victim still held the GPU: {:?}",
+        changes.snapshot()
+    );
+    let scheduled = pod_condition(&owner, "PodScheduled").unwrap();
+    assert!(
+        scheduled.last_transition_time.as_ref().unwrap().0 >= deadline,
+        "bound at {:?}, before the victim's grace period ended at {deadline}",
+        scheduled.last_transition_time
+    );
+
+    let record = owner_record(&client, &owner_key).await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(record.victims, std::slice::from_ref(&victim), "{record:?}");
+    let at = |phase: &str| {
+        record
+            .phases
+            .iter()
+            .find(|p| p.phase == phase)
+            .unwrap_or_else(|| panic!("no {phase} phase: {record:?}"))
+            .at_millis
+    };
+    assert!(at("victimsGone") <= at("ownerBound"), "{record:?}");
+
+    // Neither of the others got the freed GPU (nor any: the node is full again), and both
+    // wait with a reason; no other borrower was evicted.
+    still_waiting(&labs, "third", &changes).await;
+    still_waiting(&borrowers, "b-new", &changes).await;
+    let log = changes.snapshot();
+    let evicted: Vec<&Change> = log
+        .iter()
+        .filter(|c| matches!(c, Change::Terminating(_)))
+        .collect();
+    assert_eq!(evicted, [&Change::Terminating(victim)], "{log:?}");
+}
