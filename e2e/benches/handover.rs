@@ -1,30 +1,52 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark fails loudly
 //! `make bench-handover`: how long a reclaim takes, phase by phase, on the local control plane
-//! (etcd, kube-apiserver, kube-scheduler, kube-controller-manager; KWOK runs the node) with the
-//! release build of the operator and its webhook in the path.
+//! (etcd, kube-apiserver, kube-scheduler, kube-controller-manager; KWOK runs the nodes with
+//! the harness's default `NodeBehaviour::Kubelet`, so an evicted pod terminates within its
+//! grace period) with the release build of the operator and its webhook in the path.
 //!
-//! One node of 8 GPUs is full of one-GPU borrower pods of queue `batch` (guaranteed 0,
-//! burstable 8), each with a fake vLLM on its pod IP. Each handover: an owner pod of queue
-//! `online` (guaranteed 8) asks for one GPU, the operator reclaims it from one borrower, and
-//! the owner is bound; then the owner is deleted and a new borrower refills the node. First
-//! `BENCH_HANDOVERS` handovers (default 50) with the `vllm` driver and the fake's `POST /pause`
-//! taking 1.2 s, then as many with checkpoint `none`. One warm-up handover per mode is not
-//! counted.
+//! `BENCH_NODES` nodes (default 3) of 8 GPUs are full of one-GPU borrower pods of queue
+//! `batch` (guaranteed 0, burstable all, victim grace 1 s), each with a fake vLLM on its pod
+//! IP; queue `online` is guaranteed all of them, with the default 3 s budget.
 //!
-//! The phases come from the operator's own record (`status.lastHandovers`, measured from the
-//! start of the admission pass that found the owner blocked); "end to end" is this process's
-//! view, from the owner's create request to its first sight of the owner bound (polled every
-//! 5 ms), so it adds the webhook call, the watch and the debounce before the pass. The
-//! control-plane share is the whole handover minus the checkpoint phase.
+//! - **Single handovers**: an owner pod of `online` asks for one GPU, the operator reclaims it
+//!   from one borrower, and the owner is bound; then the owner is deleted and a new borrower
+//!   refills the node. `BENCH_HANDOVERS` handovers (default 50) with the `vllm` driver and the
+//!   fake's `POST /pause` taking 1.2 s, then as many with checkpoint `none`.
+//! - **Bursts**: an owner Deployment of `online` running 2 replicas, every other GPU held by
+//!   borrowers, is scaled to 2 + N replicas: N = `BENCH_BURST_PODS` (default 22) with the
+//!   1.2 s checkpoint, `BENCH_BURST_NONE_PODS` (default 12) with checkpoint `none`;
+//!   `BENCH_BURST_ROUNDS` rounds each (default 5), then it is scaled back and refilled.
 //!
-//! Results: `e2e/results/handover.json` and `e2e/results/handover.md` (committed).
-//! Percentiles are nearest-rank: with 50 samples, p99 is the largest.
+//! One warm-up per mode is not counted. The phases come from the operator's own records
+//! (`status.lastHandovers`, from the start of the admission pass that found the owner blocked).
+//! "End to end" (single) is this process's view, from the owner's create request to its first
+//! sight of the owner bound (polled every 5 ms). A burst is timed from the scale request to the
+//! *last* owner pod bound: as this process's watch saw it, as the operator's records put it
+//! (found blocked + whole handover, on the same machine's clock), and on the API server's clock
+//! in whole seconds (latest `PodScheduled` minus the Deployment's update in `managedFields`).
+//! The control-plane share is the whole handover minus the checkpoint phase and minus the
+//! victims' termination (`victimsGone`).
+//!
+//! Results: `e2e/results/handover.json` and `e2e/results/handover.md` (committed; another
+//! directory with `BENCH_RESULTS`, for a smoke run), with the issue's targets next to each
+//! figure. Percentiles are nearest-rank.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+// A bench's root is its crate root: its modules are found by path.
+#[path = "handover/burst.rs"]
+mod burst;
+#[path = "handover/observe.rs"]
+mod observe;
+#[path = "handover/record.rs"]
+mod record;
+#[path = "handover/report.rs"]
+mod report;
+#[path = "handover/stats.rs"]
+mod stats;
+
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -32,64 +54,44 @@ use tokio::time::Instant;
 
 use common::{Operator, Options, apply_queue, free_port, install};
 use gpuqueue_api::{NVIDIA_GPU, v1alpha1::GpuQueue};
-use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, GpuNode, describe_pod, gpu_pod, repo_root, wait_for,
-};
+use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, describe_pod, gpu_pod, wait_for};
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Client,
     api::{Api, DeleteParams, ListParams, PostParams},
 };
-use serde_json::json;
 
-const GPUS: usize = 8;
+use record::Handover;
+
+const GPUS_PER_NODE: usize = 8;
 const VLLM_PORT: u16 = 8000;
+/// How long the fake vLLM's pause takes.
 const CHECKPOINT: Duration = Duration::from_millis(1200);
-const WAIT: Duration = Duration::from_mins(1);
-const PHASES: [&str; 7] = [
-    "plan",
-    "intent",
-    "reserve",
-    "checkpoint",
-    "evictAccepted",
-    "victimsGone",
-    "ownerBound",
-];
+/// The victims' grace period (`victimGracePeriodSeconds`).
+const VICTIM_GRACE_SECONDS: u32 = 1;
+const WAIT: Duration = Duration::from_mins(2);
 
-/// One handover as measured.
+/// The checkpoint modes: a name for the report and the borrower queue's `spec.reclaim`.
+fn modes() -> [(&'static str, String); 2] {
+    let grace = format!("victimGracePeriodSeconds: {VICTIM_GRACE_SECONDS}");
+    [
+        (
+            "vllm 1.2 s",
+            format!(
+                "{{checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: 1500ms}}, {grace}}}"
+            ),
+        ),
+        ("none", format!("{{checkpoint: {{driver: none}}, {grace}}}")),
+    ]
+}
+
+/// One single handover as measured.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Sample {
     mode: &'static str,
-    /// Milliseconds from found blocked to the end of each phase (the operator's record).
-    phases: Vec<(String, i64)>,
-    total_ms: i64,
-    checkpoint_ms: i64,
-    control_plane_ms: i64,
+    handover: Handover,
     end_to_end_ms: f64,
-    checkpoint_result: String,
-    outcome: String,
-}
-
-impl Sample {
-    fn at(&self, phase: &str) -> Option<i64> {
-        self.phases
-            .iter()
-            .find(|(p, _)| p == phase)
-            .map(|(_, at)| *at)
-    }
-
-    /// How long `phase` itself took (from the end of the phase before it).
-    fn duration(&self, phase: &str) -> Option<i64> {
-        let index = PHASES.iter().position(|p| *p == phase)?;
-        let end = self.at(phase)?;
-        let start = if index == 0 {
-            0
-        } else {
-            self.at(PHASES[index - 1])?
-        };
-        Some(end - start)
-    }
 }
 
 fn queue_yaml(
@@ -110,6 +112,9 @@ struct Bench {
     borrowers: Api<Pod>,
     owners: Api<Pod>,
     online: String,
+    batch: String,
+    /// GPUs in the cluster.
+    gpus: usize,
     /// A fake vLLM per pod IP (KWOK hands a freed IP to the next pod, so a server stands for
     /// an address, and is reused).
     servers: HashMap<IpAddr, FakeVllm>,
@@ -118,8 +123,18 @@ struct Bench {
 }
 
 impl Bench {
-    /// Creates borrowers until the node is full, each running with a fake vLLM on its IP.
-    async fn refill(&mut self) {
+    /// Sets the borrowers' checkpoint mode.
+    async fn set_mode(&self, reclaim: &str) {
+        apply_queue(
+            &self.client,
+            &queue_yaml("batch", &self.batch, 0, self.gpus, reclaim),
+        )
+        .await;
+    }
+
+    /// Creates borrowers until `count` live ones hold GPUs, each running with a fake vLLM on
+    /// its IP.
+    async fn refill(&mut self, count: usize) {
         loop {
             let list = self.borrowers.list(&ListParams::default()).await.unwrap();
             let live = list
@@ -127,7 +142,7 @@ impl Bench {
                 .iter()
                 .filter(|p| p.metadata.deletion_timestamp.is_none())
                 .count();
-            if live >= GPUS {
+            if live >= count {
                 break;
             }
             let name = format!("b-{:04}", self.next_borrower);
@@ -137,38 +152,43 @@ impl Bench {
                 .await
                 .unwrap();
             let pod = running(&self.borrowers, &name).await;
-            let ip: IpAddr = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.pod_ip.as_ref())
-                .unwrap()
-                .parse()
+            self.serve(&pod).await;
+        }
+    }
+
+    /// A fake vLLM on the pod's IP, unpaused.
+    async fn serve(&mut self, pod: &Pod) {
+        let ip: IpAddr = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_ref())
+            .unwrap()
+            .parse()
+            .unwrap();
+        if let Some(server) = self.servers.get(&ip) {
+            // Unpause it (a reused address's server was checkpointed by a reclaim).
+            reqwest::Client::new()
+                .post(server.url("/resume"))
+                .send()
+                .await
                 .unwrap();
-            if let Some(server) = self.servers.get(&ip) {
-                // Unpause it (a reused address's server was checkpointed by a reclaim).
-                reqwest::Client::new()
-                    .post(server.url("/resume"))
-                    .send()
-                    .await
-                    .unwrap();
-                server.clear_calls();
-            } else {
-                let config = VllmConfig {
-                    dev_mode: true,
-                    pause_latency: CHECKPOINT,
-                    ..VllmConfig::default()
-                };
-                let server = FakeVllm::start(config, SocketAddr::new(ip, VLLM_PORT))
-                    .await
-                    .unwrap();
-                self.servers.insert(ip, server);
-            }
+            server.clear_calls();
+        } else {
+            let config = VllmConfig {
+                dev_mode: true,
+                pause_latency: CHECKPOINT,
+                ..VllmConfig::default()
+            };
+            let server = FakeVllm::start(config, SocketAddr::new(ip, VLLM_PORT))
+                .await
+                .unwrap();
+            self.servers.insert(ip, server);
         }
     }
 
     /// One handover: an owner asks for one GPU; returns what it took.
     async fn handover(&mut self, mode: &'static str) -> Sample {
-        self.refill().await;
+        self.refill(self.gpus).await;
         let name = format!("o-{:04}", self.next_owner);
         self.next_owner += 1;
         let created = Instant::now();
@@ -212,41 +232,12 @@ impl Bench {
             .delete(&name, &DeleteParams::default().grace_period(0))
             .await
             .unwrap();
-        let phases: Vec<(String, i64)> = record
-            .phases
-            .iter()
-            .map(|p| (p.phase.clone(), p.at_millis))
-            .collect();
-        let mut sample = Sample {
+        gone(&self.owners, &name).await;
+        Sample {
             mode,
-            phases,
-            total_ms: record.total_millis,
-            checkpoint_ms: 0,
-            control_plane_ms: 0,
+            handover: Handover::of(&record),
             end_to_end_ms: bound.as_secs_f64() * 1000.0,
-            checkpoint_result: record
-                .checkpoints
-                .first()
-                .map(|c| c.result.clone())
-                .unwrap_or_default(),
-            outcome: record.outcome.clone(),
-        };
-        sample.checkpoint_ms = sample.duration("checkpoint").unwrap_or(0);
-        sample.control_plane_ms = sample.total_ms - sample.checkpoint_ms;
-        wait_for(format!("owner {name} gone"), WAIT, || async {
-            match self
-                .owners
-                .get_opt(&name)
-                .await
-                .map_err(|e| e.to_string())?
-            {
-                None => Ok(()),
-                Some(pod) => Err(describe_pod(&pod)),
-            }
-        })
-        .await
-        .unwrap();
-        sample
+        }
     }
 }
 
@@ -266,6 +257,17 @@ async fn running(pods: &Api<Pod>, name: &str) -> Pod {
     .unwrap()
 }
 
+async fn gone(pods: &Api<Pod>, name: &str) {
+    wait_for(format!("pod {name} gone"), WAIT, || async {
+        match pods.get_opt(name).await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(pod) => Err(describe_pod(&pod)),
+        }
+    })
+    .await
+    .unwrap();
+}
+
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -273,48 +275,56 @@ fn env_number(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// The knobs, from the environment (small values make a quick smoke run).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Knobs {
+    nodes: usize,
+    handovers: usize,
+    burst_rounds: usize,
+    burst_pods: usize,
+    burst_none_pods: usize,
 }
 
-/// p50, p95, p99 and max of `values`.
-fn summary(mut values: Vec<f64>) -> [f64; 4] {
-    values.sort_by(f64::total_cmp);
-    [
-        percentile(&values, 0.50),
-        percentile(&values, 0.95),
-        percentile(&values, 0.99),
-        values.last().copied().unwrap_or(f64::NAN),
-    ]
+impl Knobs {
+    fn from_env() -> Self {
+        let knobs = Self {
+            nodes: env_number("BENCH_NODES", 3),
+            handovers: env_number("BENCH_HANDOVERS", 50),
+            burst_rounds: env_number("BENCH_BURST_ROUNDS", 5),
+            burst_pods: env_number("BENCH_BURST_PODS", 22),
+            burst_none_pods: env_number("BENCH_BURST_NONE_PODS", 12),
+        };
+        let spare = knobs.nodes * GPUS_PER_NODE - burst::BASE_REPLICAS;
+        assert!(
+            knobs.burst_pods <= spare && knobs.burst_none_pods <= spare,
+            "a burst of more than {spare} owner pods does not fit {} nodes of {GPUS_PER_NODE} GPUs \
+             next to the {} running replicas: raise BENCH_NODES",
+            knobs.nodes,
+            burst::BASE_REPLICAS
+        );
+        knobs
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let handovers = env_number("BENCH_HANDOVERS", 50);
-    let mut config = ControlPlaneConfig::new("bench_handover")
-        .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 8)]);
-    // Bare pods only: no workload controllers; the disruption controller is not needed either.
-    config.controller_manager = false;
-    let cluster = ControlPlane::start(config).await.unwrap();
+    let knobs = Knobs::from_env();
+    let gpus = knobs.nodes * GPUS_PER_NODE;
+    let nodes = (0..knobs.nodes)
+        .map(|i| GpuNode::whole_gpus(format!("gpu-node-{i}"), 8))
+        .collect();
+    // The default node behaviour: victims terminate within their grace period. The controller
+    // manager runs the owners' Deployment of the bursts.
+    let cluster = ControlPlane::start(ControlPlaneConfig::new("bench_handover").with_nodes(nodes))
+        .await
+        .unwrap();
     eprintln!("control plane up ({})", cluster.startup_summary());
     let client = cluster.client();
     let online = cluster.namespace("online").await.unwrap();
     let batch = cluster.namespace("batch").await.unwrap();
     let webhook_port = free_port();
     install(&cluster, webhook_port).await;
-    let vllm = format!("{{checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: 2s}}}}");
-    apply_queue(&client, &queue_yaml("online", online.name(), GPUS, 0, "{}")).await;
-    apply_queue(&client, &queue_yaml("batch", batch.name(), 0, GPUS, &vllm)).await;
+    apply_queue(&client, &queue_yaml("online", online.name(), gpus, 0, "{}")).await;
     let mut options = Options::new("bench", webhook_port);
     options.release = true;
     "info".clone_into(&mut options.log_filter);
@@ -325,116 +335,36 @@ async fn main() {
         borrowers: Api::namespaced(client.clone(), batch.name()),
         owners: Api::namespaced(client.clone(), online.name()),
         online: online.name().to_owned(),
+        batch: batch.name().to_owned(),
+        gpus,
         servers: HashMap::new(),
         next_borrower: 0,
         next_owner: 0,
     };
     let mut samples = Vec::new();
-    for (mode, reclaim) in [
-        ("vllm 1.2 s", vllm.as_str()),
-        ("none", "{checkpoint: {driver: none}}"),
-    ] {
-        apply_queue(
-            &client,
-            &queue_yaml("batch", batch.name(), 0, GPUS, reclaim),
-        )
-        .await;
+    for (mode, reclaim) in modes() {
+        bench.set_mode(&reclaim).await;
         let warm_up = bench.handover(mode).await;
-        eprintln!("{mode}: warm-up {} ms (not counted)", warm_up.total_ms);
-        for i in 0..handovers {
+        eprintln!(
+            "{mode}: warm-up {} ms (not counted)",
+            warm_up.handover.total_ms
+        );
+        for i in 0..knobs.handovers {
             let sample = bench.handover(mode).await;
+            let h = &sample.handover;
             eprintln!(
-                "{mode} #{i}: total {} ms, checkpoint {} ms, control plane {} ms, end to end {:.0} ms ({})",
-                sample.total_ms,
-                sample.checkpoint_ms,
-                sample.control_plane_ms,
+                "{mode} #{i}: total {} ms, checkpoint {} ms, victims gone {} ms, control plane {} ms, end to end {:.0} ms ({})",
+                h.total_ms,
+                h.checkpoint_ms,
+                h.victims_gone_ms,
+                h.control_plane_ms,
                 sample.end_to_end_ms,
-                sample.outcome
+                h.outcome
             );
-            assert_eq!(sample.outcome, "Completed", "{sample:?}");
+            assert_eq!(h.outcome, "Completed", "{sample:?}");
             samples.push(sample);
         }
     }
-    write_report(&samples, handovers);
-}
-
-fn write_report(samples: &[Sample], handovers: usize) {
-    let modes = ["vllm 1.2 s", "none"];
-    let mut rows: Vec<(String, &str, [f64; 4])> = Vec::new();
-    #[allow(clippy::cast_precision_loss)]
-    let ms = |v: i64| v as f64;
-    for mode in modes {
-        let of: Vec<&Sample> = samples.iter().filter(|s| s.mode == mode).collect();
-        for phase in PHASES {
-            let values = of
-                .iter()
-                .filter_map(|s| s.duration(phase))
-                .map(ms)
-                .collect();
-            rows.push((format!("phase: {phase}"), mode, summary(values)));
-        }
-        rows.push((
-            "whole handover (found blocked → owner bound)".into(),
-            mode,
-            summary(of.iter().map(|s| ms(s.total_ms)).collect()),
-        ));
-        rows.push((
-            "control-plane share (whole − checkpoint)".into(),
-            mode,
-            summary(of.iter().map(|s| ms(s.control_plane_ms)).collect()),
-        ));
-        rows.push((
-            "end to end (create request → bound seen)".into(),
-            mode,
-            summary(of.iter().map(|s| s.end_to_end_ms).collect()),
-        ));
-    }
-    let over_budget = |mode: &str| {
-        samples
-            .iter()
-            .filter(|s| s.mode == mode && s.total_ms > 3000)
-            .count()
-    };
-    let results = repo_root().join("e2e/results");
-    std::fs::create_dir_all(&results).unwrap();
-    let json = json!({
-        "handovers_per_mode": handovers,
-        "node": "1 KWOK node, 8 GPUs, full of one-GPU borrowers",
-        "budget_ms": 3000,
-        "fake_vllm_pause_ms": CHECKPOINT.as_millis(),
-        "percentiles": "nearest rank",
-        "summary": rows.iter().map(|(what, mode, [p50, p95, p99, max])| json!({
-            "what": what, "mode": mode, "p50_ms": p50, "p95_ms": p95, "p99_ms": p99, "max_ms": max,
-        })).collect::<Vec<_>>(),
-        "over_budget": {"vllm 1.2 s": over_budget("vllm 1.2 s"), "none": over_budget("none")},
-        "samples": samples,
-    });
-    std::fs::write(
-        results.join("handover.json"),
-        serde_json::to_string_pretty(&json).unwrap(),
-    )
-    .unwrap();
-    let mut table = format!(
-        "# Handover latency: {handovers} reclaims per mode\n\n\
-         One KWOK node with 8 GPUs full of one-GPU borrowers; each owner asks for one GPU within its\n\
-         guarantee (budget 3 s). Release build of the operator, real kube-apiserver, kube-scheduler\n\
-         and etcd on this machine. Phase durations from the operator's handover records, in ms.\n\n\
-         | what | checkpoint | p50 | p95 | p99 | max |\n| --- | --- | --- | --- | --- | --- |\n"
-    );
-    for (what, mode, [p50, p95, p99, max]) in &rows {
-        let _ = writeln!(
-            table,
-            "| {what} | {mode} | {p50:.0} | {p95:.0} | {p99:.0} | {max:.0} |"
-        );
-    }
-    let _ = write!(
-        table,
-        "\nHandovers over the 3 s budget: {} of {handovers} with the 1.2 s checkpoint, {} of {handovers} without.\n\
-         Targets: whole handover p99 < 3000 ms with the 1.2 s checkpoint; control-plane share p99 < 300 ms.\n",
-        over_budget("vllm 1.2 s"),
-        over_budget("none"),
-    );
-    std::fs::write(results.join("handover.md"), &table).unwrap();
-    println!("{table}");
-    println!("written to {}", results.display());
+    let bursts = burst::run(&mut bench, &knobs).await;
+    report::write(&knobs, &samples, &bursts);
 }

@@ -1,0 +1,300 @@
+//! Bursts: the owner Deployment, running [`BASE_REPLICAS`] replicas with every other GPU held
+//! by borrowers, is scaled up by N at once; the measure is the time from the scale request
+//! until the last of the N owner pods is bound, and each pod's handover.
+
+use std::collections::HashSet;
+
+use gpuqueue_api::v1alpha1::GpuQueue;
+use gpuqueue_e2e::{apply_yaml, pod_condition, wait_for};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+
+use super::observe::{PodWatch, QueueWatch, ReclaimSighting, wall_clock};
+use super::record::Handover;
+use super::{Bench, Knobs, VLLM_PORT, WAIT, modes};
+
+/// Replicas the owner Deployment runs between bursts.
+pub const BASE_REPLICAS: usize = 2;
+/// The owner Deployment.
+const DEPLOYMENT: &str = "online";
+/// The benchmark's field manager for the scale request (found again in `managedFields`).
+const SCALER: &str = "gpuqueue-bench";
+
+/// One burst as measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Burst {
+    pub mode: &'static str,
+    pub owner_pods: usize,
+    /// Scale request sent → the last owner pod seen bound by this process's watch.
+    pub last_bound_ms: f64,
+    /// The same from the operator's records: the latest found-blocked time plus its whole
+    /// handover, minus the scale request (`None` when a record was not seen).
+    pub last_bound_by_records_ms: Option<f64>,
+    /// The API server's clock, whole seconds: latest `PodScheduled` minus the Deployment's
+    /// update by the scale request.
+    pub last_scheduled_server_s: Option<i64>,
+    /// Scale request → the first and the last owner pod found blocked by the operator.
+    pub first_found_blocked_ms: Option<f64>,
+    pub last_found_blocked_ms: Option<f64>,
+    /// Each owner pod: found blocked (the operator's `startedAt`) → seen bound.
+    pub found_blocked_to_bound_ms: Vec<f64>,
+    /// The records of the handovers that the watch saw (`lastHandovers` keeps ten).
+    pub handovers: Vec<Handover>,
+}
+
+/// The Deployment of owner pods, one GPU each; removed at once when scaled down.
+fn deployment(replicas: usize) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {DEPLOYMENT}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {DEPLOYMENT}}}\n  template:\n    metadata:\n      labels: {{app: {DEPLOYMENT}}}\n    spec:\n      terminationGracePeriodSeconds: 0\n      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n          ports: [{{containerPort: {VLLM_PORT}}}]\n          resources:\n            limits: {{nvidia.com/gpu: 1}}\n"
+    )
+}
+
+/// Every mode's rounds (plus one warm-up each, not returned).
+pub async fn run(bench: &mut Bench, knobs: &Knobs) -> Vec<Burst> {
+    apply_yaml(
+        &bench.client,
+        &deployment(BASE_REPLICAS),
+        Some(&bench.online),
+    )
+    .await
+    .unwrap();
+    settle(bench, BASE_REPLICAS).await;
+    let mut bursts = Vec::new();
+    for ((mode, reclaim), pods) in modes()
+        .into_iter()
+        .zip([knobs.burst_pods, knobs.burst_none_pods])
+    {
+        bench.set_mode(&reclaim).await;
+        for round in 0..=knobs.burst_rounds {
+            let burst = one(bench, mode, pods).await;
+            eprintln!(
+                "burst {mode} x{pods} {}: last bound {:.0} ms after the scale request \
+                 (records: {:?} ms, server: {:?} s), {} of {pods} records seen",
+                if round == 0 {
+                    "warm-up (not counted)".to_owned()
+                } else {
+                    format!("#{round}")
+                },
+                burst.last_bound_ms,
+                burst.last_bound_by_records_ms,
+                burst.last_scheduled_server_s,
+                burst.handovers.len()
+            );
+            if round > 0 {
+                bursts.push(burst);
+            }
+        }
+    }
+    bursts
+}
+
+/// Scales the owners to `replicas`, waits until exactly they run, and refills the borrowers.
+async fn settle(bench: &mut Bench, replicas: usize) {
+    scale(bench, replicas).await;
+    wait_for(format!("{replicas} owner pods"), WAIT, || async {
+        let list = bench
+            .owners
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let bound = list.items.iter().filter(|p| is_bound(p)).count();
+        if list.items.len() == replicas && bound == replicas {
+            Ok(())
+        } else {
+            Err(format!("{} pods, {bound} bound", list.items.len()))
+        }
+    })
+    .await
+    .unwrap();
+    bench.refill(bench.gpus - replicas).await;
+}
+
+async fn scale(bench: &Bench, replicas: usize) {
+    let deployments: Api<Deployment> = Api::namespaced(bench.client.clone(), &bench.online);
+    let params = PatchParams {
+        field_manager: Some(SCALER.to_owned()),
+        ..PatchParams::default()
+    };
+    deployments
+        .patch(
+            DEPLOYMENT,
+            &params,
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .unwrap();
+}
+
+fn is_bound(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some()
+}
+
+fn name(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+/// Milliseconds from `from` to `to`.
+fn millis(from: Timestamp, to: Timestamp) -> f64 {
+    to.duration_since(from).as_secs_f64() * 1000.0
+}
+
+/// One burst of `pods` owner pods; leaves the cluster as it found it.
+async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
+    let before: HashSet<String> = bench
+        .owners
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(name)
+        .collect();
+    let sightings = PodWatch::start(bench.owners.clone());
+    let reclaims = QueueWatch::start(Api::<GpuQueue>::all(bench.client.clone()), "online");
+    wait_for("the owner watch to list the running replicas", WAIT, || {
+        let seen = sightings.snapshot();
+        let listed = before.iter().all(|n| seen.contains_key(n));
+        async move {
+            if listed {
+                Ok(())
+            } else {
+                Err("listing".to_owned())
+            }
+        }
+    })
+    .await
+    .unwrap();
+
+    let requested = wall_clock();
+    scale(bench, BASE_REPLICAS + pods).await;
+    let new_pods = wait_for(format!("{pods} new owner pods bound"), WAIT, || {
+        let seen = sightings.snapshot();
+        let fresh: Vec<(String, Timestamp)> = seen
+            .into_iter()
+            .filter(|(n, _)| !before.contains(n))
+            .filter_map(|(n, s)| s.bound.map(|at| (n, at)))
+            .collect();
+        async move {
+            if fresh.len() >= pods {
+                Ok(fresh)
+            } else {
+                Err(format!("{} bound", fresh.len()))
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let owners: HashSet<String> = new_pods
+        .iter()
+        .map(|(n, _)| format!("{}/{n}", bench.online))
+        .collect();
+    // Each record is its own status write, so the watch sees it unless it is cut from the
+    // ten kept as soon as it is written; give the last ones a moment, then take what was seen.
+    let _ = wait_for(
+        "every handover record",
+        std::time::Duration::from_secs(10),
+        || {
+            let recorded = reclaims
+                .snapshot()
+                .values()
+                .filter(|r| owners.contains(&r.owner_pod) && r.record.is_some())
+                .count();
+            async move {
+                if recorded >= pods {
+                    Ok(())
+                } else {
+                    Err(format!("{recorded} of {pods}"))
+                }
+            }
+        },
+    )
+    .await;
+    let ours: Vec<ReclaimSighting> = reclaims
+        .snapshot()
+        .into_values()
+        .filter(|r| owners.contains(&r.owner_pod))
+        .collect();
+    let server = server_seconds(bench, &before).await;
+    let burst = measure(mode, requested, &new_pods, &ours, &bench.online, server);
+    settle(bench, BASE_REPLICAS).await;
+    burst
+}
+
+/// Latest `PodScheduled` of the new owner pods minus the scale request's update time, on the
+/// API server's clock (whole seconds).
+async fn server_seconds(bench: &Bench, before: &HashSet<String>) -> Option<i64> {
+    let deployments: Api<Deployment> = Api::namespaced(bench.client.clone(), &bench.online);
+    let deployment = deployments.get(DEPLOYMENT).await.unwrap();
+    let updated = deployment
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .find(|f| f.manager.as_deref() == Some(SCALER))?
+        .time?
+        .0;
+    let pods = bench.owners.list(&ListParams::default()).await.unwrap();
+    let scheduled = pods
+        .items
+        .iter()
+        .filter(|p| !before.contains(&name(p)))
+        .filter_map(|p| {
+            pod_condition(p, "PodScheduled")?
+                .last_transition_time
+                .clone()
+        })
+        .map(|t| t.0)
+        .max()?;
+    Some(scheduled.duration_since(updated).as_secs())
+}
+
+fn measure(
+    mode: &'static str,
+    requested: Timestamp,
+    new_pods: &[(String, Timestamp)],
+    reclaims: &[ReclaimSighting],
+    namespace: &str,
+    last_scheduled_server_s: Option<i64>,
+) -> Burst {
+    let last_bound = new_pods.iter().map(|(_, at)| *at).max().unwrap();
+    let found: Vec<Timestamp> = reclaims.iter().filter_map(|r| r.started).collect();
+    let found_blocked_to_bound_ms = reclaims
+        .iter()
+        .filter_map(|r| {
+            let bound = new_pods
+                .iter()
+                .find(|(n, _)| format!("{namespace}/{n}") == r.owner_pod)?
+                .1;
+            Some(millis(r.started?, bound))
+        })
+        .collect();
+    let ends: Option<Vec<f64>> = reclaims
+        .iter()
+        .map(|r| {
+            let total = r.record.as_ref()?.total_millis;
+            Some(millis(requested, r.started?) + super::stats::ms(total))
+        })
+        .collect();
+    Burst {
+        mode,
+        owner_pods: new_pods.len(),
+        last_bound_ms: millis(requested, last_bound),
+        last_bound_by_records_ms: ends
+            .filter(|e| e.len() == new_pods.len())
+            .and_then(|e| e.into_iter().max_by(f64::total_cmp)),
+        last_scheduled_server_s,
+        first_found_blocked_ms: found.iter().min().map(|t| millis(requested, *t)),
+        last_found_blocked_ms: found.iter().max().map(|t| millis(requested, *t)),
+        found_blocked_to_bound_ms,
+        handovers: reclaims
+            .iter()
+            .filter_map(|r| r.record.as_ref().map(Handover::of))
+            .collect(),
+    }
+}

@@ -1,0 +1,130 @@
+//! Watches that follow a burst as the API server saw it: when each owner pod appeared and was
+//! bound (this process's wall clock, the same machine's as the operator's), and what the
+//! operator recorded (`status.reclaimsInFlight` with its microsecond `startedAt`, and the
+//! records of `status.lastHandovers`, which keeps only the newest few: a watch sees each one
+//! as it is written).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// The wall clock, to line this process's sightings up with the operator's timestamps.
+#[allow(clippy::disallowed_methods)] // a benchmark's own clock, compared with the operator's
+pub fn wall_clock() -> Timestamp {
+    Timestamp::now()
+}
+
+/// One owner pod as this process saw it.
+#[derive(Debug, Clone, Default)]
+pub struct PodSighting {
+    /// First seen (its creation, within the watch's latency).
+    pub seen: Option<Timestamp>,
+    /// First seen bound to a node.
+    pub bound: Option<Timestamp>,
+}
+
+/// A reclaim of the owner queue, as the operator recorded it.
+#[derive(Debug, Clone, Default)]
+pub struct ReclaimSighting {
+    /// `namespace/name` of the owner pod.
+    pub owner_pod: String,
+    /// When the operator found the owner blocked (microseconds, from `reclaimsInFlight`).
+    pub started: Option<Timestamp>,
+    /// Its record from `lastHandovers`, if the watch saw it.
+    pub record: Option<HandoverRecord>,
+}
+
+/// A watch that runs until dropped.
+struct Watch<T> {
+    seen: Arc<Mutex<T>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<T> Drop for Watch<T> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The pods of one namespace, by name.
+pub struct PodWatch(Watch<HashMap<String, PodSighting>>);
+
+impl PodWatch {
+    pub fn start(pods: Api<Pod>) -> Self {
+        let seen = Arc::new(Mutex::new(HashMap::<String, PodSighting>::new()));
+        let log = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(pods, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(pod) = event else { continue };
+                let now = wall_clock();
+                let mut log = log.lock().unwrap();
+                let entry = log
+                    .entry(pod.metadata.name.clone().unwrap_or_default())
+                    .or_default();
+                entry.seen.get_or_insert(now);
+                if pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_some()
+                {
+                    entry.bound.get_or_insert(now);
+                }
+            }
+        });
+        Self(Watch { seen, task })
+    }
+
+    pub fn snapshot(&self) -> HashMap<String, PodSighting> {
+        self.0.seen.lock().unwrap().clone()
+    }
+}
+
+/// The reclaims of one queue, by id.
+pub struct QueueWatch(Watch<HashMap<String, ReclaimSighting>>);
+
+impl QueueWatch {
+    pub fn start(queues: Api<GpuQueue>, name: &str) -> Self {
+        let seen = Arc::new(Mutex::new(HashMap::<String, ReclaimSighting>::new()));
+        let log = seen.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let task = tokio::spawn(async move {
+            let mut events = watcher(queues, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(event) = events.next().await {
+                let Ok(queue) = event else { continue };
+                let Some(status) = queue.status else { continue };
+                let mut log = log.lock().unwrap();
+                for reclaim in status.reclaims_in_flight {
+                    let entry = log.entry(reclaim.id).or_default();
+                    entry.owner_pod = reclaim.owner_pod;
+                    entry.started.get_or_insert(reclaim.started_at.0);
+                }
+                for record in status.last_handovers {
+                    if record.role == "owner" && !record.outcome.is_empty() {
+                        let entry = log.entry(record.id.clone()).or_default();
+                        entry.owner_pod.clone_from(&record.owner_pod);
+                        entry.record = Some(record);
+                    }
+                }
+            }
+        });
+        Self(Watch { seen, task })
+    }
+
+    pub fn snapshot(&self) -> HashMap<String, ReclaimSighting> {
+        self.0.seen.lock().unwrap().clone()
+    }
+}
