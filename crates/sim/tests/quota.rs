@@ -307,8 +307,8 @@ fn victims_on_one_node_share_its_kubelet_relist() {
     for _ in 0..200 {
         let handover = quota::sample_handover(&plan, &model, &mut rng);
         let (a, b) = (
-            handover.victims[0].0.as_secs_f64(),
-            handover.victims[1].0.as_secs_f64(),
+            handover.victims[0].gone.as_secs_f64(),
+            handover.victims[1].gone.as_secs_f64(),
         );
         let apart = (a - b).abs();
         assert!(
