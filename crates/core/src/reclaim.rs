@@ -81,9 +81,9 @@ impl BudgetFit {
     /// The fit after `elapsed` of a handover with `budget` that keeps `reserve` back after a
     /// checkpoint of at most `timeout` (zero when no victim checkpoints).
     pub fn of(budget: Duration, reserve: Duration, timeout: Duration, elapsed: Duration) -> Self {
-        let left = budget.saturating_sub(elapsed);
-        if reserve > left {
-            return Self::Overruns { by: reserve - left };
+        let by = reserve.saturating_sub(budget.saturating_sub(elapsed));
+        if !by.is_zero() {
+            return Self::Overruns { by };
         }
         let allowed = checkpoint_allowance(budget, timeout, reserve, elapsed);
         if allowed < timeout {
