@@ -205,11 +205,12 @@ pub struct ResourceQuota {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 // A victim may use its whole grace period after its checkpoint, so a budget that cannot hold
 // both (and the bind) is broken by this queue's own pods; the operator plans with the
-// termination it observes on top (README, "The reclaim budget").
+// termination it observes on top. In milliseconds: a duration built from a string of unknown
+// length is priced beyond the CEL cost budget.
 #[x_kube(validation = Rule::new(format!(
     "!self.budget.matches('{DURATION_PATTERN}') || !self.checkpoint.timeout.matches('{DURATION_PATTERN}') \
-     || duration(self.budget) >= duration(self.checkpoint.timeout) \
-        + duration(string(self.victimGracePeriodSeconds) + 's') + duration('{BIND_RESERVE}')"))
+     || duration(self.budget).getMilliseconds() >= duration(self.checkpoint.timeout).getMilliseconds() \
+        + self.victimGracePeriodSeconds * 1000 + duration('{BIND_RESERVE}').getMilliseconds()"))
     .message(BUDGET_RULE)
     .field_path(".budget"))]
 #[serde(rename_all = "camelCase")]
