@@ -315,5 +315,11 @@ fn victims_on_one_node_share_its_kubelet_relist() {
             (apart - apart.round()).abs() < 1e-6,
             "gone at {a} and {b}: not on the same relist ticks"
         );
+        // What the operator observes and the planner learns from: the exit within the 1 s
+        // grace plus the wait for the next relist, at most 1 s.
+        for v in &handover.victims {
+            assert!(v.gone >= v.evicted, "{v:?}");
+            assert!(v.termination() <= Duration::from_secs(2), "{v:?}");
+        }
     }
 }
