@@ -273,7 +273,42 @@ fn defaults_match_the_design() {
     assert_eq!(spec.reclaim.checkpoint.driver, CheckpointDriver::None);
     assert_eq!(
         std::time::Duration::from(spec.reclaim.checkpoint.timeout),
-        std::time::Duration::from_secs(2)
+        std::time::Duration::from_millis(1500)
     );
     assert_eq!(spec.reclaim.min_borrow_duration, None);
+}
+
+#[test]
+fn the_budget_holds_the_checkpoint_timeout_the_grace_and_the_bind_reserve() {
+    let schema = schema();
+    let validator = Validator::new();
+    let queue = |budget: &str, timeout: &str, grace: i64| {
+        serde_json::json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "q"},
+            "spec": {
+                "namespaces": ["team-a"],
+                "resources": [{"name": "nvidia.com/gpu", "guaranteed": 1}],
+                "reclaim": {"budget": budget, "victimGracePeriodSeconds": grace,
+                            "checkpoint": {"driver": "none", "timeout": timeout}},
+            },
+        })
+    };
+    let refused = |object: &Value| {
+        validator
+            .validate(&schema, object, None)
+            .err()
+            .is_some_and(|errors| {
+                errors
+                    .iter()
+                    .any(|e| e.message == gpuqueue_api::v1alpha1::BUDGET_RULE)
+            })
+    };
+    // Exactly enough: 1500ms + 1s + 250ms = 2750ms.
+    assert!(!refused(&queue("2750ms", "1500ms", 1)));
+    assert!(refused(&queue("2749ms", "1500ms", 1)));
+    // The grace counts in whole seconds: 3s cannot hold 1s + 2s + 250ms.
+    assert!(!refused(&queue("3s", "500ms", 2)));
+    assert!(refused(&queue("3s", "1s", 2)));
+    assert!(!refused(&queue("3s", "1500ms", 0)));
 }

@@ -3,6 +3,8 @@
 //!
 //! The modules, bottom-up (each imports only those above it):
 //! - [`quantity`]: GPU amounts in milli-units and Kubernetes quantity strings.
+//! - [`termination`]: victim terminations observed per node, and what the reclaim budget keeps
+//!   back for them.
 //! - [`model`]: queues, nodes, pods and namespaces, converted from their Kubernetes objects,
 //!   with the shared rules (the gate, which pods are GPU pods, which queue claims a namespace).
 //! - [`ids`]: the indices a snapshot hands out for resources, models, nodes, pods and queues.
@@ -37,6 +39,7 @@ pub mod quantity;
 pub mod reclaim;
 pub mod snapshot;
 pub mod status;
+pub mod termination;
 
 pub use policy::Policy;
 pub use snapshot::Snapshot;

@@ -5,26 +5,33 @@
 //! - only borrowers are candidates (see [`crate::ledger`]: the pods admitted last until the
 //!   borrowed amount is covered, a straddling pod included), so no victim queue goes below its
 //!   guarantee by a pod or more, and pods already part of a reclaim are left alone;
-//! - victims are taken greedily in order of preference: unadmitted pods first (they hold quota
-//!   without having passed admission), then lower priority, then less work lost
-//!   (most recently started, smaller checkpoint cost); a fill-back pass then puts back every
-//!   victim the owner can do without, which makes the set minimal (removing any victim left
-//!   breaks the fit) — the lesson of Kueue's over-eviction;
-//! - across nodes the plan with the fewest victims wins, then the lowest victim priority, then
-//!   the least work lost;
+//! - victims are taken greedily in order of preference: those whose termination fits the
+//!   owner's budget first, then unadmitted pods (they hold quota without having passed
+//!   admission), then lower priority, then less work lost (most recently started, smaller
+//!   checkpoint cost); a fill-back pass then puts back every victim the owner can do without,
+//!   which makes the set minimal (removing any victim left breaks the fit) — the lesson of
+//!   Kueue's over-eviction;
+//! - across nodes a plan whose victims' termination fits the budget wins, then the one with
+//!   the fewest victims, then the lowest victim priority, then the least work lost;
 //! - a borrower younger than its queue's `minBorrowDuration` is spared, unless no plan exists
 //!   without it: waiting for it to age would break the owner's budget, and the guarantee wins.
-//!   The plan says so.
+//!   The plan says so;
+//! - the budget plans for termination ([`crate::termination`]): the plan carries what it
+//!   keeps back for its victims' termination and the bind, and whether the checkpoint fits
+//!   ([`BudgetFit`]), so the operator can say so before it evicts.
 
 use std::{fmt, time::Duration};
 
 use jiff::{SignedDuration, Timestamp};
 
+use gpuqueue_api::v1alpha1::CheckpointDriver;
+
 use crate::devices::{Request, Trial, host_amount};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
-use crate::model::{CheckpointSettings, DeviceSet, EVICTION_RESERVE, PodKey, format_duration};
+use crate::model::{CheckpointSettings, DeviceSet, PodKey, format_duration};
 use crate::quantity::{Milli, ResourceName};
 use crate::snapshot::{Attribution, Snapshot};
+use crate::termination::BIND_RESERVE;
 
 /// A reclaim to carry out: evict `victims`, then bind the owner to `node`.
 #[derive(Clone, Debug, PartialEq)]
@@ -46,6 +53,44 @@ pub struct ReclaimPlan {
     pub budget: Duration,
     /// When the handover must be done: the plan's time plus the budget.
     pub deadline: Timestamp,
+    /// The expected termination of the slowest victim on the node (grace and history).
+    pub termination: Duration,
+    /// What the budget keeps back after the checkpoint: `termination` plus the bind reserve.
+    pub eviction_reserve: Duration,
+    /// Whether the checkpoints, the termination and the bind fit in the budget, from the plan.
+    pub fit: BudgetFit,
+}
+
+/// Whether a handover fits in its budget, from the time it is judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetFit {
+    /// Every victim's checkpoint timeout, its termination and the bind fit.
+    Fits,
+    /// Termination and bind fit, but the checkpoint is cut to `allowed`, shorter than the
+    /// victims' checkpoint `timeout`: a checkpoint that needs its whole timeout is lost.
+    CheckpointCut {
+        allowed: Duration,
+        timeout: Duration,
+    },
+    /// Even with no checkpoint, termination and bind take `by` longer than the budget has left.
+    Overruns { by: Duration },
+}
+
+impl BudgetFit {
+    /// The fit after `elapsed` of a handover with `budget` that keeps `reserve` back after a
+    /// checkpoint of at most `timeout` (zero when no victim checkpoints).
+    pub fn of(budget: Duration, reserve: Duration, timeout: Duration, elapsed: Duration) -> Self {
+        let by = reserve.saturating_sub(budget.saturating_sub(elapsed));
+        if !by.is_zero() {
+            return Self::Overruns { by };
+        }
+        let allowed = checkpoint_allowance(budget, timeout, reserve, elapsed);
+        if allowed < timeout {
+            Self::CheckpointCut { allowed, timeout }
+        } else {
+            Self::Fits
+        }
+    }
 }
 
 /// A borrower pod to checkpoint and evict.
@@ -70,18 +115,32 @@ pub struct Victim {
 
 impl ReclaimPlan {
     /// The checkpoint deadline of a victim after `elapsed` of the handover: its queue's
-    /// checkpoint timeout, cut so that the eviction reserve still fits in the owner's budget.
+    /// checkpoint timeout, cut so that the plan's eviction reserve still fits in the owner's
+    /// budget. (The owner binds once the last victim is gone, so every victim keeps back the
+    /// slowest one's termination.)
     pub fn checkpoint_deadline(&self, victim: &Victim, elapsed: Duration) -> Duration {
-        checkpoint_allowance(self.budget, victim.checkpoint.timeout, elapsed)
+        checkpoint_allowance(
+            self.budget,
+            victim.checkpoint.timeout,
+            self.eviction_reserve,
+            elapsed,
+        )
     }
 }
 
 /// How long a victim's checkpoint may take after `elapsed` of a handover with `budget`: its
-/// queue's checkpoint `timeout`, cut so that the eviction reserve still fits in the budget.
-/// Zero once the budget is spent: the owner's guarantee wins over the borrower's checkpoint.
-/// (A handover resumed after a restart has no plan, only the budget and the time spent.)
-pub fn checkpoint_allowance(budget: Duration, timeout: Duration, elapsed: Duration) -> Duration {
-    timeout.min(budget.saturating_sub(elapsed + EVICTION_RESERVE))
+/// queue's checkpoint `timeout`, cut so that `reserve` (the victims' termination and the bind,
+/// [`crate::termination::Terminations::reserve`]) still fits in the budget. Zero once the
+/// budget is spent: the owner's guarantee wins over the borrower's checkpoint. (A handover
+/// resumed after a restart has no plan: it computes the reserve from the node's history and
+/// the victim's grace.)
+pub fn checkpoint_allowance(
+    budget: Duration,
+    timeout: Duration,
+    reserve: Duration,
+    elapsed: Duration,
+) -> Duration {
+    timeout.min(budget.saturating_sub(elapsed + reserve))
 }
 
 /// Why no reclaim plan exists.
@@ -146,13 +205,23 @@ struct NodePlan {
     rank: Rank,
 }
 
-/// How node plans compare (lower is better): victims, their highest priority, their
-/// checkpoint cost, the seconds of work they lose.
-type Rank = (usize, i32, u64, i64);
+/// How node plans compare (lower is better): a victim whose termination breaks the budget,
+/// victims, their highest priority, their checkpoint cost, the seconds of work they lose.
+type Rank = (bool, usize, i32, u64, i64);
+
+/// Who may be a victim for one owner: evictable borrowers by pod index, each queue's
+/// `minBorrowDuration`, and the owner's budget their termination must fit in.
+struct Eligible<'a> {
+    borrowers: &'a [bool],
+    floors: &'a [Option<SignedDuration>],
+    budget: Duration,
+}
 
 /// A candidate victim on a node with its preference key.
 struct Candidate<'a> {
     pod: PodId,
+    /// Its expected termination on the node plus the bind fits in the owner's budget.
+    fits: bool,
     unadmitted: bool,
     protected: bool,
     priority: i32,
@@ -190,7 +259,12 @@ pub fn plan_reclaim(
                 .and_then(|d| SignedDuration::try_from(d).ok())
         })
         .collect();
-    let plan = best_node_plan(snapshot, &request, &borrowers, &floors, now)?;
+    let eligible = Eligible {
+        borrowers: &borrowers,
+        floors: &floors,
+        budget: snapshot.queue(queue).reclaim.budget,
+    };
+    let plan = best_node_plan(snapshot, &request, &eligible, now)?;
     Ok(finish(snapshot, owner, queue, &request, &plan, now))
 }
 
@@ -216,8 +290,7 @@ fn owner_request(snapshot: &Snapshot, owner: PodId) -> Result<(QueueId, Request<
 fn best_node_plan(
     snapshot: &Snapshot,
     request: &Request,
-    borrowers: &[bool],
-    floors: &[Option<SignedDuration>],
+    eligible: &Eligible,
     now: Timestamp,
 ) -> Result<NodePlan, NoPlan> {
     let mut suitable = false;
@@ -245,8 +318,7 @@ fn best_node_plan(
             candidates_on(
                 snapshot,
                 id,
-                borrowers,
-                floors,
+                eligible,
                 now,
                 spare_protected,
                 &mut scratch.candidates,
@@ -286,13 +358,14 @@ fn best_node_plan(
 fn best_possible(candidates: &[Candidate<'_>], now: Timestamp) -> Rank {
     candidates
         .iter()
-        .fold((1, i32::MAX, u64::MAX, i64::MAX), |floor, c| {
+        .fold((false, 1, i32::MAX, u64::MAX, i64::MAX), |floor, c| {
             (
+                false,
                 1,
-                floor.1.min(c.priority),
-                floor.2.min(c.checkpoint_cost),
+                floor.2.min(c.priority),
+                floor.3.min(c.checkpoint_cost),
                 floor
-                    .3
+                    .4
                     .min(now.duration_since(c.running_since).as_secs().max(0)),
             )
         })
@@ -356,15 +429,17 @@ fn protected_until(snapshot: &Snapshot, pod: PodId, now: Timestamp) -> Option<Ti
 fn candidates_on<'a>(
     snapshot: &'a Snapshot,
     node: NodeId,
-    borrowers: &[bool],
-    floors: &[Option<SignedDuration>],
+    eligible: &Eligible,
     now: Timestamp,
     spare_protected: bool,
     out: &mut Vec<Candidate<'a>>,
 ) {
     out.clear();
-    for p in snapshot.node_state(node).pods() {
-        if !borrowers[p.index()] {
+    let n = snapshot.node_state(node);
+    // A node's borrowers mostly share one queue, hence one grace: ask the history once.
+    let mut last_fit: Option<(Duration, bool)> = None;
+    for p in n.pods() {
+        if !eligible.borrowers[p.index()] {
             continue;
         }
         let Some(slot) = snapshot.slot(*p) else {
@@ -377,14 +452,25 @@ fn candidates_on<'a>(
         let running_since = pod.running_since();
         // minBorrowDuration protects what the queue borrowed through admission only.
         let protected = !pod.unadmitted
-            && floors[q.index()]
+            && eligible.floors[q.index()]
                 .and_then(|floor| running_since.checked_add(floor).ok())
                 .is_some_and(|until| until > now);
         if protected && spare_protected {
             continue;
         }
+        let grace = snapshot.queue(q).reclaim.victim_grace;
+        let fits = match last_fit {
+            Some((g, fits)) if g == grace => fits,
+            _ => {
+                let reserve = snapshot.terminations().reserve(&n.node().name, grace);
+                let fits = reserve <= eligible.budget;
+                last_fit = Some((grace, fits));
+                fits
+            }
+        };
         out.push(Candidate {
             pod: *p,
+            fits,
             unadmitted: pod.unadmitted,
             protected,
             priority: pod.priority,
@@ -393,11 +479,13 @@ fn candidates_on<'a>(
             key: &pod.key,
         });
     }
-    // Most preferred victim first: unadmitted, unprotected, lowest priority, most recently
-    // started, cheapest checkpoint, then name (descending, as the ledger orders borrowers).
+    // Most preferred victim first: fits the owner's budget, unadmitted, unprotected, lowest
+    // priority, most recently started, cheapest checkpoint, then name (descending, as the
+    // ledger orders borrowers).
     out.sort_by(|a, b| {
-        b.unadmitted
-            .cmp(&a.unadmitted)
+        b.fits
+            .cmp(&a.fits)
+            .then(b.unadmitted.cmp(&a.unadmitted))
             .then(a.protected.cmp(&b.protected))
             .then(a.priority.cmp(&b.priority))
             .then(b.running_since.cmp(&a.running_since))
@@ -454,13 +542,14 @@ fn plan_on_node(
             try_release(trial, snapshot, chosen[i], 1);
         }
     }
-    let (mut max_priority, mut cost, mut work) = (i32::MIN, 0u64, 0i64);
+    let (mut overruns, mut max_priority, mut cost, mut work) = (false, i32::MIN, 0u64, 0i64);
     for c in candidates.iter().filter(|c| chosen.contains(&c.pod)) {
+        overruns |= !c.fits;
         max_priority = max_priority.max(c.priority);
         cost += c.checkpoint_cost;
         work += now.duration_since(c.running_since).as_secs().max(0);
     }
-    Some((chosen.len(), max_priority, cost, work))
+    Some((overruns, chosen.len(), max_priority, cost, work))
 }
 
 fn finish(
@@ -507,6 +596,19 @@ fn finish(
         .collect::<Vec<Victim>>();
     let overrides_min_borrow = victims.iter().any(|v| v.protected_until.is_some());
     let budget = snapshot.queue(queue).reclaim.budget;
+    let node_name = &n.node().name;
+    let termination = victims
+        .iter()
+        .map(|v| snapshot.terminations().expected(node_name, v.grace))
+        .max()
+        .unwrap_or_default();
+    let eviction_reserve = termination + BIND_RESERVE;
+    let checkpoint_timeout = victims
+        .iter()
+        .filter(|v| v.checkpoint.driver != CheckpointDriver::None)
+        .map(|v| v.checkpoint.timeout)
+        .max()
+        .unwrap_or_default();
     let deadline = SignedDuration::try_from(budget)
         .ok()
         .and_then(|b| now.checked_add(b).ok())
@@ -517,13 +619,16 @@ fn finish(
         owner_key: owner_slot.map_or_else(|| PodKey::new("", ""), |s| s.pod.key.clone()),
         owner_queue: snapshot.queue(queue).name.clone(),
         node: plan.node,
-        node_name: n.node().name.clone(),
+        node_name: node_name.clone(),
         pin: n.node().hostname().to_string(),
         devices: snapshot.device_sets(plan.node, &charges),
         victims,
         overrides_min_borrow,
         budget,
         deadline,
+        termination,
+        eviction_reserve,
+        fit: BudgetFit::of(budget, eviction_reserve, checkpoint_timeout, Duration::ZERO),
     }
 }
 

@@ -107,7 +107,10 @@ fn a_bad_queue_lists_every_broken_rule_with_its_field() {
         message.contains("lendingLimit must not exceed guaranteed (4 > 2)"),
         "{message}"
     );
-    assert!(message.contains("plus 1s of eviction reserve"), "{message}");
+    assert!(
+        message.contains("plus reclaim.victimGracePeriodSeconds (1) plus 250ms"),
+        "{message}"
+    );
 }
 
 fn node(json: serde_json::Value) -> k8s::Node {

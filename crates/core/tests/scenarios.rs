@@ -802,13 +802,28 @@ fn a_checkpoint_gets_its_timeout_unless_the_budget_leaves_less() {
     use gpuqueue_core::reclaim::checkpoint_allowance;
     let s = Duration::from_secs;
     let ms = Duration::from_millis;
-    // 3 s budget, 50 ms spent, 1 s kept for the eviction: 1.95 s left, the 2 s timeout is cut.
-    assert_eq!(checkpoint_allowance(s(3), s(2), ms(50)), ms(1950));
+    // 3 s budget, 50 ms spent, 1.5 s kept for termination and bind: 1.45 s left, the 2 s
+    // timeout is cut.
+    assert_eq!(checkpoint_allowance(s(3), s(2), ms(1500), ms(50)), ms(1450));
     // A short timeout is the limit.
-    assert_eq!(checkpoint_allowance(s(3), ms(500), ms(50)), ms(500));
+    assert_eq!(
+        checkpoint_allowance(s(3), ms(500), ms(1500), ms(50)),
+        ms(500)
+    );
     // A spent budget leaves nothing (a handover resumed after a restart).
-    assert_eq!(checkpoint_allowance(s(3), s(2), s(2)), Duration::ZERO);
-    assert_eq!(checkpoint_allowance(s(3), s(2), s(10)), Duration::ZERO);
+    assert_eq!(
+        checkpoint_allowance(s(3), s(2), ms(1500), s(2)),
+        Duration::ZERO
+    );
+    assert_eq!(
+        checkpoint_allowance(s(3), s(2), ms(1500), s(10)),
+        Duration::ZERO
+    );
+    // A reserve longer than the budget leaves nothing either.
+    assert_eq!(
+        checkpoint_allowance(s(3), s(2), s(4), ms(0)),
+        Duration::ZERO
+    );
 }
 
 /// a: guaranteed 4 on one node of 4, b: burstable 4; `pods` already there.

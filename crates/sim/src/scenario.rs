@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gpuqueue_core::termination::BIND_RESERVE;
 use serde::Deserialize;
 
 use crate::trace::Qos;
@@ -19,8 +20,6 @@ type GoDuration = kube::core::Duration;
 
 /// Most tenants a scenario may declare (one GpuQueue each).
 pub const MAX_TENANTS: usize = 1000;
-/// Time kept back from the budget for the eviction itself (the CRD's rule).
-pub const EVICTION_RESERVE: Duration = Duration::from_secs(1);
 
 /// A whole scenario.
 #[derive(Clone, Debug, Deserialize)]
@@ -130,8 +129,8 @@ pub struct TenantReclaim {
     /// Deadline of a handover to this queue. Default 3s.
     #[serde(default = "three_seconds")]
     pub budget: GoDuration,
-    /// Longest checkpoint of this queue's pods before they are evicted anyway. Default 2s.
-    #[serde(default = "two_seconds")]
+    /// Longest checkpoint of this queue's pods before they are evicted anyway. Default 1500ms.
+    #[serde(default = "fifteen_hundred_millis")]
     pub checkpoint_timeout: GoDuration,
     /// Grace period of this queue's evicted pods, in seconds. Default 1.
     #[serde(default = "one_i64")]
@@ -146,7 +145,7 @@ impl Default for TenantReclaim {
     fn default() -> Self {
         Self {
             budget: three_seconds(),
-            checkpoint_timeout: two_seconds(),
+            checkpoint_timeout: fifteen_hundred_millis(),
             victim_grace_period_seconds: 1,
             min_borrow_duration: None,
         }
@@ -329,8 +328,8 @@ fn one_day() -> GoDuration {
 fn one_second() -> GoDuration {
     Duration::from_secs(1).into()
 }
-fn two_seconds() -> GoDuration {
-    Duration::from_secs(2).into()
+fn fifteen_hundred_millis() -> GoDuration {
+    Duration::from_millis(1500).into()
 }
 fn three_seconds() -> GoDuration {
     Duration::from_secs(3).into()
@@ -647,10 +646,13 @@ impl TenantSpec {
             at("reclaim.budget"),
             "must be longer than 0s and at most 60s".into(),
         ));
+        let grace = u64::try_from(self.reclaim.victim_grace_period_seconds)
+            .map_or(Duration::ZERO, Duration::from_secs);
         rules.push((
-            !self.reclaim.checkpoint_timeout.is_negative() && budget >= timeout + EVICTION_RESERVE,
+            !self.reclaim.checkpoint_timeout.is_negative()
+                && budget >= timeout + grace + BIND_RESERVE,
             at("reclaim.budget"),
-            "must be at least reclaim.checkpointTimeout plus 1s of eviction reserve".into(),
+            "must be at least reclaim.checkpointTimeout plus reclaim.victimGracePeriodSeconds plus 250ms for the eviction call and the bind (the CRD's rule)".into(),
         ));
         rules.push((
             (0..=30).contains(&self.reclaim.victim_grace_period_seconds),
@@ -868,7 +870,7 @@ tenants:
         );
         assert_eq!(
             error(&MINIMAL.replace("guaranteed: 4", "guaranteed: 4\n    reclaim: {budget: 2s}")),
-            "dir/s.yaml: tenants[1].reclaim.budget: must be at least reclaim.checkpointTimeout plus 1s of eviction reserve"
+            "dir/s.yaml: tenants[1].reclaim.budget: must be at least reclaim.checkpointTimeout plus reclaim.victimGracePeriodSeconds plus 250ms for the eviction call and the bind (the CRD's rule)"
         );
         assert_eq!(
             error(&MINIMAL.replace("duration: 2h", "duration: 2h\nwarmup: 3h")),

@@ -40,8 +40,14 @@ pub const MAX_RECLAIMS_IN_FLIGHT: usize = 128;
 /// Longest handover budget accepted. A reclaim that may take longer than a minute is not a
 /// handover but a drain, and belongs to a different tool.
 pub const MAX_BUDGET: &str = "60s";
-/// Time kept back from the budget for the eviction itself, after the checkpoint deadline.
-pub const EVICTION_RESERVE: &str = "1s";
+/// Time kept back from the budget, besides the victims' grace period, for the eviction call and
+/// kube-scheduler's bind of the owner (the core's `termination::BIND_RESERVE`).
+pub const BIND_RESERVE: &str = "250ms";
+
+/// The rule a queue's reclaim budget obeys, as the API server and the operator word it.
+pub const BUDGET_RULE: &str = "reclaim.budget must be at least reclaim.checkpoint.timeout plus \
+    reclaim.victimGracePeriodSeconds plus 250ms for the eviction call and the bind: raise the \
+    budget or lower the checkpoint timeout or the grace period";
 
 /// A Go duration (`time.ParseDuration`): `0`, or numbers with units `ns`, `us`, `ms`, `s`, `m`
 /// and `h`, such as `3s`, `1500ms` or `1m30s`.
@@ -197,10 +203,15 @@ pub struct ResourceQuota {
 
 /// How GPUs are taken back.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+// A victim may use its whole grace period after its checkpoint, so a budget that cannot hold
+// both (and the bind) is broken by this queue's own pods; the operator plans with the
+// termination it observes on top. In milliseconds: a duration built from a string of unknown
+// length is priced beyond the CEL cost budget.
 #[x_kube(validation = Rule::new(format!(
     "!self.budget.matches('{DURATION_PATTERN}') || !self.checkpoint.timeout.matches('{DURATION_PATTERN}') \
-     || duration(self.budget) >= duration(self.checkpoint.timeout) + duration('{EVICTION_RESERVE}')"))
-    .message("reclaim.budget must be at least reclaim.checkpoint.timeout plus 1s of eviction reserve")
+     || duration(self.budget).getMilliseconds() >= duration(self.checkpoint.timeout).getMilliseconds() \
+        + self.victimGracePeriodSeconds * 1000 + duration('{BIND_RESERVE}').getMilliseconds()"))
+    .message(BUDGET_RULE)
     .field_path(".budget"))]
 #[serde(rename_all = "camelCase")]
 pub struct ReclaimPolicy {
@@ -287,7 +298,7 @@ pub struct CheckpointPolicy {
     pub pause_mode: Option<PauseMode>,
 
     /// timeout: the longest a checkpoint may take before eviction goes ahead anyway. The budget
-    /// may cut it shorter. Default 2s.
+    /// may cut it shorter. Default 1500ms.
     #[serde(default = "default_checkpoint_timeout")]
     #[x_kube(validation = Rule::new(format!("self.matches('{DURATION_PATTERN}')"))
         .message("checkpoint.timeout must be a duration such as 1500ms or 2s"))]
@@ -510,7 +521,7 @@ fn default_victim_grace() -> i64 {
 }
 
 fn default_checkpoint_timeout() -> Duration {
-    Duration::from(std::time::Duration::from_secs(2))
+    Duration::from(std::time::Duration::from_millis(1500))
 }
 
 impl Default for ReclaimPolicy {

@@ -18,6 +18,6 @@ pub use pod::{
     ReclaimRole, Requests, gate_index, is_gated, is_gpu_pod,
 };
 pub use queue::{
-    CheckpointSettings, EVICTION_RESERVE, FieldError, MAX_BUDGET, MAX_MIN_BORROW, Queue,
-    QueueError, ReclaimSettings, ResourceQuota, format_duration,
+    CheckpointSettings, FieldError, MAX_BUDGET, MAX_MIN_BORROW, Queue, QueueError, ReclaimSettings,
+    ResourceQuota, format_duration,
 };

@@ -13,9 +13,8 @@ use kube::core::Duration as KubeDuration;
 
 use super::selector::{LabelSelector, Labels};
 use crate::quantity::{Milli, ResourceName, parse_bytes};
+use crate::termination::BIND_RESERVE;
 
-/// Time kept back from the budget for the eviction itself (the API's `EVICTION_RESERVE`).
-pub const EVICTION_RESERVE: Duration = Duration::from_secs(1);
 /// The longest handover budget a queue may ask for (the API's `MAX_BUDGET`).
 pub const MAX_BUDGET: Duration = Duration::from_mins(1);
 /// The longest anti-thrash floor a queue may ask for.
@@ -118,7 +117,7 @@ impl Default for CheckpointSettings {
             port: None,
             path: None,
             pause_mode: PauseMode::Abort,
-            timeout: Duration::from_secs(2),
+            timeout: Duration::from_millis(1500),
         }
     }
 }
@@ -395,16 +394,6 @@ fn reclaim(policy: &ReclaimPolicy, problems: &mut Problems) -> ReclaimSettings {
             false,
         )
     });
-    if budget < checkpoint.timeout + EVICTION_RESERVE {
-        problems.add(
-            "spec.reclaim.budget",
-            format!(
-                "reclaim.budget ({}) must be at least reclaim.checkpoint.timeout ({}) plus 1s of eviction reserve",
-                format_duration(budget),
-                format_duration(checkpoint.timeout)
-            ),
-        );
-    }
     let victim_grace = if let Ok(s @ 0..=30) = u64::try_from(policy.victim_grace_period_seconds) {
         Duration::from_secs(s)
     } else {
@@ -417,6 +406,20 @@ fn reclaim(policy: &ReclaimPolicy, problems: &mut Problems) -> ReclaimSettings {
         );
         Duration::from_secs(1)
     };
+    // A victim of this queue may use its whole grace after its checkpoint (the API's rule).
+    if budget < checkpoint.timeout + victim_grace + BIND_RESERVE {
+        problems.add(
+            "spec.reclaim.budget",
+            format!(
+                "reclaim.budget ({}) must be at least reclaim.checkpoint.timeout ({}) plus reclaim.victimGracePeriodSeconds ({}) plus {} for the eviction call and the bind: raise the budget to {} or lower the checkpoint timeout or the grace period",
+                format_duration(budget),
+                format_duration(checkpoint.timeout),
+                victim_grace.as_secs(),
+                format_duration(BIND_RESERVE),
+                format_duration(checkpoint.timeout + victim_grace + BIND_RESERVE),
+            ),
+        );
+    }
     ReclaimSettings {
         budget,
         checkpoint,

@@ -30,6 +30,7 @@ use crate::model::{
     AdmittedAs, DeviceSet, MAX_DEVICES_PER_POOL, Namespace, Node, Pod, PodKey, Queue,
 };
 use crate::quantity::{Milli, ResourceName};
+use crate::termination::Terminations;
 
 mod build;
 mod seating;
@@ -145,6 +146,8 @@ pub struct Snapshot {
     mix: Option<WorkloadMix>,
     frag: Option<FragIndex>,
     reclaimed_from: HashMap<QueueId, Timestamp>,
+    /// Victim terminations observed per node, which the reclaim budget plans with.
+    terminations: Terminations,
     generation: u64,
     build_notes: Vec<SnapshotError>,
 }
@@ -231,6 +234,22 @@ impl Snapshot {
     /// When a reclaim last took GPUs from this queue.
     pub fn last_reclaimed(&self, id: QueueId) -> Option<Timestamp> {
         self.reclaimed_from.get(&id).copied()
+    }
+
+    /// The victim terminations observed per node (none unless set).
+    pub fn terminations(&self) -> &Terminations {
+        &self.terminations
+    }
+
+    /// Hands the planner the victim terminations observed so far (the operator keeps them
+    /// across passes; the simulator records into them).
+    pub fn set_terminations(&mut self, terminations: Terminations) {
+        self.terminations = terminations;
+    }
+
+    /// The observed terminations, to record into in place (the simulator).
+    pub fn terminations_mut(&mut self) -> &mut Terminations {
+        &mut self.terminations
     }
 
     // ---- capacity ----------------------------------------------------------------------

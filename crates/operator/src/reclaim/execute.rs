@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointResult, GpuQueue, HandoverRecord};
-use gpuqueue_core::{model::PodKey, reclaim::checkpoint_allowance};
+use gpuqueue_core::{model::PodKey, reclaim::checkpoint_allowance, termination::Terminations};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{Api, api::Patch};
 use tokio::time::Instant;
@@ -164,9 +164,12 @@ impl Reclaimer {
         }
         let checkpointer = Checkpointer::from_policy(&victim.checkpoint, &self.checkpoints);
         let started = Instant::now();
+        // The prior reserve (no history) until the executor is handed the observed terminations.
+        let reserve = Terminations::default().reserve("", victim.grace);
         let allowance = checkpoint_allowance(
             handover.timeline.budget,
             checkpointer.timeout(),
+            reserve,
             handover.timeline.elapsed(started),
         );
         // Nothing to call, or no time to call it: no mark needed, the driver reports why.
