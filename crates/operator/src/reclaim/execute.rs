@@ -247,6 +247,10 @@ impl Reclaimer {
                 .and_then(|p| p.spec.as_ref())
                 .and_then(|s| s.node_name.clone());
             if let Some(node) = &bound {
+                // Owners of a burst pinned on one node bind as soon as any victim there is
+                // gone: one bound before its own victims had its room freed by another
+                // handover's, so for its record the room it waited for was free then.
+                handover.timeline.end(Phase::VictimsGone, now);
                 handover.timeline.end(Phase::OwnerBound, now);
                 if node != &handover.node {
                     tracing::warn!(reclaim = %handover.id, %node, freed = %handover.node,
