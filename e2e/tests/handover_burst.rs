@@ -17,7 +17,8 @@ use std::time::Duration;
 use common::{Operator, Options, all_running, apply_queue, free_port, install, queue_status};
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod,
+    pod_condition, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -95,6 +96,30 @@ async fn fake_vllm(pod: &Pod) -> FakeVllm {
     FakeVllm::start(config, SocketAddr::new(ip, VLLM_PORT))
         .await
         .unwrap()
+}
+
+/// Waits until `count` pods of the namespace are Ready: a borrower whose status still changes
+/// when the burst is planned is a stale victim (its intent patch tests the version planned on),
+/// and its owner is planned again in a later pass.
+async fn all_ready(pods: &Api<Pod>, count: usize) {
+    wait_for(format!("{count} pods Ready"), DEFAULT_TIMEOUT, || async {
+        let list = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ready = list
+            .items
+            .iter()
+            .filter(|p| pod_condition(p, "Ready").is_some_and(|c| c.status == "True"))
+            .count();
+        if ready == count {
+            Ok(())
+        } else {
+            Err(format!("{ready} of {} Ready", list.items.len()))
+        }
+    })
+    .await
+    .unwrap();
 }
 
 /// Waits until `count` pods of the namespace are bound to a node; returns them.
@@ -210,6 +235,7 @@ async fn a_burst_of_owners_is_handed_over_with_disjoint_minimal_victims_each_wit
     .await
     .unwrap();
     let borrowers = all_running(&pods, borrowers_count as usize).await;
+    all_ready(&pods, borrowers_count as usize).await;
     let mut servers = HashMap::new();
     for pod in &borrowers {
         servers.insert(key(pod), fake_vllm(pod).await);
@@ -313,18 +339,11 @@ async fn checkpointed_once_nobody_else_evicted(
     }
 }
 
-/// For the report (not asserted: passes depend on when the Deployment's pods were created):
-/// how many admission passes started the burst, and each handover's total.
+/// For the report (not asserted): each handover's total against its budget. (How many
+/// admission passes started the burst depends on how fast the ReplicaSet creates the pods; the
+/// operator's log shows it, `pass=` on each `reclaim for` line.)
 fn report(records: &HashMap<String, HandoverRecord>) {
-    let passes: BTreeSet<String> = records
-        .values()
-        .filter_map(|r| r.started_at.as_ref().map(|t| t.0.to_string()))
-        .collect();
     let mut totals: Vec<i64> = records.values().map(|r| r.total_millis).collect();
     totals.sort_unstable();
-    eprintln!(
-        "burst of {expected}: started in {} pass(es) {passes:?}; totals (ms) {totals:?}",
-        passes.len(),
-        expected = records.len()
-    );
+    eprintln!("burst of {}: totals (ms) {totals:?}", records.len());
 }
