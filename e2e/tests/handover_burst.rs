@@ -66,8 +66,13 @@ fn queue(
 
 /// A Deployment of `replicas` one-GPU pods, as a tenant writes it (and scales it).
 fn deployment(name: &str, replicas: u32) -> String {
+    deployment_of(name, replicas, 1)
+}
+
+/// A Deployment of `replicas` pods of `gpus` GPUs each.
+fn deployment_of(name: &str, replicas: u32, gpus: u32) -> String {
     format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      terminationGracePeriodSeconds: 30\n      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n          resources:\n            limits: {{nvidia.com/gpu: 1}}\n"
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n    spec:\n      terminationGracePeriodSeconds: 30\n      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n          resources:\n            limits: {{nvidia.com/gpu: {gpus}}}\n"
     )
 }
 
@@ -346,4 +351,52 @@ fn report(records: &HashMap<String, HandoverRecord>) {
     let mut totals: Vec<i64> = records.values().map(|r| r.total_millis).collect();
     totals.sort_unstable();
     eprintln!("burst of {}: totals (ms) {totals:?}", records.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_owners_share_the_one_victim_whose_gpus_hold_them_both() {
+    // One node of 4 GPUs, all held by one 4-GPU borrower; online's Deployment of 2-GPU pods is
+    // scaled from 0 to 2. Evicting the borrower makes room for both owners: it is the only
+    // victim, checkpointed once, and the second owner's handover takes no victim of its own.
+    let cluster = ControlPlane::start(
+        ControlPlaneConfig::new("handover_burst_shared")
+            .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", GPUS)]),
+    )
+    .await
+    .unwrap();
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let _operator = Operator::start(&cluster, Options::new("first", webhook_port)).await;
+    let online = cluster.namespace("online").await.unwrap();
+    let batch = cluster.namespace("batch").await.unwrap();
+    apply_queue(&client, &queue("online", online.name(), GPUS, 0, None)).await;
+    let checkpoint =
+        format!("{{checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: 1200ms}}}}");
+    apply_queue(
+        &client,
+        &queue("batch", batch.name(), 0, GPUS, Some(&checkpoint)),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    apply_yaml(&client, &deployment_of("vllm", 1, GPUS), Some(batch.name()))
+        .await
+        .unwrap();
+    let borrower = all_running(&pods, 1).await.remove(0);
+    all_ready(&pods, 1).await;
+    let server = fake_vllm(&borrower).await;
+
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    apply_yaml(&client, &deployment_of("online", 2, 2), Some(online.name()))
+        .await
+        .unwrap();
+    let bound = all_bound(&owners, 2).await;
+    let keys: Vec<String> = bound.iter().map(key).collect();
+    let records = owner_records(&client, &keys).await;
+    whole_and_within_budget(&records);
+    let mut victims: Vec<&String> = records.values().flat_map(|r| &r.victims).collect();
+    victims.sort();
+    assert_eq!(victims, vec![&key(&borrower)], "{records:?}");
+    assert_eq!(server.calls_to("/pause").len(), 1);
+    report(&records);
 }

@@ -74,6 +74,13 @@ impl Reclaimer {
         if let Some(at) = outcomes.iter().filter_map(|o| o.evicted_at).max() {
             handover.timeline.end(Phase::EvictAccepted, at);
         }
+        if handover.victims.is_empty() {
+            // An owner of a burst whose room other handovers on its node free: nothing of
+            // its own to checkpoint or evict.
+            let now = Instant::now();
+            handover.timeline.end(Phase::Checkpoint, now);
+            handover.timeline.end(Phase::EvictAccepted, now);
+        }
         self.crash_after(Phase::EvictAccepted, &id);
 
         // 5-6. Wait until the watch shows the victims gone and the owner bound.
@@ -233,7 +240,8 @@ impl Reclaimer {
                 .victims
                 .iter()
                 .all(|v| !self.stored_uid_is(&v.target));
-            if gone {
+            // Without victims of its own, the room it waits for is free when it is bound.
+            if gone && !handover.victims.is_empty() {
                 handover.timeline.end(Phase::VictimsGone, now);
                 if !crashed_checked {
                     crashed_checked = true;
