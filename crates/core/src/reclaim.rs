@@ -552,11 +552,14 @@ fn finish(
 
 impl fmt::Display for ReclaimPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let victims: Vec<String> = self
+        let mut victims: Vec<String> = self
             .victims
             .iter()
             .map(|v| format!("{} ({})", v.key, v.queue))
             .collect();
+        if victims.is_empty() {
+            victims.push("nobody (the victims of other reclaims on the node free its room)".into());
+        }
         write!(
             f,
             "reclaim for {} of queue {} on node {}: evict {} within {}",
