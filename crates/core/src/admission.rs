@@ -17,6 +17,7 @@ use std::fmt;
 
 use jiff::{SignedDuration, Timestamp};
 
+use crate::burst;
 use crate::devices::Placement;
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::ledger::ResourceUsage;
@@ -318,7 +319,11 @@ fn check(
     let name = snapshot.queue(queue).name.clone();
     let admitted_as = quota_check(snapshot, queue, &slot.amounts, now)?;
     let memory_ok = memory_filter(snapshot, queue, pod);
-    let placement = policy.find_placement_where(snapshot, &slot.pod, &|node| memory_ok(node));
+    // A victim's replacement must not race the owners pinned on its node for the room.
+    let borrower = admitted_as == AdmittedAs::Borrowed;
+    let placement = policy.find_placement_where(snapshot, &slot.pod, &|node| {
+        memory_ok(node) && !(borrower && snapshot.is_closed_to_borrowers(node))
+    });
     if let Some(placement) = placement {
         return Ok(Decision::Admit(Admission {
             pod,
@@ -533,7 +538,9 @@ fn within_guarantee(snapshot: &Snapshot, pod: PodId) -> bool {
 
 /// Decides every pending pod in fair order, applying each decision to `snapshot` before the
 /// next: admitted pods hold their room, a reclaim's victims are marked and its owner is
-/// pinned to the node (as the node's deficit until the victims are gone).
+/// pinned to the node (as the node's deficit until the victims are gone). The owners of a
+/// burst are planned in this one cycle: several may share a node, counting the room its
+/// earlier victims free, with victims disjoint and minimal as a set ([`crate::burst`]).
 pub fn admission_cycle(snapshot: &mut Snapshot, policy: &Policy, now: Timestamp) -> Vec<Decision> {
     let mut per_queue: Vec<Vec<PodId>> = vec![Vec::new(); snapshot.queue_count()];
     let mut unqueued = Vec::new();
@@ -565,8 +572,15 @@ pub fn admission_cycle(snapshot: &mut Snapshot, policy: &Policy, now: Timestamp)
             .min_by(|(a, _), (b, _)| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         let Some((_, q)) = next else { break };
         let Some(pod) = per_queue[q].pop() else { break };
-        let decision = decide(snapshot, pod, policy, now);
-        decisions.push(apply(snapshot, decision, now));
+        let decision = apply(snapshot, decide(snapshot, pod, policy, now), now);
+        let burst_node = match &decision {
+            Decision::Reclaim(plan) => Some(plan.node),
+            _ => None,
+        };
+        decisions.push(decision);
+        if let Some(node) = burst_node {
+            keep_burst_minimal(snapshot, node, &mut decisions);
+        }
         ranks[q] = head_rank(snapshot, q, &per_queue[q]);
     }
     unqueued.sort_by_key(|p| snapshot.pod(*p).map(|p| p.key.clone()));
@@ -574,6 +588,21 @@ pub fn admission_cycle(snapshot: &mut Snapshot, policy: &Policy, now: Timestamp)
         decisions.push(decide(snapshot, pod, policy, now));
     }
     decisions
+}
+
+/// The owners of a burst share a node: its victims are kept minimal as a set (see
+/// [`crate::burst`]), over this cycle's reclaims there.
+fn keep_burst_minimal(snapshot: &mut Snapshot, node: NodeId, decisions: &mut [Decision]) {
+    let mut plans: Vec<&mut ReclaimPlan> = decisions
+        .iter_mut()
+        .filter_map(|d| match d {
+            Decision::Reclaim(plan) if plan.node == node => Some(plan),
+            _ => None,
+        })
+        .collect();
+    if plans.len() > 1 {
+        burst::keep_minimal(snapshot, node, &mut plans);
+    }
 }
 
 /// Why a pod is not admitted at its creation (it goes to the gate and the next cycle decides).

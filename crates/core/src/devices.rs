@@ -75,6 +75,9 @@ pub(crate) struct NodeState {
     pods: Vec<PodId>,
     /// Admitted pods pinned here that hold no devices yet (the node is over-subscribed).
     deficit: Vec<PodId>,
+    /// Reclaim owners seated here that kube-scheduler has not bound yet: until they are, the
+    /// node takes no borrower (a victim's replacement would race the owner for the room).
+    awaiting_bind: Vec<PodId>,
     /// Cached `F_n` (0 without a workload mix).
     frag: f64,
 }
@@ -91,6 +94,7 @@ impl NodeState {
             memory_free: host_amount(node.memory_bytes),
             pods: Vec::new(),
             deficit: Vec::new(),
+            awaiting_bind: Vec::new(),
             frag: 0.0,
             node,
         }
@@ -130,6 +134,17 @@ impl NodeState {
     /// Whether pinned pods wait here for room (a reclaim in progress): the node takes no one else.
     pub fn is_oversubscribed(&self) -> bool {
         !self.deficit.is_empty()
+    }
+
+    /// Whether reclaim owners pinned here wait, for room or to be bound: no borrower is
+    /// admitted here meanwhile.
+    pub fn is_closed_to_borrowers(&self) -> bool {
+        !self.deficit.is_empty() || !self.awaiting_bind.is_empty()
+    }
+
+    /// Records a reclaim owner seated here as not bound yet.
+    pub fn await_bind(&mut self, pod: PodId) {
+        self.awaiting_bind.push(pod);
     }
 
     /// Cached `F_n`.
@@ -175,6 +190,11 @@ impl NodeState {
         if !self.deficit.is_empty() && !self.deficit.contains(&pod) {
             return None;
         }
+        self.lowest_charges(gpus)
+    }
+
+    /// The lowest-numbered devices that fit `gpus` now, whoever waits in the deficit.
+    pub fn lowest_charges(&self, gpus: &[ResolvedGpu]) -> Option<Vec<Charge>> {
         let mut charges = Vec::new();
         lowest_fitting(&self.layout, &self.free, gpus, &mut charges).then_some(charges)
     }
@@ -231,6 +251,7 @@ impl NodeState {
         self.cpu_free += cpu;
         self.memory_free += memory;
         self.pods.retain(|p| *p != pod);
+        self.awaiting_bind.retain(|p| *p != pod);
     }
 
     /// Pins `pod` here with no devices yet.
@@ -240,11 +261,6 @@ impl NodeState {
 
     pub fn remove_deficit(&mut self, pod: PodId) {
         self.deficit.retain(|p| *p != pod);
-    }
-
-    /// Puts `pod` back at the head of the deficit (it still does not fit).
-    pub fn return_deficit(&mut self, pod: PodId) {
-        self.deficit.insert(0, pod);
     }
 
     /// The resource and pool-local device of each charge, in charge order.

@@ -19,6 +19,7 @@
 //! - [`policy`]: the scorer and tie-break the operator and the simulator both decide with, and
 //!   the placement search over a snapshot.
 //! - [`reclaim`]: the node and minimal set of borrower pods to evict for an owner.
+//! - [`burst`]: the reclaims of one pass on one node kept minimal as a set.
 //! - [`pins`]: pinned pods kube-scheduler cannot bind lose their room (before the snapshot).
 //! - [`admission`]: admit, borrow, reclaim or wait, for each pending pod in fair order.
 //! - [`enforcement`]: which unadmitted pods to evict (over the ceiling, or on another queue's
@@ -26,6 +27,7 @@
 //! - [`status`]: queue status and conditions, mapped onto the API's `GpuQueueStatus`.
 
 pub mod admission;
+pub mod burst;
 pub mod devices;
 pub mod enforcement;
 pub mod fragmentation;

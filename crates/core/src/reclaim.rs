@@ -26,10 +26,11 @@ use jiff::{SignedDuration, Timestamp};
 
 use gpuqueue_api::v1alpha1::CheckpointDriver;
 
-use crate::devices::{Request, Trial, host_amount};
+use crate::devices::{Request, Trial};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::model::{CheckpointSettings, DeviceSet, PodKey, format_duration};
 use crate::quantity::{Milli, ResourceName};
+use crate::snapshot::promised::Promised;
 use crate::snapshot::{Attribution, Snapshot};
 use crate::termination::BIND_RESERVE;
 
@@ -236,6 +237,8 @@ struct Scratch<'a> {
     candidates: Vec<Candidate<'a>>,
     chosen: Vec<PodId>,
     trial: Trial,
+    /// The trial with the node's waiting owners seated, to test the new owner on.
+    seated: Trial,
 }
 
 /// Plans the reclaim for a pending owner pod at `now`.
@@ -246,7 +249,9 @@ pub fn plan_reclaim(
 ) -> Result<ReclaimPlan, NoPlan> {
     let (queue, request) = owner_request(snapshot, owner)?;
     let borrowers = evictable_borrowers(snapshot, queue);
-    if !borrowers.iter().any(|b| *b) {
+    // Without borrowers, only the room promised to owners waiting on a node may still do.
+    let promises = || snapshot.node_ids().any(|n| snapshot.is_oversubscribed(n));
+    if !borrowers.iter().any(|b| *b) && !promises() {
         return Err(NoPlan::NoBorrowers);
     }
     let floors: Vec<Option<SignedDuration>> = snapshot
@@ -264,7 +269,10 @@ pub fn plan_reclaim(
         floors: &floors,
         budget: snapshot.queue(queue).reclaim.budget,
     };
-    let plan = best_node_plan(snapshot, &request, &eligible, now)?;
+    let plan = best_node_plan(snapshot, &request, &eligible, now).map_err(|no| match no {
+        NoPlan::BorrowersCannotMakeRoom { borrower_nodes: 0 } => NoPlan::NoBorrowers,
+        other => other,
+    })?;
     Ok(finish(snapshot, owner, queue, &request, &plan, now))
 }
 
@@ -300,6 +308,7 @@ fn best_node_plan(
         candidates: Vec::new(),
         chosen: Vec::new(),
         trial: Trial::default(),
+        seated: Trial::default(),
     };
     for spare_protected in [true, false] {
         for (id, n) in snapshot.node_states() {
@@ -312,9 +321,9 @@ fn best_node_plan(
                     node: n.node().name.clone(),
                 });
             }
-            if n.is_oversubscribed() {
-                continue; // another owner's reservation
-            }
+            // Owners already wait here (a burst): the room their victims free is theirs
+            // first, the rest may spare this owner victims of its own.
+            let promised = snapshot.promised(id);
             candidates_on(
                 snapshot,
                 id,
@@ -323,17 +332,19 @@ fn best_node_plan(
                 spare_protected,
                 &mut scratch.candidates,
             );
-            if scratch.candidates.is_empty() {
+            if scratch.candidates.is_empty() && promised.is_none() {
                 continue;
             }
-            if !spare_protected {
+            if !spare_protected && !scratch.candidates.is_empty() {
                 borrower_nodes += 1;
             }
+            // A node with promises may need no victim at all: no floor of one applies.
             let floor = best_possible(&scratch.candidates, now);
-            if best.as_ref().is_some_and(|b| floor >= b.rank) {
+            if promised.is_none() && best.as_ref().is_some_and(|b| floor >= b.rank) {
                 continue;
             }
-            if let Some(rank) = plan_on_node(snapshot, request, id, &mut scratch, now)
+            if let Some(rank) =
+                plan_on_node(snapshot, request, id, promised.as_ref(), &mut scratch, now)
                 && best.as_ref().is_none_or(|b| rank < b.rank)
             {
                 best = Some(NodePlan {
@@ -496,21 +507,18 @@ fn candidates_on<'a>(
 
 /// Gives back (`sign` = 1) or takes again (`sign` = -1) what a seated pod holds, on a trial.
 fn try_release(trial: &mut Trial, snapshot: &Snapshot, pod: PodId, sign: i8) {
-    let Some(slot) = snapshot.slot(pod) else {
-        return;
-    };
-    let Some(seat) = &slot.seat else { return };
-    let cpu = host_amount(slot.pod.requests.cpu_milli);
-    let memory = host_amount(slot.pod.requests.memory_bytes);
-    trial.release(&seat.charges, cpu, memory, sign);
+    snapshot.release_on(trial, pod, sign);
 }
 
 /// Greedy removal in preference order until the owner fits, then fill-back; the victims are
-/// left in `scratch.chosen`.
+/// left in `scratch.chosen`. On a node with `promised` room, the victims already being evicted
+/// are released first and the owners waiting there seated before the owner is tried, so the
+/// new victims are only what the owners together still lack (none when the rest suffices).
 fn plan_on_node(
     snapshot: &Snapshot,
     request: &Request,
     node: NodeId,
+    promised: Option<&Promised<'_>>,
     scratch: &mut Scratch<'_>,
     now: Timestamp,
 ) -> Option<Rank> {
@@ -519,10 +527,24 @@ fn plan_on_node(
         candidates,
         chosen,
         trial,
+        seated,
     } = scratch;
     trial.reset(n);
-    let fits = |t: &Trial| request.has_room(n.layout(), &t.free, t.cpu, t.memory);
+    for v in promised.map_or(&[][..], Promised::victims) {
+        try_release(trial, snapshot, *v, 1);
+    }
+    let mut fits = |t: &Trial| {
+        let Some(promised) = promised else {
+            return request.has_room(n.layout(), &t.free, t.cpu, t.memory);
+        };
+        seated.clone_from(t);
+        promised.seat_owners(n, seated)
+            && request.has_room(n.layout(), &seated.free, seated.cpu, seated.memory)
+    };
     chosen.clear();
+    if fits(trial) {
+        return Some((false, 0, i32::MIN, 0, 0));
+    }
     for c in candidates.iter() {
         try_release(trial, snapshot, c.pod, 1);
         chosen.push(c.pod);
@@ -634,11 +656,14 @@ fn finish(
 
 impl fmt::Display for ReclaimPlan {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let victims: Vec<String> = self
+        let mut victims: Vec<String> = self
             .victims
             .iter()
             .map(|v| format!("{} ({})", v.key, v.queue))
             .collect();
+        if victims.is_empty() {
+            victims.push("nobody (the victims of other reclaims on the node free its room)".into());
+        }
         write!(
             f,
             "reclaim for {} of queue {} on node {}: evict {} within {}",

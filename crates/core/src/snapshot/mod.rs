@@ -15,8 +15,8 @@
 //!
 //! This file holds the indices and the read-only queries (the planners ask through them and
 //! never index the tables); `build.rs` adds objects, `seating.rs` keeps devices and ledger in
-//! step as pods come and go, and `what_if.rs` admits, marks and removes pods (and simulates
-//! removals) for planning. The per-node device arithmetic is [`crate::devices`].
+//! step as pods come and go, `what_if.rs` admits, marks and removes pods (and simulates
+//! removals) for planning, and `promised.rs` says what a node owes the owners waiting on it. The per-node device arithmetic is [`crate::devices`].
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -33,6 +33,7 @@ use crate::quantity::{Milli, ResourceName};
 use crate::termination::Terminations;
 
 mod build;
+pub(crate) mod promised;
 mod seating;
 mod what_if;
 
@@ -318,6 +319,12 @@ impl Snapshot {
     /// Whether the node carries pinned pods it has no room for yet (a reclaim in progress).
     pub fn is_oversubscribed(&self, id: NodeId) -> bool {
         self.nodes[id.index()].is_oversubscribed()
+    }
+
+    /// Whether reclaim owners pinned on the node wait for room or for kube-scheduler: the node
+    /// takes no borrower until every one of them is bound.
+    pub fn is_closed_to_borrowers(&self, id: NodeId) -> bool {
+        self.nodes[id.index()].is_closed_to_borrowers()
     }
 
     pub fn workload_mix(&self) -> Option<&WorkloadMix> {

@@ -5,7 +5,7 @@ use super::{Attribution, Snapshot};
 use crate::devices::{Charge, Seat, host_amount};
 use crate::ids::{NodeId, PodId, ResourceId};
 use crate::ledger::{Protection, signed_add};
-use crate::model::Pod;
+use crate::model::{Assignment, Pod, PodState, ReclaimMark, ReclaimRole};
 use crate::quantity::MILLI_PER_DEVICE;
 
 /// How `Snapshot::seat` places a pod's device charges.
@@ -69,10 +69,14 @@ impl Snapshot {
             return false;
         };
         let (cpu, memory) = host_requests(&slot.pod);
+        let awaits_bind = awaits_bind(&slot.pod);
         let n = &mut self.nodes[node.index()];
         match charges {
             Some(charges) => {
                 n.seat(id, &charges, cpu, memory);
+                if awaits_bind {
+                    n.await_bind(id);
+                }
                 slot.seat = Some(Seat {
                     node,
                     charges,
@@ -145,15 +149,19 @@ impl Snapshot {
         self.refresh_frag(seat.node);
     }
 
-    /// Seats the pods waiting in a node's deficit, oldest first, while they fit.
+    /// Seats the pods waiting in a node's deficit, oldest first, while they fit. Each is tried
+    /// against the devices alone: the others still waiting must not count as holding the node
+    /// (with two or more waiting, none would ever be seated).
     fn reseat_deficit(&mut self, node: NodeId) {
         let waiting = self.nodes[node.index()].deficit().to_vec();
         for pod in waiting {
-            self.nodes[node.index()].remove_deficit(pod);
-            let Some(charges) = self.canonical_charges(pod, node) else {
-                self.nodes[node.index()].return_deficit(pod);
+            let charges = self
+                .slot(pod)
+                .and_then(|slot| self.nodes[node.index()].lowest_charges(&slot.gpus));
+            let Some(charges) = charges else {
                 break;
             };
+            self.nodes[node.index()].remove_deficit(pod);
             self.add_memory(pod, -1);
             if let Some(s) = self.pods[pod.index()].as_mut() {
                 s.seat = None;
@@ -169,6 +177,20 @@ impl Snapshot {
         });
         self.nodes[id.index()].set_fragmentation(f);
     }
+}
+
+/// Whether a pod is a reclaim's owner that kube-scheduler has not bound yet.
+fn awaits_bind(pod: &Pod) -> bool {
+    matches!(
+        (&pod.reclaim, &pod.state),
+        (
+            Some(ReclaimMark {
+                role: ReclaimRole::Owner,
+                ..
+            }),
+            PodState::Admitted(Assignment { bound: false, .. })
+        )
+    )
 }
 
 /// A pod's CPU and memory requests, as the node's free amounts count them.

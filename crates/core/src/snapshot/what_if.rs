@@ -107,6 +107,14 @@ impl Snapshot {
         }
     }
 
+    /// Takes a victim mark of this pass back: the owners on its node do without the pod.
+    pub fn unmark_victim(&mut self, id: PodId) {
+        if let Some(slot) = self.pods.get_mut(id.index()).and_then(Option::as_mut) {
+            slot.pod.reclaim = None;
+            self.generation += 1;
+        }
+    }
+
     /// Removes a pod (it finished, was deleted or evicted); pods waiting for its room on the
     /// node are seated.
     pub fn remove_pod(&mut self, id: PodId) -> Option<Pod> {

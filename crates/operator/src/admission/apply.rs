@@ -1,7 +1,10 @@
 //! Stage 4: decisions into background writes, one in flight per object: gate releases,
 //! waiting reasons, and the start of reclaims (intent written, owner released).
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+
+use futures::future::join_all;
 
 use gpuqueue_core::{
     admission::{self, Decision, WaitReason},
@@ -21,7 +24,7 @@ use super::{
 };
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
-    reclaim::{PassTiming, Reservation},
+    reclaim::{BeginError, PassTiming, Prepared, Reservation},
     writes::{
         events::Notice,
         pod::{self as patch, PatchError},
@@ -166,44 +169,91 @@ pub(super) enum ReclaimStart {
     Failed,
 }
 
-/// Records the reclaim's intent and releases its owner (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)).
-pub(super) async fn begin_reclaim(
+/// Starts the reclaims of a pass, all at once: each is prepared (an owner with a write in
+/// flight, or no longer gated, starts nothing), every owner queue's reclaims are recorded in
+/// its status in one write per queue, then every intent and owner release is written in
+/// parallel (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)). One outcome per
+/// reclaim, in their order.
+pub(super) async fn begin_reclaims(
     shared: &Shared,
-    stored: &Pod,
-    plan: &ReclaimPlan,
+    reclaims: &[(Arc<Pod>, ReclaimPlan)],
     found: PassTiming,
-) -> ReclaimStart {
-    let context = &shared.context;
-    {
-        let assumed = shared.assumed();
-        let in_flight = stored
-            .metadata
-            .uid
-            .as_deref()
-            .is_none_or(|uid| assumed.in_flight(uid));
-        if in_flight || !is_gated(assumed.view(stored)) {
-            return ReclaimStart::Nothing;
-        }
+) -> Vec<ReclaimStart> {
+    let reclaimer = &shared.context.reclaimer;
+    let prepared: Vec<Result<Prepared<'_>, ReclaimStart>> = reclaims
+        .iter()
+        .map(|(stored, plan)| {
+            if !startable(shared, stored) {
+                return Err(ReclaimStart::Nothing);
+            }
+            reclaimer
+                .prepare(plan, stored, found)
+                .map_err(|error| not_started(shared, &error))
+        })
+        .collect();
+    let mut queues: BTreeMap<&str, Vec<&Prepared<'_>>> = BTreeMap::new();
+    for p in prepared.iter().flatten() {
+        queues.entry(&p.plan.owner_queue).or_default().push(p);
     }
-    match context
-        .reclaimer
-        .begin(&shared.term, plan, stored, found)
+    // Per owner queue: whether its write failed (then none of its reclaims starts).
+    let failed: BTreeMap<&str, Option<bool>> =
+        join_all(queues.iter().map(|(queue, batch)| async move {
+            let result = reclaimer.record_in_flight(&shared.term, queue, batch).await;
+            let failed = result
+                .err()
+                .map(|error| matches!(not_started(shared, &error), ReclaimStart::Failed));
+            (*queue, failed)
+        }))
         .await
-    {
-        Ok(started) => {
-            context.metrics.decided(&plan.owner_queue, Outcome::Reclaim);
-            tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
-            ReclaimStart::Started(Box::new(started))
+        .into_iter()
+        .collect();
+    join_all(prepared.into_iter().map(|p| async {
+        let p = p?;
+        match failed.get(p.plan.owner_queue.as_str()) {
+            Some(Some(true)) => return Err(ReclaimStart::Failed),
+            Some(Some(false)) => return Err(ReclaimStart::Nothing),
+            _ => {}
         }
-        Err(error) if error.is_stale() => {
-            tracing::debug!(%error, "reclaim not started; decided again on the next change");
-            ReclaimStart::Nothing
+        let plan = p.plan;
+        match reclaimer.begin(&shared.term, p).await {
+            Ok(started) => {
+                shared
+                    .context
+                    .metrics
+                    .decided(&plan.owner_queue, Outcome::Reclaim);
+                tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
+                Ok(ReclaimStart::Started(Box::new(started)))
+            }
+            Err(error) => Err(not_started(shared, &error)),
         }
-        Err(error) => {
-            context.metrics.apply_failed(error.category());
-            tracing::warn!(%error, "starting a reclaim failed; retrying");
-            ReclaimStart::Failed
-        }
+    }))
+    .await
+    .into_iter()
+    .map(|outcome| outcome.unwrap_or_else(|not| not))
+    .collect()
+}
+
+/// Whether a reclaim for the owner `stored` may start: it is still gated and no write to it
+/// is in flight.
+fn startable(shared: &Shared, stored: &Pod) -> bool {
+    let assumed = shared.assumed();
+    let in_flight = stored
+        .metadata
+        .uid
+        .as_deref()
+        .is_none_or(|uid| assumed.in_flight(uid));
+    !in_flight && is_gated(assumed.view(stored))
+}
+
+/// What a reclaim that did not start means for the pass, logged and counted.
+fn not_started(shared: &Shared, error: &BeginError) -> ReclaimStart {
+    if error.is_stale() {
+        tracing::debug!(%error, "reclaim not started; decided again on the next change");
+        ReclaimStart::Nothing
+    } else {
+        shared.context.metrics.apply_failed(error.category());
+        tracing::warn!(%error, "starting a reclaim failed; retrying");
+        ReclaimStart::Failed
     }
 }
 

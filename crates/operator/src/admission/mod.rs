@@ -66,7 +66,7 @@ use crate::{
     leader::Term,
     reclaim::{Handovers, PassTiming, Reservation},
 };
-use apply::{ReclaimStart, admitted_at_creation, apply, begin_reclaim};
+use apply::{ReclaimStart, admitted_at_creation, apply, begin_reclaims};
 use at_creation::{AtCreation, RESERVATION_TTL};
 use context::{RETRY_AFTER, Shared};
 use observe::{Observation, PodModels};
@@ -196,12 +196,7 @@ async fn pass(
     };
     let mut reclaims = decided.reclaims;
     reclaims.retain(|(_, plan)| !recovered.defers(&plan.node_name));
-    let begun = futures::future::join_all(
-        reclaims
-            .iter()
-            .map(|(pod, plan)| begin_reclaim(shared, pod, plan, found)),
-    )
-    .await;
+    let begun = begin_reclaims(shared, &reclaims, found).await;
     let mut failed = false;
     for outcome in begun {
         match outcome {

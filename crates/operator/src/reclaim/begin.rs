@@ -3,6 +3,10 @@
 //! believed, see [`super::trust`]), the intent on every victim, then the owner's intent together
 //! with its release, in the order [`super::resume`] relies on. What a failed start wrote is
 //! taken back.
+//!
+//! A burst starts many handovers in one pass: each is [`prepared`](Reclaimer::prepare) (no
+//! write), every one of an owner queue is recorded in one status write
+//! ([`Reclaimer::record_in_flight`]), and only then are their pods written, all at once.
 
 use std::sync::Arc;
 
@@ -15,7 +19,9 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
-use tracing::Instrument;
+use tracing::{Instrument, Span};
+
+use gpuqueue_api::v1alpha1::ReclaimInFlight;
 
 use super::{
     handover::{self, Handover, HandoverPod, PassTiming, Victim, checkpoint_policy},
@@ -77,16 +83,32 @@ impl BeginError {
     }
 }
 
+/// A handover planned and checked against the store, not yet written anywhere: its entry goes
+/// into its owner queue's `status.reclaimsInFlight` first ([`Reclaimer::record_in_flight`]),
+/// then [`Reclaimer::begin`] writes its pods.
+#[derive(Debug)]
+pub struct Prepared<'a> {
+    pub plan: &'a ReclaimPlan,
+    owner: &'a Pod,
+    found: PassTiming,
+    timeline: Timeline,
+    stored: Vec<Arc<Pod>>,
+    intent: Intent,
+    /// Its entry in the owner queue's `status.reclaimsInFlight`.
+    pub entry: ReclaimInFlight,
+    span: Span,
+}
+
 impl Reclaimer {
-    /// Records the intent on every victim, then on the owner together with its release: the
-    /// start of the handover `plan` describes, for `owner` as the store shows it.
-    pub async fn begin(
+    /// Checks `plan` against the store (its victims still there, in the queues that claim
+    /// them) and gives the handover its id, intent and in-flight entry, for `owner` as the
+    /// store shows it. Writes nothing.
+    pub fn prepare<'a>(
         &self,
-        term: &Term,
-        plan: &ReclaimPlan,
-        owner: &Pod,
+        plan: &'a ReclaimPlan,
+        owner: &'a Pod,
         found: PassTiming,
-    ) -> Result<Reservation, BeginError> {
+    ) -> Result<Prepared<'a>, BeginError> {
         let id = intent::new_id();
         let span = handover::span(
             &id,
@@ -95,19 +117,6 @@ impl Reclaimer {
             &plan.node_name,
             plan.victims.len(),
         );
-        self.begin_traced(term, plan, owner, found, id)
-            .instrument(span)
-            .await
-    }
-
-    async fn begin_traced(
-        &self,
-        term: &Term,
-        plan: &ReclaimPlan,
-        owner: &Pod,
-        found: PassTiming,
-        id: String,
-    ) -> Result<Reservation, BeginError> {
         let mut timeline = Timeline::new(found.started, found.started_at, plan.budget);
         timeline.end(Phase::Plan, found.planned);
         let stored = self.stored_victims(plan)?;
@@ -118,10 +127,62 @@ impl Reclaimer {
             node: plan.node_name.clone(),
             victims: victim_refs(plan, &stored),
         };
+        let entry = in_flight::from_intent(&intent, &HandoverPod::of(owner), found.started_at);
+        Ok(Prepared {
+            plan,
+            owner,
+            found,
+            timeline,
+            stored,
+            intent,
+            entry,
+            span,
+        })
+    }
 
-        // 0. The reclaim in its owner queue's status, before any pod is annotated.
-        self.record_in_flight(term, plan, owner, &intent, found.started_at)
-            .await?;
+    /// Records the reclaims `prepared` (all of owner queue `queue`) in that queue's
+    /// `status.reclaimsInFlight`, in one write, before any of their pods is annotated.
+    pub async fn record_in_flight(
+        &self,
+        term: &Term,
+        queue: &str,
+        prepared: &[&Prepared<'_>],
+    ) -> Result<(), BeginError> {
+        if !term.is_current() {
+            return Err(BeginError::NotLeader);
+        }
+        let entries: Vec<&ReclaimInFlight> = prepared.iter().map(|p| &p.entry).collect();
+        let stored = self.stores.queues.get(&ObjectRef::new(queue));
+        let stored = stored.as_ref().and_then(|q| q.0.as_ref().ok());
+        in_flight::add(&self.queues(), queue, stored, &entries).await?;
+        Ok(())
+    }
+
+    /// Records the intent on every victim, then on the owner together with its release: the
+    /// start of a handover already recorded in its owner queue's status.
+    pub async fn begin(
+        &self,
+        term: &Term,
+        prepared: Prepared<'_>,
+    ) -> Result<Reservation, BeginError> {
+        let span = prepared.span.clone();
+        self.begin_traced(term, prepared).instrument(span).await
+    }
+
+    async fn begin_traced(
+        &self,
+        term: &Term,
+        prepared: Prepared<'_>,
+    ) -> Result<Reservation, BeginError> {
+        let Prepared {
+            plan,
+            owner,
+            found,
+            mut timeline,
+            stored,
+            intent,
+            ..
+        } = prepared;
 
         // 1. Intent on every victim, at once.
         let marked = match self.mark_victims(term, &stored, &intent).await {
@@ -160,25 +221,6 @@ impl Reclaimer {
                 });
             }
         }
-        Ok(())
-    }
-
-    /// Records the reclaim in `status.reclaimsInFlight` of the owner's queue.
-    async fn record_in_flight(
-        &self,
-        term: &Term,
-        plan: &ReclaimPlan,
-        owner: &Pod,
-        intent: &Intent,
-        started_at: Timestamp,
-    ) -> Result<(), BeginError> {
-        if !term.is_current() {
-            return Err(BeginError::NotLeader);
-        }
-        let entry = in_flight::from_intent(intent, &HandoverPod::of(owner), started_at);
-        let stored = self.stores.queues.get(&ObjectRef::new(&plan.owner_queue));
-        let stored = stored.as_ref().and_then(|q| q.0.as_ref().ok());
-        in_flight::add(&self.queues(), &plan.owner_queue, stored, &entry).await?;
         Ok(())
     }
 

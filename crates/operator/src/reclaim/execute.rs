@@ -74,6 +74,13 @@ impl Reclaimer {
         if let Some(at) = outcomes.iter().filter_map(|o| o.evicted_at).max() {
             handover.timeline.end(Phase::EvictAccepted, at);
         }
+        if handover.victims.is_empty() {
+            // An owner of a burst whose room other handovers on its node free: nothing of
+            // its own to checkpoint or evict.
+            let now = Instant::now();
+            handover.timeline.end(Phase::Checkpoint, now);
+            handover.timeline.end(Phase::EvictAccepted, now);
+        }
         self.crash_after(Phase::EvictAccepted, &id);
 
         // 5-6. Wait until the watch shows the victims gone and the owner bound.
@@ -236,7 +243,8 @@ impl Reclaimer {
                 .victims
                 .iter()
                 .all(|v| !self.stored_uid_is(&v.target));
-            if gone {
+            // Without victims of its own, the room it waits for is free when it is bound.
+            if gone && !handover.victims.is_empty() {
                 handover.timeline.end(Phase::VictimsGone, now);
                 if !crashed_checked {
                     crashed_checked = true;
@@ -250,6 +258,10 @@ impl Reclaimer {
                 .and_then(|p| p.spec.as_ref())
                 .and_then(|s| s.node_name.clone());
             if let Some(node) = &bound {
+                // Owners of a burst pinned on one node bind as soon as any victim there is
+                // gone: one bound before its own victims had its room freed by another
+                // handover's, so for its record the room it waited for was free then.
+                handover.timeline.end(Phase::VictimsGone, now);
                 handover.timeline.end(Phase::OwnerBound, now);
                 if node != &handover.node {
                     tracing::warn!(reclaim = %handover.id, %node, freed = %handover.node,

@@ -3,9 +3,11 @@
 //! write as the owner's handover record ([`super::record`]), so the annotations a tenant can
 //! write on its own pods are never the only evidence of a reclaim ([`super::trust`]).
 //!
-//! One write per reclaim: an entry is appended with a JSON patch (the API server applies it to
-//! the newest object, so reclaims started at once for one queue never conflict); only the first
-//! entry of an empty list is a merge patch, with the queue's `resourceVersion` as precondition.
+//! One write per owner queue and admission pass: the entries of every reclaim the pass starts
+//! for the queue are appended together with a JSON patch (the API server applies it to the
+//! newest object, so writers at once never conflict); only entries for an empty list are a
+//! merge patch, with the queue's `resourceVersion` as precondition. A burst of 22 owners thus
+//! costs one status write before its intents, not 22 of the same queue.
 //! Removal (after an abandon, or of an entry whose reclaim left nothing behind) reads the
 //! status and writes the list without the entry, under the same precondition.
 
@@ -25,13 +27,14 @@ use super::{
     intent::Intent,
 };
 
-/// Conflicting writers of the same queue's list get this many tries.
-const ATTEMPTS: usize = 5;
+/// Conflicting writers of the same queue's list get this many tries: each conflict means
+/// another writer's change landed, so every reclaim the list can hold gets its turn.
+const ATTEMPTS: usize = MAX_RECLAIMS_IN_FLIGHT + 1;
 
 /// Why an entry was not written or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum InFlightError {
-    #[error("recording reclaim {id} in GpuQueue {queue}'s status.reclaimsInFlight: {source}")]
+    #[error("recording reclaims {id} in GpuQueue {queue}'s status.reclaimsInFlight: {source}")]
     Api {
         queue: String,
         id: String,
@@ -39,7 +42,7 @@ pub enum InFlightError {
         source: kube::Error,
     },
     #[error(
-        "GpuQueue {queue} already has {MAX_RECLAIMS_IN_FLIGHT} reclaims in flight (status.reclaimsInFlight is full); reclaim {id} waits until one finishes"
+        "GpuQueue {queue} would have more than {MAX_RECLAIMS_IN_FLIGHT} reclaims in flight (status.reclaimsInFlight is full); reclaims {id} wait until some finish"
     )]
     Full { queue: String, id: String },
 }
@@ -97,17 +100,23 @@ fn params() -> PatchParams {
     }
 }
 
-/// Appends `entry` to queue `queue`'s `status.reclaimsInFlight`. `stored` is the queue as the
-/// store shows it (its list and `resourceVersion` spare a read in the common case).
+/// Appends `entries` to queue `queue`'s `status.reclaimsInFlight`, in one write. `stored` is
+/// the queue as the store shows it (its list and `resourceVersion` spare a read in the common
+/// case).
 pub async fn add(
     api: &Api<GpuQueue>,
     queue: &str,
     stored: Option<&GpuQueue>,
-    entry: &ReclaimInFlight,
+    entries: &[&ReclaimInFlight],
 ) -> Result<(), InFlightError> {
+    let ids = entries
+        .iter()
+        .map(|e| e.id.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
     let error = |source| InFlightError::Api {
         queue: queue.to_owned(),
-        id: entry.id.clone(),
+        id: ids.clone(),
         source,
     };
     let mut seen = stored.cloned();
@@ -120,22 +129,21 @@ pub async fn add(
             .status
             .as_ref()
             .map_or(0, |s| s.reclaims_in_flight.len());
-        if listed >= MAX_RECLAIMS_IN_FLIGHT {
+        if listed + entries.len() > MAX_RECLAIMS_IN_FLIGHT {
             return Err(InFlightError::Full {
                 queue: queue.to_owned(),
-                id: entry.id.clone(),
+                id: ids.clone(),
             });
         }
         let patch = if listed == 0 {
             Patch::Merge(json!({
                 "metadata": {"resourceVersion": current.metadata.resource_version},
-                "status": {"reclaimsInFlight": [entry]},
+                "status": {"reclaimsInFlight": entries},
             }))
         } else {
-            let append =
-                json!([{"op": "add", "path": "/status/reclaimsInFlight/-", "value": entry}]);
             Patch::Json(
-                serde_json::from_value(append).map_err(|e| error(kube::Error::SerdeError(e)))?,
+                serde_json::from_value(append_ops(entries))
+                    .map_err(|e| error(kube::Error::SerdeError(e)))?,
             )
         };
         match api.patch_status(queue, &params(), &patch).await {
@@ -147,6 +155,14 @@ pub async fn add(
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// The JSON patch operations appending `entries` to a list that exists.
+fn append_ops(entries: &[&ReclaimInFlight]) -> serde_json::Value {
+    entries
+        .iter()
+        .map(|entry| json!({"op": "add", "path": "/status/reclaimsInFlight/-", "value": entry}))
+        .collect()
 }
 
 /// Removes reclaim `id` from queue `queue`'s `status.reclaimsInFlight`, if it is there. A queue
@@ -222,6 +238,15 @@ mod tests {
         let rest = without(&listed, "rc-1").unwrap();
         assert_eq!(rest, vec![entry("rc-2")]);
         assert_eq!(without(&listed, "rc-3"), None);
+    }
+
+    #[test]
+    fn a_batch_is_appended_in_one_patch_in_its_order() {
+        let (a, b) = (entry("rc-1"), entry("rc-2"));
+        let ops = append_ops(&[&a, &b]);
+        assert_eq!(ops.as_array().unwrap().len(), 2);
+        assert_eq!(ops[0]["path"], "/status/reclaimsInFlight/-");
+        assert_eq!(ops[1]["value"]["id"], "rc-2");
     }
 
     #[test]

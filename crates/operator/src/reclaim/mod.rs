@@ -68,7 +68,7 @@ use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-pub use begin::{BeginError, Reservation};
+pub use begin::{BeginError, Prepared, Reservation};
 pub use crash::{BadCrashPoint, CrashPoint};
 pub use evict::{Eviction, EvictionTarget, try_evict};
 use execute::HandoverEnd;

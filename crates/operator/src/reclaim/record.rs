@@ -17,7 +17,7 @@
 
 use gpuqueue_api::{
     FIELD_MANAGER,
-    v1alpha1::{GpuQueue, HandoverRecord, MAX_HANDOVER_RECORDS},
+    v1alpha1::{GpuQueue, HandoverRecord, MAX_HANDOVER_RECORDS, MAX_RECLAIMS_IN_FLIGHT},
 };
 use kube::{
     Api,
@@ -27,8 +27,12 @@ use serde_json::json;
 
 use super::{in_flight, intent::OWNER};
 
-/// Conflicting writers of the same queue's records get this many tries.
-const ATTEMPTS: usize = 5;
+/// Conflicting writers of the same queue's records get this many tries. Each conflict means
+/// another writer's record landed, so N handovers finishing at once for one queue (a burst
+/// hands over up to [`MAX_RECLAIMS_IN_FLIGHT`] together) are all written within N tries. With
+/// 5, the records of a 22-owner burst ran out of tries: the handover was retried 5 s later as
+/// a resumed one, whose record holds only the phases seen after the resume and is 5 s over.
+const ATTEMPTS: usize = MAX_RECLAIMS_IN_FLIGHT + 1;
 
 /// Why a record was not written.
 #[derive(Debug, thiserror::Error)]
