@@ -312,7 +312,7 @@ async fn main() {
     let batch = cluster.namespace("batch").await.unwrap();
     let webhook_port = free_port();
     install(&cluster, webhook_port).await;
-    let vllm = format!("{{checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: 2s}}}}");
+    let vllm = format!("{{checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: 1500ms}}}}");
     apply_queue(&client, &queue_yaml("online", online.name(), GPUS, 0, "{}")).await;
     apply_queue(&client, &queue_yaml("batch", batch.name(), 0, GPUS, &vllm)).await;
     let mut options = Options::new("bench", webhook_port);

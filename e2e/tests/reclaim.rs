@@ -457,7 +457,8 @@ async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
     let online = world.cluster.namespace("online").await.unwrap();
     let batch = world.cluster.namespace("batch").await.unwrap();
     apply_queue(client, &queue("online", online.name(), 4, 0, None)).await;
-    let cooldown = "{checkpoint: {driver: vllm, port: 8000, timeout: 2s}, minBorrowDuration: 10m}";
+    let cooldown =
+        "{checkpoint: {driver: vllm, port: 8000, timeout: 1500ms}, minBorrowDuration: 10m}";
     apply_queue(client, &queue("batch", batch.name(), 2, 6, Some(cooldown))).await;
 
     // Night: batch fills all 8 GPUs, 2 on its guarantee and 6 borrowed from online.
@@ -1054,7 +1055,7 @@ async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_cou
     let (world, online, batch) = borrowed_node(
         "reclaim_owner_queue_deleted",
         &["borrower-0", "borrower-1"],
-        "2s",
+        "1500ms",
     )
     .await;
     let client = &world.client;

@@ -320,7 +320,7 @@ async fn a_tenant_admin_changes_lending_reclaim_and_burstable_up_to_the_cap() {
         .await
         .unwrap();
     let reclaim = json!({"spec": {"reclaim": {
-        "budget": "5s", "minBorrowDuration": "10s", "victimGracePeriodSeconds": 5,
+        "budget": "5s", "minBorrowDuration": "10s", "victimGracePeriodSeconds": 2,
         "checkpoint": {"timeout": "2s"},
     }}});
     queues
@@ -343,7 +343,7 @@ async fn a_tenant_admin_changes_lending_reclaim_and_burstable_up_to_the_cap() {
         (8, 12, Some(4), Some(CAP))
     );
     assert_eq!(spec.reclaim.budget.to_string(), "5s");
-    assert_eq!(spec.reclaim.victim_grace_period_seconds, 5);
+    assert_eq!(spec.reclaim.victim_grace_period_seconds, 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -212,7 +212,7 @@ async fn a_victim_on_the_nodes_network_is_evicted_without_being_called() {
     let admin = cluster.client();
     let online = cluster.namespace("online").await.unwrap();
     let batch = cluster.namespace("batch").await.unwrap();
-    let checkpoint = "{checkpoint: {driver: vllm, port: 8000, timeout: 2s}}";
+    let checkpoint = "{checkpoint: {driver: vllm, port: 8000, timeout: 1500ms}}";
     apply_queue(&admin, &queue("online", online.name(), 1, 0, "")).await;
     apply_queue(&admin, &queue("batch", batch.name(), 0, 1, checkpoint)).await;
     let _operator = operator(&cluster, webhook_port).await;

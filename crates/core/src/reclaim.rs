@@ -5,21 +5,20 @@
 //! - only borrowers are candidates (see [`crate::ledger`]: the pods admitted last until the
 //!   borrowed amount is covered, a straddling pod included), so no victim queue goes below its
 //!   guarantee by a pod or more, and pods already part of a reclaim are left alone;
-//! - victims are taken greedily in order of preference: unadmitted pods first (they hold quota
-//!   without having passed admission), then lower priority, then less work lost
-//!   (most recently started, smaller checkpoint cost); a fill-back pass then puts back every
-//!   victim the owner can do without, which makes the set minimal (removing any victim left
-//!   breaks the fit) — the lesson of Kueue's over-eviction;
-//! - across nodes the plan with the fewest victims wins, then the lowest victim priority, then
-//!   the least work lost;
+//! - victims are taken greedily in order of preference: those whose termination fits the
+//!   owner's budget first, then unadmitted pods (they hold quota without having passed
+//!   admission), then lower priority, then less work lost (most recently started, smaller
+//!   checkpoint cost); a fill-back pass then puts back every victim the owner can do without,
+//!   which makes the set minimal (removing any victim left breaks the fit) — the lesson of
+//!   Kueue's over-eviction;
+//! - across nodes a plan whose victims' termination fits the budget wins, then the one with
+//!   the fewest victims, then the lowest victim priority, then the least work lost;
 //! - a borrower younger than its queue's `minBorrowDuration` is spared, unless no plan exists
 //!   without it: waiting for it to age would break the owner's budget, and the guarantee wins.
 //!   The plan says so;
-//! - the budget plans for termination ([`crate::termination`]): a victim whose expected
-//!   termination on its node plus the bind does not fit in the owner's budget is taken last,
-//!   and a plan with such a victim loses to any plan without one. The plan carries what it
-//!   keeps back and whether the checkpoint fits ([`BudgetFit`]), so the operator can say so
-//!   before it evicts.
+//! - the budget plans for termination ([`crate::termination`]): the plan carries what it
+//!   keeps back for its victims' termination and the bind, and whether the checkpoint fits
+//!   ([`BudgetFit`]), so the operator can say so before it evicts.
 
 use std::{fmt, time::Duration};
 
@@ -81,9 +80,9 @@ impl BudgetFit {
     /// The fit after `elapsed` of a handover with `budget` that keeps `reserve` back after a
     /// checkpoint of at most `timeout` (zero when no victim checkpoints).
     pub fn of(budget: Duration, reserve: Duration, timeout: Duration, elapsed: Duration) -> Self {
-        let left = budget.saturating_sub(elapsed);
-        if reserve > left {
-            return Self::Overruns { by: reserve - left };
+        let by = reserve.saturating_sub(budget.saturating_sub(elapsed));
+        if !by.is_zero() {
+            return Self::Overruns { by };
         }
         let allowed = checkpoint_allowance(budget, timeout, reserve, elapsed);
         if allowed < timeout {
@@ -437,6 +436,8 @@ fn candidates_on<'a>(
 ) {
     out.clear();
     let n = snapshot.node_state(node);
+    // A node's borrowers mostly share one queue, hence one grace: ask the history once.
+    let mut last_fit: Option<(Duration, bool)> = None;
     for p in n.pods() {
         if !eligible.borrowers[p.index()] {
             continue;
@@ -458,10 +459,18 @@ fn candidates_on<'a>(
             continue;
         }
         let grace = snapshot.queue(q).reclaim.victim_grace;
-        let reserve = snapshot.terminations().reserve(&n.node().name, grace);
+        let fits = match last_fit {
+            Some((g, fits)) if g == grace => fits,
+            _ => {
+                let reserve = snapshot.terminations().reserve(&n.node().name, grace);
+                let fits = reserve <= eligible.budget;
+                last_fit = Some((grace, fits));
+                fits
+            }
+        };
         out.push(Candidate {
             pod: *p,
-            fits: reserve <= eligible.budget,
+            fits,
             unadmitted: pod.unadmitted,
             protected,
             priority: pod.priority,

@@ -72,10 +72,12 @@ impl Terminations {
         let Some(history) = history else {
             return grace + TERMINATION_PRIOR;
         };
-        let mut raised: Vec<Duration> = history
-            .iter()
-            .map(|o| o.took + grace.saturating_sub(o.grace))
-            .collect();
+        // On the stack: the planner asks once per node and grace.
+        let mut raised = [Duration::ZERO; HISTORY];
+        for (slot, o) in raised.iter_mut().zip(history) {
+            *slot = o.took + grace.saturating_sub(o.grace);
+        }
+        let raised = &mut raised[..history.len()];
         raised.sort_unstable();
         // Nearest rank: the smallest observation at or above the quantile.
         let rank = (raised.len() * QUANTILE).div_ceil(100).max(1);

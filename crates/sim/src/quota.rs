@@ -6,7 +6,10 @@
 //! takes the time its steps take (perf-anchors §4): intent annotations, a checkpoint cut at
 //! its deadline, the eviction call, the victim's exit within its grace period, the kubelet
 //! noticing it (PLEG relist), the pod object's deletion, then the owner's binding. Every one
-//! of those delays is drawn per step from the scenario's latency model.
+//! of those delays is drawn per step from the scenario's latency model. Each victim's
+//! termination (eviction accepted to gone) is recorded into the snapshot's
+//! [`gpuqueue_core::termination::Terminations`] when it is gone, as the operator records it,
+//! so later plans on that node keep back what termination takes there.
 //!
 //! The policies, all placing with the operator's [`Policy::default`] (`FragmentationAware`,
 //! ties to the first node):
@@ -29,7 +32,7 @@ use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, WaitReason, admission_cycle};
 use gpuqueue_core::fragmentation::WorkloadMix;
-use gpuqueue_core::ids::PodId;
+use gpuqueue_core::ids::{NodeId, PodId};
 use gpuqueue_core::model::{
     CheckpointSettings, Namespace, Node, Pod, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
@@ -290,6 +293,11 @@ enum Event {
         job: usize,
         attempt: u32,
         saved: bool,
+        /// What the operator observes: the victim's node, its termination (eviction accepted
+        /// to gone) and its grace period.
+        node: NodeId,
+        took: Duration,
+        grace: Duration,
     },
     Finish {
         job: usize,
@@ -457,7 +465,14 @@ impl Run<'_> {
                 job,
                 attempt,
                 saved,
-            } => self.victim_gone(now, job, attempt, saved),
+                node,
+                took,
+                grace,
+            } => {
+                let name = self.snapshot.node(node).name.clone();
+                self.snapshot.terminations_mut().record(&name, took, grace);
+                self.victim_gone(now, job, attempt, saved);
+            }
             Event::Finish { job, attempt } => self.finish_job(now, job, attempt),
             Event::Sample => {
                 self.metrics.sample(now, &self.held);
@@ -618,8 +633,8 @@ impl Run<'_> {
         };
         self.metrics.reclaim_started(now);
         let handover = sample_handover(plan, &self.input.handover, &mut self.rng);
-        for (victim, (gone, saved)) in plan.victims.iter().zip(&handover.victims) {
-            if !saved {
+        for (victim, timeline) in plan.victims.iter().zip(&handover.victims) {
+            if !timeline.saved {
                 self.metrics.checkpoint_failed(now);
             }
             if let Some(queue) = self.snapshot.pod_queue(victim.pod) {
@@ -635,11 +650,14 @@ impl Run<'_> {
             live.victim = true;
             let attempt = live.attempt;
             self.queue.schedule_at(
-                now.after(*gone),
+                now.after(timeline.gone),
                 Event::VictimGone {
                     job,
                     attempt,
-                    saved: *saved,
+                    saved: timeline.saved,
+                    node: plan.node,
+                    took: timeline.termination(),
+                    grace: victim.grace,
                 },
             );
         }
@@ -798,14 +816,31 @@ pub fn sample_latency(latency: Latency, rng: &mut ChaCha8Rng) -> Duration {
     })
 }
 
-/// When each victim is gone (and whether its checkpoint saved its work), and when the owner is
-/// bound, counted from the plan.
+/// Each victim's timeline, and when the owner is bound, counted from the plan.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Handover {
-    /// Per victim, in plan order: gone after, checkpoint saved.
-    pub victims: Vec<(Duration, bool)>,
+    /// Per victim, in plan order.
+    pub victims: Vec<VictimTimeline>,
     /// The owner is bound after.
     pub owner_bound: Duration,
+}
+
+/// One victim's steps in a handover, counted from the plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VictimTimeline {
+    /// Its eviction is accepted.
+    pub evicted: Duration,
+    /// Its pod is gone.
+    pub gone: Duration,
+    /// Its checkpoint saved its work.
+    pub saved: bool,
+}
+
+impl VictimTimeline {
+    /// Its termination as the operator observes it: eviction accepted to pod gone.
+    pub fn termination(&self) -> Duration {
+        self.gone.saturating_sub(self.evicted)
+    }
 }
 
 /// Draws one handover's timeline: intent annotations (one API round trip); each victim's
@@ -834,7 +869,7 @@ pub fn sample_handover(
             exited.max(first_tick)
         }
     };
-    let victims: Vec<(Duration, bool)> = plan
+    let victims: Vec<VictimTimeline> = plan
         .victims
         .iter()
         .map(|victim| {
@@ -846,18 +881,18 @@ pub fn sample_handover(
                 let failed = rng.random_range(0.0..1.0) < model.checkpoint_failure;
                 (took.min(deadline), took <= deadline && !failed)
             };
-            let evict = sample_latency(model.api, rng);
+            let evicted = intent + checkpoint + sample_latency(model.api, rng);
             let exit = sample_latency(model.victim_exit, rng).min(victim.grace);
-            let exited = (intent + checkpoint + evict + exit).as_secs_f64();
+            let exited = (evicted + exit).as_secs_f64();
             let deleted = sample_latency(model.api, rng);
-            (Duration::from_secs_f64(noticed_at(exited)) + deleted, saved)
+            VictimTimeline {
+                evicted,
+                gone: Duration::from_secs_f64(noticed_at(exited)) + deleted,
+                saved,
+            }
         })
         .collect();
-    let last = victims
-        .iter()
-        .map(|(gone, _)| *gone)
-        .max()
-        .unwrap_or(intent);
+    let last = victims.iter().map(|v| v.gone).max().unwrap_or(intent);
     Handover {
         victims,
         owner_bound: last + sample_latency(model.api, rng),
