@@ -32,6 +32,7 @@ use crate::namespace::TempNamespace;
 use crate::nodes::GpuNode;
 use crate::process::ManagedProcess;
 use crate::slot::{self, ProcessRecord, Slot, State};
+use crate::stages::{self, NodeBehaviour};
 
 /// How long each start-up phase may take on a loaded machine before start-up fails.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(90);
@@ -61,6 +62,8 @@ pub struct ControlPlaneConfig {
     pub name: String,
     /// The fake nodes to create; [`GpuNode::default_set`] unless changed.
     pub nodes: Vec<GpuNode>,
+    /// How the nodes run pods; [`NodeBehaviour::Kubelet`] with its default timing unless changed.
+    pub node_behaviour: NodeBehaviour,
     /// Start kube-controller-manager with [`CONTROLLERS`] (on by default).
     pub controller_manager: bool,
     /// Where etcd's data, the PKI and kubeconfigs go; a per-slot temp directory by default.
@@ -79,6 +82,7 @@ impl ControlPlaneConfig {
         Self {
             name: name.into(),
             nodes: GpuNode::default_set(),
+            node_behaviour: NodeBehaviour::default(),
             controller_manager: true,
             run_dir: None,
             log_dir: None,
@@ -90,6 +94,13 @@ impl ControlPlaneConfig {
     #[must_use]
     pub fn with_nodes(mut self, nodes: Vec<GpuNode>) -> Self {
         self.nodes = nodes;
+        self
+    }
+
+    /// Replaces how the nodes run pods.
+    #[must_use]
+    pub fn with_node_behaviour(mut self, behaviour: NodeBehaviour) -> Self {
+        self.node_behaviour = behaviour;
         self
     }
 }
@@ -189,7 +200,8 @@ impl ControlPlane {
 
         let scheduler_config = write_scheduler_config(&run_dir, &kubeconfig)?;
         let rest_started = Instant::now();
-        launcher.start_agents(config, &kubeconfig, &scheduler_config)?;
+        let stage_file = stages::stage_file(&config.node_behaviour, bin_dir, &run_dir)?;
+        launcher.start_agents(config, &kubeconfig, &scheduler_config, &stage_file)?;
         launcher.create_nodes(&client, &config.nodes).await?;
         startup.push((
             "scheduler, controller manager, KWOK, nodes Ready",
@@ -830,13 +842,14 @@ impl Launcher<'_> {
     }
 
     /// kube-scheduler, kube-controller-manager (if configured) and KWOK, the API server's
-    /// clients, with no serving ports and no leader election. KWOK's fast stages (made Ready, Running, deleted at once) come from its module,
-    /// copied next to the binary by build-tools.sh. Pod IPs come from this slot's range.
+    /// clients, with no serving ports and no leader election. KWOK runs the stages of
+    /// `stage_file` (see [`NodeBehaviour`]); pod IPs come from this slot's range.
     fn start_agents(
         &mut self,
         config: &ControlPlaneConfig,
         kubeconfig: &Path,
         scheduler_config: &Path,
+        stage_file: &Path,
     ) -> Result<()> {
         self.start(
             "kube-scheduler",
@@ -865,10 +878,7 @@ impl Launcher<'_> {
             "kwok",
             &[
                 format!("--kubeconfig={}", kubeconfig.display()),
-                format!(
-                    "--config={}",
-                    self.bin_dir.join("kwok-stages.yaml").display()
-                ),
+                format!("--config={}", stage_file.display()),
                 "--manage-all-nodes=true".into(),
                 format!("--cidr={}", self.slot.pod_cidr()),
                 format!("--node-ip={}", self.slot.node_ip(0)),

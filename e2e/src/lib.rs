@@ -24,6 +24,7 @@ mod nodes;
 mod pods;
 mod process;
 mod slot;
+mod stages;
 mod wait;
 
 pub use apply::{
@@ -40,4 +41,7 @@ pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB
 pub use pods::{bound_pod, describe_pod, gpu_pod, pod_condition};
 pub use process::ManagedProcess;
 pub use slot::SLOTS;
+pub use stages::{
+    IGNORES_SIGTERM_ANNOTATION, KubeletTiming, NodeBehaviour, READY_AFTER_ANNOTATION,
+};
 pub use wait::{DEFAULT_TIMEOUT, wait_for};

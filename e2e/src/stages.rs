@@ -1,0 +1,192 @@
+//! How the fake kubelets (KWOK stages) run pods: like a kubelet where a handover's timing
+//! depends on it (`e2e/stages/kubelet.yaml`, the default), or KWOK's fast stages.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_yaml::Value;
+
+use crate::error::{Error, Result};
+
+/// The pod stages of [`NodeBehaviour::Kubelet`], reviewed and versioned in the repository.
+const KUBELET_STAGES: &str = include_str!("../stages/kubelet.yaml");
+
+/// The stage file build-tools.sh copies from KWOK's module: its node-initialize stage and
+/// its fast pod stages.
+const MODULE_STAGES: &str = "kwok-stages.yaml";
+
+/// Annotation of a pod whose process ignores SIGTERM: on [`NodeBehaviour::Kubelet`] nodes it
+/// is removed at its deletionTimestamp (when the kubelet would SIGKILL it), not before.
+pub const IGNORES_SIGTERM_ANNOTATION: &str = "e2e.gpuqueue.io/ignores-sigterm";
+
+/// Annotation overriding [`KubeletTiming::ready_after`] for one pod (a Go duration, `"2s"`).
+pub const READY_AFTER_ANNOTATION: &str = "e2e.gpuqueue.io/ready-after";
+
+/// How the fake nodes run pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NodeBehaviour {
+    /// A bound pod is Running with its IP at once and Ready after
+    /// [`KubeletTiming::ready_after`]; a Job's pod succeeds once Ready; a deleted pod goes at
+    /// a random moment before its deletionTimestamp (at it, with
+    /// [`IGNORES_SIGTERM_ANNOTATION`]), and only once its finalizers are gone.
+    Kubelet(KubeletTiming),
+    /// KWOK's fast stages: Running and Ready at once, removed as soon as it has a deletion
+    /// timestamp (no grace period). Only for tests that say why they need it.
+    Fast,
+}
+
+impl Default for NodeBehaviour {
+    fn default() -> Self {
+        Self::Kubelet(KubeletTiming::default())
+    }
+}
+
+/// The delays of [`NodeBehaviour::Kubelet`] that are not taken from the pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KubeletTiming {
+    /// From Running (containers started) to Ready.
+    pub ready_after: Duration,
+}
+
+impl Default for KubeletTiming {
+    /// Half a second to Ready: visible in a test, short enough not to slow the suite.
+    fn default() -> Self {
+        Self {
+            ready_after: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The stage file KWOK runs with for `behaviour`: the module's for [`NodeBehaviour::Fast`];
+/// otherwise the module's node stages and ours for pods, written into `run_dir`.
+pub(crate) fn stage_file(
+    behaviour: &NodeBehaviour,
+    bin_dir: &Path,
+    run_dir: &Path,
+) -> Result<PathBuf> {
+    let module_file = bin_dir.join(MODULE_STAGES);
+    let NodeBehaviour::Kubelet(timing) = behaviour else {
+        return Ok(module_file);
+    };
+    let module_text = std::fs::read_to_string(&module_file)
+        .map_err(Error::io(format!("reading {}", module_file.display())))?;
+    let path = run_dir.join("kwok-kubelet-stages.yaml");
+    let text = kubelet_stages(&module_text, *timing)?;
+    std::fs::write(&path, text).map_err(Error::io(format!("writing {}", path.display())))?;
+    Ok(path)
+}
+
+/// The node stages of `module_text` followed by the kubelet pod stages with `timing` applied.
+fn kubelet_stages(module_text: &str, timing: KubeletTiming) -> Result<String> {
+    let node_stages = stages(module_text, MODULE_STAGES)?
+        .into_iter()
+        .filter(|stage| stage["spec"]["resourceRef"]["kind"] == "Node");
+    let mut pod_stages = stages(KUBELET_STAGES, "e2e/stages/kubelet.yaml")?;
+    let ready = pod_stages
+        .iter_mut()
+        .find(|stage| stage["metadata"]["name"] == "pod-ready")
+        .ok_or_else(|| invalid("e2e/stages/kubelet.yaml has no pod-ready stage"))?;
+    let millis = u64::try_from(timing.ready_after.as_millis()).unwrap_or(u64::MAX);
+    ready["spec"]["delay"]["durationMilliseconds"] = Value::from(millis);
+    node_stages
+        .chain(pod_stages)
+        .map(|stage| {
+            serde_yaml::to_string(&stage).map_err(|e| invalid(format!("writing a stage: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()
+        .map(|documents| documents.join("---\n"))
+}
+
+/// The non-empty documents of a multi-document stage file.
+fn stages(text: &str, what: &str) -> Result<Vec<Value>> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|document| {
+            Value::deserialize(document).map_err(|e| invalid(format!("parsing {what}: {e}")))
+        })
+        .filter(|value| !matches!(value, Ok(Value::Null)))
+        .collect()
+}
+
+fn invalid(reason: impl Into<String>) -> Error {
+    Error::Manifest {
+        what: "KWOK stages".to_owned(),
+        reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MODULE: &str = "apiVersion: kwok.x-k8s.io/v1alpha1\nkind: Stage\n\
+        metadata: {name: node-initialize}\nspec: {resourceRef: {apiGroup: v1, kind: Node}}\n---\n\
+        apiVersion: kwok.x-k8s.io/v1alpha1\nkind: Stage\n\
+        metadata: {name: pod-delete}\nspec: {resourceRef: {apiGroup: v1, kind: Pod}}\n---\n";
+
+    fn names(text: &str) -> Vec<String> {
+        stages(text, "test")
+            .unwrap()
+            .iter()
+            .map(|stage| stage["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn keeps_the_module_node_stages_and_replaces_its_pod_stages() {
+        let text = kubelet_stages(MODULE, KubeletTiming::default()).unwrap();
+        assert_eq!(
+            names(&text),
+            [
+                "node-initialize",
+                "pod-start",
+                "pod-ready",
+                "pod-complete",
+                "pod-delete",
+                "pod-delete-ignoring-sigterm"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_ready_delay_comes_from_the_timing() {
+        let timing = KubeletTiming {
+            ready_after: Duration::from_millis(1500),
+        };
+        let text = kubelet_stages(MODULE, timing).unwrap();
+        let ready = stages(&text, "test")
+            .unwrap()
+            .into_iter()
+            .find(|stage| stage["metadata"]["name"] == "pod-ready")
+            .unwrap();
+        assert_eq!(ready["spec"]["delay"]["durationMilliseconds"], 1500);
+    }
+
+    /// KWOK picks at random among stages matching the same pod, so the two deletion stages
+    /// must split pods on the annotation, one `In`, the other `NotIn` the same value.
+    #[test]
+    fn the_deletion_stages_split_pods_on_the_sigterm_annotation() {
+        let all = stages(KUBELET_STAGES, "test").unwrap();
+        let key = format!(".metadata.annotations[\"{IGNORES_SIGTERM_ANNOTATION}\"]");
+        let operator = |name: &str| {
+            let stage = all
+                .iter()
+                .find(|stage| stage["metadata"]["name"] == name)
+                .unwrap();
+            let requirement = stage["spec"]["selector"]["matchExpressions"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .find(|requirement| requirement["key"] == key.as_str())
+                .unwrap();
+            (
+                requirement["operator"].as_str().unwrap().to_owned(),
+                requirement["values"].clone(),
+            )
+        };
+        let (normal, normal_values) = operator("pod-delete");
+        let (ignoring, ignoring_values) = operator("pod-delete-ignoring-sigterm");
+        assert_eq!((normal.as_str(), ignoring.as_str()), ("NotIn", "In"));
+        assert_eq!(normal_values, ignoring_values);
+    }
+}
