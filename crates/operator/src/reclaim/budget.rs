@@ -5,6 +5,7 @@
 //! queue from its records); and what the budget rule plans with, the victim terminations
 //! observed so far ([`super::terminations`]), for the snapshot.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
@@ -16,6 +17,7 @@ use gpuqueue_core::{
 use tokio::time::Instant;
 
 use super::{handover::Handover, intent::OWNER, planned::HeldPlan, reclaimer::Reclaimer};
+use crate::cluster::stores::StoredQueue;
 
 /// The label of `gpuqueue_reclaim_budget_overruns_planned_total` for a fit that does not fit.
 fn kind(fit: BudgetFit) -> Option<&'static str> {
@@ -49,7 +51,8 @@ impl Reclaimer {
     /// The handovers planned beyond their budget and the last finished one of each queue,
     /// for the queues' `ReclaimBudgetExceeded` condition.
     pub fn handover_budgets(&self) -> HandoverBudgets {
-        let queues = self.stored_queues();
+        let stored = self.stores.queues.state();
+        let queues = readable(&stored);
         let mut budgets = HandoverBudgets::default();
         for queue in &queues {
             let records = queue.status.iter().flat_map(|s| &s.last_handovers);
@@ -75,18 +78,13 @@ impl Reclaimer {
     /// own observations and those in the queues' handover records.
     pub fn terminations(&self) -> Terminations {
         self.terminations
-            .read(&self.stored_queues(), Instant::now())
+            .read(&readable(&self.stores.queues.state()), Instant::now())
     }
+}
 
-    /// The queues the store holds (those it can read).
-    fn stored_queues(&self) -> Vec<GpuQueue> {
-        self.stores
-            .queues
-            .state()
-            .iter()
-            .filter_map(|stored| stored.0.as_ref().ok().cloned())
-            .collect()
-    }
+/// The queues among `stored` this operator can read.
+fn readable(stored: &[Arc<StoredQueue>]) -> Vec<&GpuQueue> {
+    stored.iter().filter_map(|q| q.0.as_ref().ok()).collect()
 }
 
 fn finished(record: &HandoverRecord) -> FinishedHandover {

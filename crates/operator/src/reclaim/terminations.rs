@@ -70,7 +70,7 @@ impl ObservedTerminations {
     }
 
     /// Counts the records of `queues` not counted yet, and returns every termination known.
-    pub fn read(&self, queues: &[GpuQueue], now: Instant) -> Terminations {
+    pub fn read(&self, queues: &[&GpuQueue], now: Instant) -> Terminations {
         let samples = record_samples(queues);
         let mut observed = crate::sync::lock(&self.0);
         for sample in &samples {
@@ -99,7 +99,7 @@ impl ObservedTerminations {
 /// The samples the victim records of `queues` give, one per reclaim id (the longest grace of
 /// its victims' queues). An owner record is not read: the victim records carry the queue
 /// whose grace the victims had.
-fn record_samples(queues: &[GpuQueue]) -> Vec<RecordSample> {
+fn record_samples(queues: &[&GpuQueue]) -> Vec<RecordSample> {
     let mut by_id: BTreeMap<&str, RecordSample> = BTreeMap::new();
     for queue in queues {
         // An invalid queue's pods were evicted with the default grace.
@@ -172,7 +172,7 @@ mod tests {
             queue("online", 1, &json!([record("rc-1", "owner", 900, 1600)])),
         ];
         assert_eq!(
-            record_samples(&queues),
+            record_samples(&queues.iter().collect::<Vec<_>>()),
             [RecordSample {
                 id: "rc-1".into(),
                 node: "n1".into(),
@@ -183,7 +183,7 @@ mod tests {
         // A record without both phases (a victim that never went) gives none.
         let mut unfinished = record("rc-2", "victim", 900, 0);
         unfinished["phases"] = json!([{"phase": "evictAccepted", "atMillis": 900}]);
-        assert!(record_samples(&[queue("batch", 1, &json!([unfinished]))]).is_empty());
+        assert!(record_samples(&[&queue("batch", 1, &json!([unfinished]))]).is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -191,7 +191,7 @@ mod tests {
         let observed = ObservedTerminations::default();
         let second = Duration::from_secs(1);
         observed.record("rc-1", "n1", &[(Duration::from_millis(700), second)]);
-        let queues = [queue(
+        let queues = [&queue(
             "batch",
             1,
             &json!([
