@@ -104,7 +104,7 @@ impl Reclaimer {
         self.terminations.record(
             &id,
             &handover.node,
-            &terminations(&handover, &outcomes, &settled),
+            &terminations(&handover.victims, &outcomes, &settled),
         );
 
         let outcome = outcome(&settled, &outcomes);
@@ -429,12 +429,11 @@ struct Settlement {
 /// Each victim's termination (eviction accepted by this process to gone) with its grace, for
 /// the budget rule; a victim evicted by an earlier leader, or not gone, gives none.
 fn terminations(
-    handover: &Handover,
+    victims: &[Victim],
     removals: &[VictimRemoval],
     settled: &Settlement,
 ) -> Vec<(Duration, Duration)> {
-    handover
-        .victims
+    victims
         .iter()
         .zip(removals)
         .zip(&settled.gone_at)
@@ -548,6 +547,54 @@ mod tests {
             eviction,
             evicted_at: None,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_termination_is_timed_from_this_process_eviction_to_gone() {
+        let listed = |pod: &str| gpuqueue_api::v1alpha1::VictimInFlight {
+            pod: pod.into(),
+            uid: pod.into(),
+            queue: "batch".into(),
+        };
+        let grace = Duration::from_secs(2);
+        let victims = [
+            Victim::departed(
+                &listed("b/v1"),
+                gpuqueue_api::v1alpha1::CheckpointPolicy::default(),
+                grace,
+            ),
+            Victim::departed(
+                &listed("b/v2"),
+                gpuqueue_api::v1alpha1::CheckpointPolicy::default(),
+                grace,
+            ),
+            Victim::departed(
+                &listed("b/v3"),
+                gpuqueue_api::v1alpha1::CheckpointPolicy::default(),
+                grace,
+            ),
+        ];
+        let start = Instant::now();
+        let at = |ms| Some(start + Duration::from_millis(ms));
+        let mut removals = [
+            removal(Eviction::Evicted { refusals: 0 }),
+            removal(Eviction::AlreadyGone),
+            removal(Eviction::Evicted { refusals: 0 }),
+        ];
+        removals[0].evicted_at = at(100);
+        removals[2].evicted_at = at(120);
+        let settled = Settlement {
+            gone: false,
+            // v1 went 700 ms after its eviction; v2 was evicted by an earlier leader; v3 is
+            // still there.
+            gone_at: vec![at(800), at(50), None],
+            bound: None,
+            owner_gone: false,
+        };
+        assert_eq!(
+            terminations(&victims, &removals, &settled),
+            [(Duration::from_millis(700), grace)]
+        );
     }
 
     #[tokio::test]
