@@ -13,6 +13,10 @@ pub mod types {
     pub const NAMESPACE_CONFLICT: &str = "NamespaceConflict";
     /// Pods of this queue hold capacity without gpuqueue's admission.
     pub const QUOTA_BYPASS: &str = "QuotaBypass";
+    /// A handover for this queue was planned not to fit its budget (the checkpoint is cut, or
+    /// even without one the victims' termination and the bind outlast it), or the last one
+    /// overran it.
+    pub const RECLAIM_BUDGET_EXCEEDED: &str = "ReclaimBudgetExceeded";
 }
 
 /// Condition reasons.
@@ -27,4 +31,8 @@ pub mod reasons {
     pub const IDLE: &str = "Idle";
     pub const UNADMITTED_PODS: &str = "UnadmittedPods";
     pub const ALL_ADMITTED: &str = "AllAdmitted";
+    pub const WITHIN_BUDGET: &str = "WithinBudget";
+    pub const CHECKPOINT_CUT: &str = "CheckpointCut";
+    pub const OVERRUN_PLANNED: &str = "OverrunPlanned";
+    pub const LAST_HANDOVER_OVERRAN: &str = "LastHandoverOverran";
 }

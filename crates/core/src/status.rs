@@ -1,9 +1,14 @@
 //! Queue status: the numbers `kubectl get gq` shows and the conditions that explain them,
-//! computed from a snapshot, plus the mapping onto the API's `GpuQueueStatus`.
+//! computed from a snapshot (and, for `ReclaimBudgetExceeded`, from what the reclaim executor
+//! knows about handovers: [`HandoverBudgets`]), plus the mapping onto the API's
+//! `GpuQueueStatus`.
 //!
 //! `lent` answers "whose idle guarantee are the borrowers using?": borrowers first use capacity
 //! nobody is guaranteed; the rest comes out of the queues' idle lendable guarantees, shared in
 //! proportion to them (largest remainder, ties by queue name, so it is deterministic).
+
+use std::collections::HashMap;
+use std::time::Duration;
 
 use gpuqueue_api::conditions::{reasons, types};
 use gpuqueue_api::v1alpha1::{GpuQueueStatus, ResourceStatus, StatusSummary};
@@ -11,8 +16,9 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::ids::{QueueId, ResourceId};
-use crate::model::{QueueError, ReclaimRole};
+use crate::model::{QueueError, ReclaimRole, format_duration};
 use crate::quantity::{Milli, ResourceName};
+use crate::reclaim::BudgetFit;
 use crate::snapshot::Snapshot;
 
 /// One queue's status.
@@ -52,8 +58,37 @@ pub struct ConditionReport {
     pub message: String,
 }
 
-/// The status of every queue in the snapshot, in name order.
-pub fn queue_reports(snapshot: &Snapshot) -> Vec<QueueReport> {
+/// What the reclaim executor knows about handovers against their owner queue's budget, which
+/// the snapshot does not hold: the plans of handovers in flight and the last finished ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HandoverBudgets {
+    /// Handovers in flight whose plan does not fit the budget, by owner queue.
+    pub planned: HashMap<String, Vec<PlannedHandover>>,
+    /// The newest finished handover of each owner queue.
+    pub last: HashMap<String, FinishedHandover>,
+}
+
+/// A handover in flight whose plan does not fit its budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedHandover {
+    pub id: String,
+    /// `namespace/name` of the owner pod.
+    pub owner: String,
+    pub budget: Duration,
+    pub fit: BudgetFit,
+}
+
+/// A finished handover, from its record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinishedHandover {
+    pub id: String,
+    pub budget: Duration,
+    /// From the owner found blocked to the owner bound (or the end of the record).
+    pub took: Duration,
+}
+
+/// The status of every queue in the snapshot, in name order; `budgets` are the executor's.
+pub fn queue_reports(snapshot: &Snapshot, budgets: &HandoverBudgets) -> Vec<QueueReport> {
     let lent = lent_by_queue(snapshot);
     snapshot
         .queue_ids()
@@ -83,7 +118,7 @@ pub fn queue_reports(snapshot: &Snapshot) -> Vec<QueueReport> {
                 admitted_pods,
                 pending_pods,
                 unadmitted_pods: unadmitted.pods,
-                conditions: conditions(snapshot, q, &unadmitted),
+                conditions: conditions(snapshot, q, &unadmitted, budgets),
             }
         })
         .collect()
@@ -147,7 +182,12 @@ fn lent_by_queue(snapshot: &Snapshot) -> std::collections::HashMap<(QueueId, Res
     lent
 }
 
-fn conditions(snapshot: &Snapshot, q: QueueId, unadmitted: &Unadmitted) -> Vec<ConditionReport> {
+fn conditions(
+    snapshot: &Snapshot,
+    q: QueueId,
+    unadmitted: &Unadmitted,
+    budgets: &HandoverBudgets,
+) -> Vec<ConditionReport> {
     let conflicts = snapshot.namespace_conflicts(q);
     let ready = if conflicts.is_empty() {
         ConditionReport {
@@ -192,6 +232,7 @@ fn conditions(snapshot: &Snapshot, q: QueueId, unadmitted: &Unadmitted) -> Vec<C
         conflict,
         reclaiming(snapshot, q),
         quota_bypass(unadmitted),
+        reclaim_budget(&snapshot.queue(q).name, budgets),
     ]
 }
 
@@ -281,6 +322,97 @@ fn reclaiming(snapshot: &Snapshot, q: QueueId) -> ConditionReport {
             ),
         }
     }
+}
+
+/// Whether a handover to this queue's pods is planned beyond its budget (the worst one in
+/// flight: an overrun before a cut checkpoint), or else whether the last one overran.
+fn reclaim_budget(queue: &str, budgets: &HandoverBudgets) -> ConditionReport {
+    let planned = budgets.planned.get(queue).map_or(&[][..], Vec::as_slice);
+    let worst = planned
+        .iter()
+        .filter_map(|p| match p.fit {
+            BudgetFit::Overruns { by } => Some(((1, by), p)),
+            BudgetFit::CheckpointCut { allowed, timeout } => {
+                Some(((0, timeout.saturating_sub(allowed)), p))
+            }
+            BudgetFit::Fits => None,
+        })
+        .max_by_key(|(key, _)| *key)
+        .and_then(|(_, p)| planned_beyond(p, planned.len() - 1));
+    if let Some(report) = worst {
+        return report;
+    }
+    let report = |status, reason, message| ConditionReport {
+        type_: types::RECLAIM_BUDGET_EXCEEDED,
+        status,
+        reason,
+        message,
+    };
+    match budgets.last.get(queue) {
+        Some(last) if last.took > last.budget => report(
+            true,
+            reasons::LAST_HANDOVER_OVERRAN,
+            format!(
+                "the last handover, {}, took {} of its budget {}; see its record in status.lastHandovers for the phase that overran",
+                last.id,
+                format_duration(last.took),
+                format_duration(last.budget)
+            ),
+        ),
+        Some(last) => report(
+            false,
+            reasons::WITHIN_BUDGET,
+            format!(
+                "no handover in flight is planned beyond the budget; the last one, {}, took {} of {}",
+                last.id,
+                format_duration(last.took),
+                format_duration(last.budget)
+            ),
+        ),
+        None => report(
+            false,
+            reasons::WITHIN_BUDGET,
+            "no handover in flight is planned beyond the budget".into(),
+        ),
+    }
+}
+
+/// The condition for a handover in flight planned beyond its budget (`None`: it fits), with
+/// how many `others` are in flight beyond it.
+fn planned_beyond(p: &PlannedHandover, others: usize) -> Option<ConditionReport> {
+    let others = match others {
+        0 => String::new(),
+        n => format!(" ({n} more handover(s) in flight are planned beyond it too)"),
+    };
+    let budget = format_duration(p.budget);
+    let (reason, message) = match p.fit {
+        BudgetFit::Fits => return None,
+        BudgetFit::Overruns { by } => (
+            reasons::OVERRUN_PLANNED,
+            format!(
+                "handover {} to {} will overrun the budget {budget} by {}: its victims' termination and the bind need more than the budget, even with no checkpoint{others}; raise spec.reclaim.budget here or lower victimGracePeriodSeconds of the victims' queues",
+                p.id,
+                p.owner,
+                format_duration(by)
+            ),
+        ),
+        BudgetFit::CheckpointCut { allowed, timeout } => (
+            reasons::CHECKPOINT_CUT,
+            format!(
+                "handover {} to {}: the budget {budget} leaves the victims' checkpoint {} of its {} timeout after their termination and the bind{others}; raise spec.reclaim.budget here, or lower checkpoint.timeout or victimGracePeriodSeconds of the victims' queues",
+                p.id,
+                p.owner,
+                format_duration(allowed),
+                format_duration(timeout)
+            ),
+        ),
+    };
+    Some(ConditionReport {
+        type_: types::RECLAIM_BUDGET_EXCEEDED,
+        status: true,
+        reason,
+        message,
+    })
 }
 
 /// A queue's unadmitted pods: how many, and what they hold by resource (sorted).
@@ -436,13 +568,14 @@ fn to_condition(
 /// keeping what else was there.
 /// Whether a queue condition in this state is bad news an admin should hear as a warning: the
 /// queue is not ready, is overcommitted, claims a namespace another queue claims too, or has
-/// pods that bypassed admission.
+/// pods that bypassed admission, or a handover for it does not fit its budget.
 pub fn is_warning(condition: &Condition) -> bool {
     match condition.type_.as_str() {
         types::READY => condition.status == "False",
-        types::OVERCOMMITTED | types::NAMESPACE_CONFLICT | types::QUOTA_BYPASS => {
-            condition.status == "True"
-        }
+        types::OVERCOMMITTED
+        | types::NAMESPACE_CONFLICT
+        | types::QUOTA_BYPASS
+        | types::RECLAIM_BUDGET_EXCEEDED => condition.status == "True",
         _ => false,
     }
 }
@@ -498,5 +631,95 @@ mod tests {
         assert!(!is_warning(&condition(types::RECLAIMING, "True")));
         assert!(is_warning(&condition(types::QUOTA_BYPASS, "True")));
         assert!(!is_warning(&condition(types::QUOTA_BYPASS, "False")));
+        assert!(is_warning(&condition(
+            types::RECLAIM_BUDGET_EXCEEDED,
+            "True"
+        )));
+    }
+
+    fn planned(id: &str, fit: BudgetFit) -> PlannedHandover {
+        PlannedHandover {
+            id: id.into(),
+            owner: "online/o".into(),
+            budget: Duration::from_secs(3),
+            fit,
+        }
+    }
+
+    fn last(took: u64) -> FinishedHandover {
+        FinishedHandover {
+            id: "rc-0".into(),
+            budget: Duration::from_secs(3),
+            took: Duration::from_millis(took),
+        }
+    }
+
+    #[test]
+    fn the_budget_condition_names_the_worst_handover_in_flight_then_the_last_one() {
+        let ms = Duration::from_millis;
+        let mut budgets = HandoverBudgets::default();
+        let none = reclaim_budget("online", &budgets);
+        assert_eq!((none.status, none.reason), (false, reasons::WITHIN_BUDGET));
+
+        budgets.last.insert("online".into(), last(3400));
+        let overran = reclaim_budget("online", &budgets);
+        assert_eq!(
+            (overran.status, overran.reason),
+            (true, reasons::LAST_HANDOVER_OVERRAN)
+        );
+        assert!(
+            overran.message.contains("took 3400ms of its budget 3s"),
+            "{}",
+            overran.message
+        );
+
+        let cut = BudgetFit::CheckpointCut {
+            allowed: ms(500),
+            timeout: ms(1500),
+        };
+        budgets
+            .planned
+            .insert("online".into(), vec![planned("rc-1", cut)]);
+        let report = reclaim_budget("online", &budgets);
+        assert_eq!(
+            (report.status, report.reason),
+            (true, reasons::CHECKPOINT_CUT)
+        );
+        assert!(
+            report.message.contains("500ms of its 1500ms timeout"),
+            "{}",
+            report.message
+        );
+
+        budgets
+            .planned
+            .get_mut("online")
+            .unwrap()
+            .push(planned("rc-2", BudgetFit::Overruns { by: ms(7250) }));
+        let report = reclaim_budget("online", &budgets);
+        assert_eq!(
+            (report.status, report.reason),
+            (true, reasons::OVERRUN_PLANNED)
+        );
+        assert!(
+            report
+                .message
+                .contains("rc-2 to online/o will overrun the budget 3s by 7250ms")
+                && report.message.contains("1 more handover(s)"),
+            "{}",
+            report.message
+        );
+        // Another queue's handovers are not this queue's.
+        assert!(!reclaim_budget("batch", &budgets).status);
+
+        budgets.planned.clear();
+        budgets.last.insert("online".into(), last(1900));
+        let fine = reclaim_budget("online", &budgets);
+        assert_eq!((fine.status, fine.reason), (false, reasons::WITHIN_BUDGET));
+        assert!(
+            fine.message.contains("took 1900ms of 3s"),
+            "{}",
+            fine.message
+        );
     }
 }

@@ -19,7 +19,7 @@ use gpuqueue_core::model::{
     ReclaimSettings, ResourceQuota,
 };
 use gpuqueue_core::quantity::Milli;
-use gpuqueue_core::status::queue_reports;
+use gpuqueue_core::status::{HandoverBudgets, queue_reports};
 
 #[derive(Debug)]
 enum Expect {
@@ -615,7 +615,7 @@ fn lowering_a_guarantee_below_use_marks_the_excess_borrowed_and_evicts_nothing()
         vec![node("n1", 8)],
         pods,
     );
-    let reports = queue_reports(&snapshot);
+    let reports = queue_reports(&snapshot, &HandoverBudgets::default());
     let a = &reports[0].resources[0];
     assert_eq!(
         (a.allocated, a.borrowed),
@@ -659,7 +659,7 @@ fn status_reports_who_has_what() {
         vec![node("n1", 8), node("n2", 8)],
         pods,
     );
-    let reports = queue_reports(&snapshot);
+    let reports = queue_reports(&snapshot, &HandoverBudgets::default());
     let names: Vec<&str> = reports.iter().map(|r| r.queue.as_str()).collect();
     assert_eq!(names, ["a", "b", "c"]);
     let b = &reports[1];
@@ -726,7 +726,7 @@ fn overcommitted_and_conflict_conditions_explain_themselves() {
         vec![node("n1", 16)],
         vec![],
     );
-    let reports = queue_reports(&snapshot);
+    let reports = queue_reports(&snapshot, &HandoverBudgets::default());
     for r in &reports {
         let over = r
             .conditions
@@ -906,12 +906,21 @@ fn a_pod_that_needs_a_reclaim_is_not_admitted_at_creation_and_nothing_is_marked(
             .map(|i| running(&format!("b/b{i}"), 1, "n1", i))
             .collect(),
     );
-    let reports_before = format!("{:?}", queue_reports(&snapshot));
+    let reports_before = format!(
+        "{:?}",
+        queue_reports(&snapshot, &HandoverBudgets::default())
+    );
     assert!(matches!(
         at_creation(&mut snapshot, "a/a0", 1),
         Err(NotAtCreation::Decided(d)) if matches!(*d, Decision::Reclaim(_))
     ));
-    assert_eq!(format!("{:?}", queue_reports(&snapshot)), reports_before);
+    assert_eq!(
+        format!(
+            "{:?}",
+            queue_reports(&snapshot, &HandoverBudgets::default())
+        ),
+        reports_before
+    );
     assert_eq!(snapshot.pending_pods().count(), 0);
     // A cycle over the same world plans nothing: no victim was left marked.
     assert!(admission_cycle(&mut snapshot, &Policy::default(), at(100)).is_empty());

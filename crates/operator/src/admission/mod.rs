@@ -332,7 +332,13 @@ fn observe_pass(
         &observed.namespaces,
         now,
     );
-    observe::snapshot(observed, &context.stores, handovers.reclaimed_from(), now)
+    let mut observation =
+        observe::snapshot(observed, &context.stores, handovers.reclaimed_from(), now);
+    // The victim terminations observed per node, which the reclaim budget plans with.
+    observation
+        .snapshot
+        .set_terminations(context.reclaimer.terminations());
+    observation
 }
 
 /// What a pass leaves to the next (this term's only).

@@ -35,7 +35,7 @@ pub(super) fn report(
     now: Timestamp,
 ) -> usize {
     let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
-    let reports = queue_reports(snapshot);
+    let reports = queue_reports(snapshot, &shared.context.reclaimer.handover_budgets());
     let statuses = start_reports(shared, tasks, &reports, invalid, status_time);
     publish_fragmentation(&shared.context, snapshot);
     statuses
@@ -405,7 +405,8 @@ mod tests {
             now,
         );
         let observation = observe::snapshot(observed, &stores.stores, [], now);
-        let reports = queue_reports(&observation.snapshot);
+        let budgets = gpuqueue_core::status::HandoverBudgets::default();
+        let reports = queue_reports(&observation.snapshot, &budgets);
         let (desired, rows) = desired_statuses(&assumed, &stores.stores, &reports, &[], now);
         assert_eq!(desired.len(), 1);
         assert_eq!(desired[0].queue.metadata.name.as_deref(), Some("batch"));

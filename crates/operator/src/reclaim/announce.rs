@@ -1,10 +1,17 @@
-//! The events a handover sends, one function per moment: started, a victim's checkpoint, the
-//! Eviction API's refusal, a victim's removal, the end (on the owner and on every queue
-//! involved), and a reclaim resumed or abandoned by a later leader. Their reasons and texts are what users and the end-to-end tests read.
+//! The events a handover sends, one function per moment: started, planned beyond its budget,
+//! a victim's checkpoint, the Eviction API's refusal, a victim's removal, the end (on the owner
+//! and on every queue involved), and a reclaim resumed or abandoned by a later leader. Their
+//! reasons and texts are what users and the end-to-end tests read.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
-use gpuqueue_core::model::format_duration;
+use gpuqueue_api::conditions::reasons;
+use gpuqueue_core::{
+    model::format_duration,
+    reclaim::BudgetFit,
+    termination::{BIND_RESERVE, MIN_SAMPLES, TERMINATION_PRIOR},
+};
 
 use super::{
     evict::{Eviction, Refusal},
@@ -17,18 +24,32 @@ use crate::{
     writes::events::Notice,
 };
 
+/// The longest the announcement of a handover planned beyond its budget holds the eviction
+/// back, waiting for its event to be written first.
+const BEFORE_EVICTION: Duration = Duration::from_millis(250);
+
+/// `ns/a (queue q), ns/b (queue q)`.
+fn victim_list(handover: &Handover) -> String {
+    handover
+        .victims
+        .iter()
+        .map(|v| format!("{} (queue {})", v.target.key, v.queue))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Up to the next 100 ms: a budget an admin can write.
+fn round_up(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis().div_ceil(100).try_into().unwrap_or(u64::MAX) * 100)
+}
+
 impl Reclaimer {
     pub(super) fn announce_start(&self, handover: &Handover) {
-        let victims: Vec<String> = handover
-            .victims
-            .iter()
-            .map(|v| format!("{} (queue {})", v.target.key, v.queue))
-            .collect();
         let mut note = format!(
             "reclaim {}: freeing node {} for this pod by evicting {}, within {}",
             handover.id,
             handover.node,
-            victims.join(", "),
+            victim_list(handover),
             format_duration(handover.timeline.budget)
         );
         if handover.overrides_min_borrow {
@@ -45,6 +66,79 @@ impl Reclaimer {
                 note,
             },
         );
+    }
+
+    /// A handover planned beyond its budget, before its first eviction: on the owner pod
+    /// (written before this returns, at most [`BEFORE_EVICTION`]) and on its queue, with the
+    /// numbers and what the admin can change.
+    pub(super) async fn announce_budget(&self, handover: &Handover) {
+        let Some((reason, note)) = self.budget_note(handover) else {
+            return;
+        };
+        let notice = Notice {
+            warning: true,
+            reason,
+            action: "Reclaim",
+            note,
+        };
+        if let Some(queue) = self.queue_ref(&handover.owner_queue) {
+            self.events.send(queue, notice.clone());
+        }
+        self.events
+            .send_and_wait(handover.owner.reference.clone(), notice, BEFORE_EVICTION)
+            .await;
+    }
+
+    /// The reason and text of [`Self::announce_budget`]; `None` for a plan that fits.
+    fn budget_note(&self, handover: &Handover) -> Option<(&'static str, String)> {
+        let slowest = handover.victims.iter().max_by_key(|v| v.grace)?;
+        let budget = format_duration(handover.timeline.budget);
+        let queue = &handover.owner_queue;
+        let termination = handover.eviction_reserve.saturating_sub(BIND_RESERVE);
+        let observed = self.terminations.observed(&handover.node);
+        let node_adds = if observed < MIN_SAMPLES {
+            format!(
+                "{} the operator assumes before it has seen {MIN_SAMPLES} victims go there",
+                format_duration(TERMINATION_PRIOR)
+            )
+        } else {
+            format!("what the node added to the last {observed} victims it saw go (p95)")
+        };
+        let why = format!(
+            "the victims' termination takes {} on node {} (victimGracePeriodSeconds {} of queue {}, plus {node_adds}) and the bind {}",
+            format_duration(termination),
+            handover.node,
+            slowest.grace.as_secs(),
+            slowest.queue,
+            format_duration(BIND_RESERVE)
+        );
+        let victims = victim_list(handover);
+        match handover.fit {
+            BudgetFit::Fits => None,
+            BudgetFit::Overruns { by } => Some((
+                reasons::OVERRUN_PLANNED,
+                format!(
+                    "reclaim {}: this handover will overrun the budget {budget} of queue {queue} by {}, before any checkpoint: {why}. It goes ahead (the guarantee wins), evicting {victims} with no checkpoint. To fit, raise spec.reclaim.budget of queue {queue} to at least {}, or lower victimGracePeriodSeconds of queue {}",
+                    handover.id,
+                    format_duration(by),
+                    format_duration(round_up(handover.timeline.budget + by)),
+                    slowest.queue
+                ),
+            )),
+            BudgetFit::CheckpointCut { allowed, timeout } => Some((
+                reasons::CHECKPOINT_CUT,
+                format!(
+                    "reclaim {}: the budget {budget} of queue {queue} leaves the checkpoint of {victims} {} of its {} timeout: {why}. To keep the whole checkpoint, raise spec.reclaim.budget of queue {queue} to at least {}, or lower checkpoint.timeout or victimGracePeriodSeconds of queue {}",
+                    handover.id,
+                    format_duration(allowed),
+                    format_duration(timeout),
+                    format_duration(round_up(
+                        handover.timeline.budget + timeout.saturating_sub(allowed)
+                    )),
+                    slowest.queue
+                ),
+            )),
+        }
     }
 
     pub(super) fn announce_checkpoint(

@@ -370,6 +370,8 @@ fn reserved_handover(
         resumed: false,
         counted: false,
         overrides_min_borrow: plan.overrides_min_borrow,
+        eviction_reserve: plan.eviction_reserve,
+        fit: plan.fit,
     }
 }
 

@@ -1,13 +1,14 @@
-//! Carrying out a started handover, in a task of its own: checkpoint and evict each victim,
-//! wait for the victims to be gone and the owner to be bound, record what happened on the
-//! queues, and clear the owner's intent last.
+//! Carrying out a started handover, in a task of its own: say up front if the plan does not fit
+//! the budget, checkpoint and evict each victim, wait for the victims to be gone and the owner
+//! to be bound (timing each victim's termination for the budget rule), record what happened on
+//! the queues, and clear the owner's intent last.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use futures::future::join_all;
 use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointResult, GpuQueue, HandoverRecord};
-use gpuqueue_core::{model::PodKey, reclaim::checkpoint_allowance, termination::Terminations};
+use gpuqueue_core::{model::PodKey, reclaim::checkpoint_allowance};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
 use kube::{Api, api::Patch};
 use tokio::time::Instant;
@@ -47,7 +48,14 @@ impl Reclaimer {
         let id = handover.id.clone();
         let deadline = handover.timeline.deadline();
         tracing::info!(reclaim = %id, owner = %handover.owner.key, node = %handover.node,
-            victims = handover.victims.len(), resumed = handover.resumed, "handover running");
+            victims = handover.victims.len(), resumed = handover.resumed, fit = ?handover.fit,
+            "handover running");
+        // Held until the task ends: the owner queue's condition says it while it runs.
+        let _beyond_budget = if handover.counted {
+            None
+        } else {
+            self.say_budget_up_front(&handover).await
+        };
 
         // 3-4. Each victim: checkpoint, then evict; all victims at once.
         let outcomes = join_all(
@@ -100,6 +108,11 @@ impl Reclaimer {
                 counted: handover.counted,
             };
         };
+        self.terminations.record(
+            &id,
+            &handover.node,
+            &terminations(&handover.victims, &outcomes, &settled),
+        );
 
         let outcome = outcome(&settled, &outcomes);
         let end = self.finish(&term, &handover, &outcomes, &outcome).await;
@@ -171,12 +184,10 @@ impl Reclaimer {
         }
         let checkpointer = Checkpointer::from_policy(&victim.checkpoint, &self.checkpoints);
         let started = Instant::now();
-        // The prior reserve (no history) until the executor is handed the observed terminations.
-        let reserve = Terminations::default().reserve("", victim.grace);
         let allowance = checkpoint_allowance(
             handover.timeline.budget,
             checkpointer.timeout(),
-            reserve,
+            handover.eviction_reserve,
             handover.timeline.elapsed(started),
         );
         // Nothing to call, or no time to call it: no mark needed, the driver reports why.
@@ -236,13 +247,16 @@ impl Reclaimer {
         let mut changes = self.stores.changes();
         let mut term_watch = term.clone();
         let mut crashed_checked = false;
+        let mut gone_at = vec![None; handover.victims.len()];
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
-            let gone = handover
-                .victims
-                .iter()
-                .all(|v| !self.stored_uid_is(&v.target));
+            for (victim, at) in handover.victims.iter().zip(&mut gone_at) {
+                if at.is_none() && !self.stored_uid_is(&victim.target) {
+                    *at = Some(now);
+                }
+            }
+            let gone = gone_at.iter().all(Option::is_some);
             // Without victims of its own, the room it waits for is free when it is bound.
             if gone && !handover.victims.is_empty() {
                 handover.timeline.end(Phase::VictimsGone, now);
@@ -271,6 +285,7 @@ impl Reclaimer {
             if (gone && bound.is_some()) || owner_gone || now >= limit {
                 return Some(Settlement {
                     gone,
+                    gone_at,
                     bound,
                     owner_gone,
                 });
@@ -417,8 +432,31 @@ fn record_writes<'a>(
 #[derive(Debug)]
 struct Settlement {
     gone: bool,
+    /// When the store first showed each victim (in the handover's order) gone.
+    gone_at: Vec<Option<Instant>>,
     bound: Option<String>,
     owner_gone: bool,
+}
+
+/// Each victim's termination (eviction accepted by this process to gone) with its grace, for
+/// the budget rule; a victim evicted by an earlier leader, or not gone, gives none.
+fn terminations(
+    victims: &[Victim],
+    removals: &[VictimRemoval],
+    settled: &Settlement,
+) -> Vec<(Duration, Duration)> {
+    victims
+        .iter()
+        .zip(removals)
+        .zip(&settled.gone_at)
+        .filter_map(|((victim, removal), gone)| {
+            Some((
+                gone.as_ref()?
+                    .saturating_duration_since(removal.evicted_at?),
+                victim.grace,
+            ))
+        })
+        .collect()
 }
 
 impl Settlement {
@@ -523,11 +561,60 @@ mod tests {
         }
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_termination_is_timed_from_this_process_eviction_to_gone() {
+        let listed = |pod: &str| gpuqueue_api::v1alpha1::VictimInFlight {
+            pod: pod.into(),
+            uid: pod.into(),
+            queue: "batch".into(),
+        };
+        let grace = Duration::from_secs(2);
+        let victims = [
+            Victim::departed(
+                &listed("b/v1"),
+                gpuqueue_api::v1alpha1::CheckpointPolicy::default(),
+                grace,
+            ),
+            Victim::departed(
+                &listed("b/v2"),
+                gpuqueue_api::v1alpha1::CheckpointPolicy::default(),
+                grace,
+            ),
+            Victim::departed(
+                &listed("b/v3"),
+                gpuqueue_api::v1alpha1::CheckpointPolicy::default(),
+                grace,
+            ),
+        ];
+        let start = Instant::now();
+        let at = |ms| Some(start + Duration::from_millis(ms));
+        let mut removals = [
+            removal(Eviction::Evicted { refusals: 0 }),
+            removal(Eviction::AlreadyGone),
+            removal(Eviction::Evicted { refusals: 0 }),
+        ];
+        removals[0].evicted_at = at(100);
+        removals[2].evicted_at = at(120);
+        let settled = Settlement {
+            gone: false,
+            // v1 went 700 ms after its eviction; v2 was evicted by an earlier leader; v3 is
+            // still there.
+            gone_at: vec![at(800), at(50), None],
+            bound: None,
+            owner_gone: false,
+        };
+        assert_eq!(
+            terminations(&victims, &removals, &settled),
+            [(Duration::from_millis(700), grace)]
+        );
+    }
+
     #[tokio::test]
     async fn the_outcome_names_what_did_not_happen() {
         let evicted = [removal(Eviction::Evicted { refusals: 0 })];
         let settled = |gone, bound: Option<&str>, owner_gone| Settlement {
             gone,
+            gone_at: Vec::new(),
             bound: bound.map(str::to_owned),
             owner_gone,
         };

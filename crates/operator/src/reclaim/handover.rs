@@ -9,7 +9,10 @@ use gpuqueue_api::{
     annotations,
     v1alpha1::{CheckpointPolicy, VictimInFlight},
 };
-use gpuqueue_core::model::{CheckpointSettings, PodKey};
+use gpuqueue_core::{
+    model::{CheckpointSettings, PodKey},
+    reclaim::BudgetFit,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
@@ -117,6 +120,12 @@ pub struct Handover {
     pub counted: bool,
     /// A victim was younger than its queue's `minBorrowDuration`, but no plan spared it.
     pub overrides_min_borrow: bool,
+    /// What the budget keeps back after the checkpoint: the slowest victim's expected
+    /// termination on the node plus the bind (the core's [`gpuqueue_core::termination`]).
+    pub eviction_reserve: Duration,
+    /// Whether the checkpoint, the termination and the bind fit in the budget, as judged when
+    /// the handover was planned (or resumed).
+    pub fit: BudgetFit,
 }
 
 /// The span every log line of one handover carries, from its start to its end.

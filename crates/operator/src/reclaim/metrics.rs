@@ -43,6 +43,12 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    queue: String,
+    kind: &'static str,
+}
+
 type PhaseHistograms = Family<PhaseLabels, Histogram, fn() -> Histogram>;
 
 /// Handover phases, checkpoint and eviction outcomes, reclaims started and finished.
@@ -54,6 +60,7 @@ pub struct ReclaimMetrics {
     started: Counter,
     finished: Family<OutcomeLabels, Counter>,
     unrecorded: Gauge,
+    budget_planned: Family<BudgetLabels, Counter>,
     recent: RecentReclaims,
 }
 
@@ -70,6 +77,7 @@ impl ReclaimMetrics {
             started: Counter::default(),
             finished: Family::default(),
             unrecorded: Gauge::default(),
+            budget_planned: Family::default(),
             recent: RecentReclaims::default(),
         };
         registry.register_with_unit(
@@ -102,6 +110,11 @@ impl ReclaimMetrics {
             "reclaim_marks_unrecorded",
             "Pods whose reclaim annotations no reclaim in flight records (forged, or left over), ignored in the last admission pass",
             metrics.unrecorded.clone(),
+        );
+        registry.register(
+            "reclaim_budget_overruns_planned",
+            "Handovers whose plan did not fit the owner queue's budget, by owner queue and kind (checkpoint_cut: the checkpoint gets less than its timeout; overrun: even without one the victims' termination and the bind outlast the budget)",
+            metrics.budget_planned.clone(),
         );
         registry.register_collector(Box::new(metrics.recent.clone()));
         metrics
@@ -137,6 +150,16 @@ impl ReclaimMetrics {
     /// How many pods carried a reclaim mark nobody recorded, in the last pass that saw marks.
     pub fn unrecorded_marks(&self, pods: usize) {
         self.unrecorded.set(i64::try_from(pods).unwrap_or(i64::MAX));
+    }
+
+    /// A handover for `queue` was planned not to fit its budget; `kind` says how.
+    pub fn budget_planned(&self, queue: &str, kind: &'static str) {
+        self.budget_planned
+            .get_or_create(&BudgetLabels {
+                queue: queue.to_owned(),
+                kind,
+            })
+            .inc();
     }
 
     pub fn finished(&self, outcome: &'static str) {
@@ -208,6 +231,7 @@ mod tests {
         metrics.checkpointed("vllm", "timed_out");
         metrics.evicted("deleted_after_refusal");
         metrics.finished("completed");
+        metrics.budget_planned("online", "overrun");
         let text = encode(&registry).unwrap();
         for line in [
             r#"gpuqueue_handover_seconds_count{phase="checkpoint"} 1"#,
@@ -215,6 +239,7 @@ mod tests {
             r#"gpuqueue_checkpoints_total{driver="vllm",result="timed_out"} 1"#,
             r#"gpuqueue_evictions_total{outcome="deleted_after_refusal"} 1"#,
             r#"gpuqueue_reclaims_finished_total{outcome="completed"} 1"#,
+            r#"gpuqueue_reclaim_budget_overruns_planned_total{queue="online",kind="overrun"} 1"#,
             "gpuqueue_reclaims_per_minute 0",
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");

@@ -46,6 +46,7 @@
 
 mod announce;
 mod begin;
+mod budget;
 mod crash;
 mod evict;
 mod execute;
@@ -53,10 +54,12 @@ mod handover;
 mod in_flight;
 mod intent;
 mod metrics;
+mod planned;
 mod reclaimer;
 mod record;
 mod requeue;
 mod resume;
+mod terminations;
 mod timeline;
 mod trust;
 

@@ -12,7 +12,10 @@ use kube::{
     runtime::reflector::ObjectRef,
 };
 
-use super::{handover::HandoverPod, metrics::ReclaimMetrics, timeline::Phase};
+use super::{
+    handover::HandoverPod, metrics::ReclaimMetrics, planned::PlannedBudgets,
+    terminations::ObservedTerminations, timeline::Phase,
+};
 use crate::{
     checkpoint::CheckpointClient,
     cluster::stores::Stores,
@@ -31,6 +34,10 @@ pub struct Reclaimer {
     pub(super) stores: Stores,
     pub(super) metrics: ReclaimMetrics,
     pub(super) events: Events,
+    /// Victim terminations observed per node, kept across passes and terms.
+    pub(super) terminations: ObservedTerminations,
+    /// Handovers in flight planned beyond their budget, for the queues' condition.
+    pub(super) budgets: PlannedBudgets,
     crash: Option<super::crash::CrashPoint>,
 }
 
@@ -71,6 +78,8 @@ impl Reclaimer {
             stores,
             metrics,
             events,
+            terminations: ObservedTerminations::default(),
+            budgets: PlannedBudgets::default(),
             crash,
         }
     }

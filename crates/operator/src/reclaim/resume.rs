@@ -21,7 +21,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use gpuqueue_core::model::{ReclaimSettings, is_gated};
+use gpuqueue_api::v1alpha1::CheckpointDriver;
+use gpuqueue_core::{
+    model::{ReclaimSettings, is_gated},
+    reclaim::BudgetFit,
+};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
@@ -35,7 +39,7 @@ use super::{
     timeline::Timeline,
     trust::{Claims, Recorded},
 };
-use crate::leader::Term;
+use crate::{checkpoint::Checkpointer, leader::Term};
 
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]
@@ -129,7 +133,9 @@ enum PodAbandon {
 impl Reclaimer {
     /// The handover of a released owner, rebuilt from its record in flight (the victims, the
     /// start, the node) and the queues' specs. A listed victim whose queue no longer claims its
-    /// namespace is left out (not evicted), and says why.
+    /// namespace is left out (not evicted), and says why. With no plan, the budget keeps back
+    /// what the core's rule says for the slowest victim's grace on the node, from the
+    /// terminations observed so far, and the fit is judged from now.
     pub fn rebuild(
         &self,
         recorded: &Recorded,
@@ -162,16 +168,31 @@ impl Reclaimer {
                 },
             );
         }
+        let timeline = Timeline::resumed(entry.started_at.0, budget, now, now_at);
+        let grace = rebuilt.iter().map(|v| v.grace).max().unwrap_or_default();
+        let eviction_reserve = self.terminations.reserve(&entry.node, grace);
+        // Only victims still to be called checkpoint: the others' time is spent or not needed.
+        let checkpoint = rebuilt
+            .iter()
+            .filter(|v| !v.checkpoint_started && !v.terminating)
+            .map(|v| Checkpointer::from_policy(&v.checkpoint, &self.checkpoints))
+            .filter(|c| c.driver() != CheckpointDriver::None)
+            .map(|c| c.timeout())
+            .max()
+            .unwrap_or_default();
+        let fit = BudgetFit::of(budget, eviction_reserve, checkpoint, timeline.elapsed(now));
         Handover {
             id: entry.id.clone(),
             owner: HandoverPod::of(owner),
             owner_queue: recorded.queue.clone(),
             node: entry.node.clone(),
             victims: rebuilt,
-            timeline: Timeline::resumed(entry.started_at.0, budget, now, now_at),
+            timeline,
             resumed: true,
             counted: false,
             overrides_min_borrow: false,
+            eviction_reserve,
+            fit,
         }
     }
 

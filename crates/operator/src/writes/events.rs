@@ -7,13 +7,16 @@
 //! into a series, and the admission loop publishes a waiting event only when a pod's cause of
 //! waiting changes, so a pod that waits for an hour gets one event, not one per pass.
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use gpuqueue_api::FIELD_MANAGER;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::{
     Client,
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Most characters of an event note the API server accepts.
 const MAX_NOTE: usize = 1024;
@@ -25,6 +28,11 @@ const QUEUE_CAPACITY: usize = 8192;
 #[derive(Debug, Clone)]
 pub struct Events {
     queue: mpsc::Sender<(ObjectReference, Notice)>,
+    /// How many events were queued, in queue order (taken with the queueing, so that the
+    /// count matches the order the publisher sees).
+    queued: Arc<Mutex<u64>>,
+    /// How many queued events the publisher has written (or given up on).
+    written: watch::Receiver<u64>,
 }
 
 /// One event to publish.
@@ -42,6 +50,7 @@ pub struct Notice {
 pub struct Publisher {
     recorder: Recorder,
     queue: mpsc::Receiver<(ObjectReference, Notice)>,
+    written: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -57,25 +66,64 @@ impl Events {
             instance: Some(identity.to_owned()),
         };
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        let (written, written_rx) = watch::channel(0);
         let publisher = Publisher {
             recorder: Recorder::new(client, reporter),
             queue: receiver,
+            written,
         };
-        (Self { queue: sender }, publisher)
+        (Self::with_queue(sender, written_rx), publisher)
+    }
+
+    fn with_queue(
+        queue: mpsc::Sender<(ObjectReference, Notice)>,
+        written: watch::Receiver<u64>,
+    ) -> Self {
+        Self {
+            queue,
+            queued: Arc::default(),
+            written,
+        }
     }
 
     /// A handle whose events land in the returned receiver, for tests of what is published.
     #[cfg(test)]
     pub(crate) fn captured() -> (Self, mpsc::Receiver<(ObjectReference, Notice)>) {
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
-        (Self { queue: sender }, receiver)
+        (Self::with_queue(sender, watch::channel(0).1), receiver)
     }
 
     /// Queues `notice` about `regarding`; never waits.
     pub fn send(&self, regarding: ObjectReference, notice: Notice) {
+        self.queue_one(regarding, notice);
+    }
+
+    /// Queues `notice` and waits until the publisher has written it, at most `limit`: for an
+    /// event that must reach the API server before the action it announces (the operator
+    /// acts anyway once `limit` passed, e.g. with events queued ahead or the API slow).
+    pub async fn send_and_wait(&self, regarding: ObjectReference, notice: Notice, limit: Duration) {
+        let Some(number) = self.queue_one(regarding, notice) else {
+            return;
+        };
+        let mut written = self.written.clone();
+        let waited = tokio::time::timeout(limit, written.wait_for(|done| *done >= number)).await;
+        if waited.is_err() {
+            tracing::debug!(
+                ?limit,
+                "an event to be written first was not written in time"
+            );
+        }
+    }
+
+    /// Queues one event; its number in queue order, or `None` when it was dropped.
+    fn queue_one(&self, regarding: ObjectReference, notice: Notice) -> Option<u64> {
+        let mut queued = crate::sync::lock(&self.queued);
         if let Err(error) = self.queue.try_send((regarding, notice)) {
             tracing::warn!(%error, "event queue full or closed; event dropped");
+            return None;
         }
+        *queued += 1;
+        Some(*queued)
     }
 }
 
@@ -102,6 +150,7 @@ impl Publisher {
                     "publishing an event failed"
                 );
             }
+            self.written.send_modify(|done| *done += 1);
         }
     }
 }
