@@ -5,6 +5,9 @@
 # second run does nothing.
 #
 # Usage: e2e/scripts/build-tools.sh        prints the binary directory on its last line
+#        e2e/scripts/build-tools.sh --real-node
+#                                           also builds kubelet (same module) and our fake
+#                                           device plugin, for e2e/kubelet/ (opt-in: slow)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +28,9 @@ k8s_dir="$cache_root/kubernetes-$k8s_version-$(lock_hash "$tools/k8s")"
 etcd_dir="$cache_root/etcd-$etcd_version-$(lock_hash "$tools/etcd")"
 kwok_dir="$cache_root/kwok-$kwok_version-$(lock_hash "$tools/kwok")"
 bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
+
+real_node=false
+[[ "${1:-}" == --real-node ]] && real_node=true
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
@@ -85,4 +91,22 @@ mkdir -p "$bin_dir"
 for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$stages"; do
   ln -sfn "$f" "$bin_dir/$(basename "$f")"
 done
+
+# The real node: kubelet from the same pinned module (its own cache directory, so the
+# control plane's stays valid) and the fake device plugin from its own module.
+if $real_node; then
+  LDFLAGS="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    LDFLAGS="$LDFLAGS -X $p.gitVersion=$k8s_version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
+    LDFLAGS="$LDFLAGS -X $p.gitTreeState=clean -X $p.gitCommit=unknown -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
+  build_into "$kubelet_dir" "$tools/kubelet" k8s.io/kubernetes/cmd/kubelet
+
+  plugin_dir="$cache_root/deviceplugin-$(lock_hash "$tools/deviceplugin")"
+  LDFLAGS="-s -w"
+  build_into "$plugin_dir" "$tools/deviceplugin" .
+  ln -sfn "$kubelet_dir/kubelet" "$bin_dir/kubelet"
+  ln -sfn "$plugin_dir/gpuqueue-fake-deviceplugin" "$bin_dir/gpuqueue-fake-deviceplugin"
+fi
 echo "$bin_dir"
