@@ -132,13 +132,17 @@ def handover(kubectl, watch, victim, replacement, expect_exit):
     t_running, _ = watch.first(t0, named(successor, lambda k, o: o["status"].get("phase") == "Running"))
     t_ready, _ = watch.first(t0, named(successor, lambda k, o: condition(o, "Ready")))
     state = terminated(dead) if dead else {}
-    print(f"  delete {name} (grace {victim['spec']['terminationGracePeriodSeconds']} s)      0 ms")
-    print(f"  {name} container exited (code {state.get('exitCode')}, {state.get('reason')}) {ms(t_exit)}")
-    print(f"  {name} phase terminal (GPUs schedulable) {ms(t_terminal)}")
-    print(f"  {name} gone from the API                {ms(t_gone)}")
-    print(f"  {successor} bound                         {ms(t_bound)}")
-    print(f"  {successor} Running                       {ms(t_running)}")
-    print(f"  {successor} Ready                         {ms(t_ready)}")
+    grace = victim["spec"]["terminationGracePeriodSeconds"]
+    for label, at in [
+        (f"delete {name} (grace {grace} s)", t0),
+        (f"{name} container exited (code {state.get('exitCode')}, {state.get('reason')})", t_exit),
+        (f"{name} phase terminal (its GPUs schedulable)", t_terminal),
+        (f"{name} gone from the API", t_gone),
+        (f"{successor} bound", t_bound),
+        (f"{successor} Running", t_running),
+        (f"{successor} Ready", t_ready),
+    ]:
+        print(f"  {label:<48}{ms(at)}")
     ok = True
     if state.get("exitCode") != expect_exit:
         print(f"  FAIL: {name} exited with {state.get('exitCode')}, expected {expect_exit}")
@@ -176,7 +180,8 @@ def main():
     try:
         apply(kubectl, first)
         if watch.first(0, named("first", lambda k, o: condition(o, "Ready")))[0] is None:
-            sys.exit("first never became Ready; see the kubelet's log")
+            subprocess.run(kubectl + ["-n", NAMESPACE, "describe", "pod", "first"])
+            sys.exit(f"first never became Ready (watch running: {watch.proc.poll() is None}); see the kubelet's log")
         print("round 1: cooperative victim (preStop sleep 1 s, exits on SIGTERM)")
         ok &= handover(kubectl, watch, first, second, 0)
 

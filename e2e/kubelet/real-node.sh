@@ -88,6 +88,7 @@ up() {
   exec 8>"$plugin_dir/.gpuqueue-real-node.lock"
   flock -n 8 || die "another real node holds $plugin_dir (kubelet hard-codes that directory)"
   : >"$run/pids"
+  printf '%s\n%s\n%s\n' "$bin" "$kubeconfig" "$node" >"$run/node"
 
   sed "s|@RUN@|$run|g" "$here/containerd.toml.in" >"$run/containerd.toml"
   spawn containerd containerd --config "$run/containerd.toml"
@@ -131,6 +132,8 @@ stop_recorded() {
 
 down() {
   [[ -e $run/pids ]] || { log "no node state in $run; nothing to stop"; return; }
+  local bin='' kubeconfig='' node=''
+  [[ -e $run/node ]] && { read -r bin; read -r kubeconfig; read -r node; } <"$run/node"
   # The kubelet first, so it restarts nothing; then every container containerd still runs.
   local pid name
   while read -r pid name; do
@@ -153,7 +156,13 @@ down() {
   # Mounts the kubelet and containerd left under $run (deepest first), the CNI bridge.
   awk -v r="$run/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l
   ip link delete gqreal0 2>/dev/null || true
-  rm -f "$plugin_dir/kubelet.sock" "$plugin_dir/gpuqueue-fake-gpu.sock"
+  rm -f "$plugin_dir/kubelet.sock" "$plugin_dir/gpuqueue-fake-gpu.sock" "$plugin_dir/kubelet_internal_checkpoint"
+  # The kubelet's cgroups (kubepods/…), now empty; deepest first.
+  find /sys/fs/cgroup/*/kubepods -depth -type d -exec rmdir {} + 2>/dev/null || true
+  # Nothing marks the node NotReady in the harness (no node lifecycle controller): remove it.
+  if [[ -n $node && -x $bin/kubectl && -e $kubeconfig ]]; then
+    "$bin/kubectl" --kubeconfig="$kubeconfig" delete node "$node" --ignore-not-found >/dev/null || true
+  fi
   rm -rf "$run"
   log "node stopped; removed $run"
 }

@@ -67,6 +67,7 @@ done
 build_into "$k8s_dir" "$tools/k8s" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+k8s_ldflags=$LDFLAGS
 
 LDFLAGS="-s -w"
 build_into "$etcd_dir" "$tools/etcd" .
@@ -95,11 +96,7 @@ done
 # The real node: kubelet from the same pinned module (its own cache directory, so the
 # control plane's stays valid) and the fake device plugin from its own module.
 if $real_node; then
-  LDFLAGS="-s -w"
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    LDFLAGS="$LDFLAGS -X $p.gitVersion=$k8s_version -X $p.gitMajor=1 -X $p.gitMinor=$minor"
-    LDFLAGS="$LDFLAGS -X $p.gitTreeState=clean -X $p.gitCommit=unknown -X $p.buildDate=1970-01-01T00:00:00Z"
-  done
+  LDFLAGS=$k8s_ldflags
   kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
   build_into "$kubelet_dir" "$tools/kubelet" k8s.io/kubernetes/cmd/kubelet
 
