@@ -118,14 +118,25 @@ EOF
   log "node $node is Ready with $gpus nvidia.com/gpu (state and logs in $run)"
 }
 
-# stop_recorded: SIGTERM then SIGKILL to each recorded pid whose process is still ours.
+# ours PID NAME: whether PID still runs what `up` recorded under NAME (not a reused pid).
+ours() {
+  local token
+  case $2 in
+    containerd) token="$run/containerd.toml" ;;
+    kubelet) token="$run/kubelet.yaml" ;;
+    deviceplugin) token=gpuqueue-fake-deviceplugin ;;
+  esac
+  [[ -r /proc/$1/cmdline ]] && tr '\0' ' ' </proc/"$1"/cmdline | grep -qF -- "$token"
+}
+
+# stop_recorded: SIGTERM, then SIGKILL after 5 s, to each recorded process still ours.
 stop_recorded() {
   local pid name
   while read -r pid name; do
-    [[ -d /proc/$pid ]] || continue
+    ours "$pid" "$name" || continue
     kill -TERM "$pid" 2>/dev/null || true
-    for ((i = 0; i < 50; i++)); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+    for ((i = 0; i < 50; i++)); do ours "$pid" "$name" || break; sleep 0.1; done
+    if ours "$pid" "$name"; then kill -KILL "$pid" 2>/dev/null || true; fi
     log "stopped $name ($pid)"
   done < <(tac "$run/pids")
 }
@@ -137,7 +148,7 @@ down() {
   # The kubelet first, so it restarts nothing; then every container containerd still runs.
   local pid name
   while read -r pid name; do
-    [[ $name == kubelet && -d /proc/$pid ]] && kill -TERM "$pid" 2>/dev/null || true
+    if [[ $name == kubelet ]] && ours "$pid" kubelet; then kill -TERM "$pid" 2>/dev/null || true; fi
   done <"$run/pids"
   if ctr_ version >/dev/null 2>&1; then
     local task
