@@ -170,8 +170,11 @@ down() {
   rm -f "$plugin_dir/kubelet.sock" "$plugin_dir/gpuqueue-fake-gpu.sock" "$plugin_dir/kubelet_internal_checkpoint"
   # The kubelet's cgroups (kubepods/…), now empty; deepest first.
   find /sys/fs/cgroup/*/kubepods -depth -type d -exec rmdir {} + 2>/dev/null || true
-  # Nothing marks the node NotReady in the harness (no node lifecycle controller): remove it.
+  # Nothing marks the node NotReady in the harness (no node lifecycle or pod GC controller):
+  # remove it, and its pods, which no kubelet will confirm deleted now.
   if [[ -n $node && -x $bin/kubectl && -e $kubeconfig ]]; then
+    "$bin/kubectl" --kubeconfig="$kubeconfig" delete pods -A --field-selector="spec.nodeName=$node" \
+      --grace-period=0 --force >/dev/null 2>&1 || true
     "$bin/kubectl" --kubeconfig="$kubeconfig" delete node "$node" --ignore-not-found >/dev/null || true
   fi
   rm -rf "$run"
