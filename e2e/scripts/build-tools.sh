@@ -5,6 +5,9 @@
 # second run does nothing.
 #
 # Usage: e2e/scripts/build-tools.sh        prints the binary directory on its last line
+#        e2e/scripts/build-tools.sh --real-node
+#                                           also builds kubelet (same module) and our fake
+#                                           device plugin, for e2e/kubelet/ (opt-in: slow)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +28,9 @@ k8s_dir="$cache_root/kubernetes-$k8s_version-$(lock_hash "$tools/k8s")"
 etcd_dir="$cache_root/etcd-$etcd_version-$(lock_hash "$tools/etcd")"
 kwok_dir="$cache_root/kwok-$kwok_version-$(lock_hash "$tools/kwok")"
 bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
+
+real_node=false
+[[ "${1:-}" == --real-node ]] && real_node=true
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
@@ -61,6 +67,7 @@ done
 build_into "$k8s_dir" "$tools/k8s" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl
+k8s_ldflags=$LDFLAGS
 
 LDFLAGS="-s -w"
 build_into "$etcd_dir" "$tools/etcd" .
@@ -85,4 +92,18 @@ mkdir -p "$bin_dir"
 for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$stages"; do
   ln -sfn "$f" "$bin_dir/$(basename "$f")"
 done
+
+# The real node: kubelet from the same pinned module (its own cache directory, so the
+# control plane's stays valid) and the fake device plugin from its own module.
+if $real_node; then
+  LDFLAGS=$k8s_ldflags
+  kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
+  build_into "$kubelet_dir" "$tools/kubelet" k8s.io/kubernetes/cmd/kubelet
+
+  plugin_dir="$cache_root/deviceplugin-$(lock_hash "$tools/deviceplugin")"
+  LDFLAGS="-s -w"
+  build_into "$plugin_dir" "$tools/deviceplugin" .
+  ln -sfn "$kubelet_dir/kubelet" "$bin_dir/kubelet"
+  ln -sfn "$plugin_dir/gpuqueue-fake-deviceplugin" "$bin_dir/gpuqueue-fake-deviceplugin"
+fi
 echo "$bin_dir"

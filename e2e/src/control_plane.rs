@@ -879,7 +879,8 @@ impl Launcher<'_> {
             &[
                 format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--config={}", stage_file.display()),
-                "--manage-all-nodes=true".into(),
+                // Only the harness's fake nodes: a real kubelet's node (e2e/kubelet/) is its own.
+                "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake".into(),
                 format!("--cidr={}", self.slot.pod_cidr()),
                 format!("--node-ip={}", self.slot.node_ip(0)),
                 "--node-lease-duration-seconds=0".into(),
