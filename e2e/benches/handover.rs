@@ -27,6 +27,9 @@
 //! The control-plane share is the whole handover minus the checkpoint phase and minus the
 //! victims' termination (`victimsGone`).
 //!
+//! `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build (a smoke run of the benchmark
+//! itself, without the release build's minutes of compiling; its figures are not the result).
+//!
 //! Results: `e2e/results/handover.json` and `e2e/results/handover.md` (committed; another
 //! directory with `BENCH_RESULTS`, for a smoke run), with the targets next to each
 //! figure. Percentiles are nearest-rank.
@@ -326,7 +329,8 @@ async fn main() {
     install(&cluster, webhook_port).await;
     apply_queue(&client, &queue_yaml("online", online.name(), gpus, 0, "{}")).await;
     let mut options = Options::new("bench", webhook_port);
-    options.release = true;
+    // The release build is what is measured; a smoke run may take the debug build tests use.
+    options.release = std::env::var("BENCH_OPERATOR_BUILD").as_deref() != Ok("debug");
     "info".clone_into(&mut options.log_filter);
     let _operator = Operator::start(&cluster, options).await;
 
