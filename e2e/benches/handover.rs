@@ -286,6 +286,8 @@ struct Knobs {
     burst_rounds: usize,
     burst_pods: usize,
     burst_none_pods: usize,
+    /// `release` (measured), or `debug` for a smoke run of the benchmark itself.
+    operator_build: &'static str,
 }
 
 impl Knobs {
@@ -296,6 +298,11 @@ impl Knobs {
             burst_rounds: env_number("BENCH_BURST_ROUNDS", 5),
             burst_pods: env_number("BENCH_BURST_PODS", 22),
             burst_none_pods: env_number("BENCH_BURST_NONE_PODS", 12),
+            operator_build: if std::env::var("BENCH_OPERATOR_BUILD").as_deref() == Ok("debug") {
+                "debug"
+            } else {
+                "release"
+            },
         };
         let spare = knobs.nodes * GPUS_PER_NODE - burst::BASE_REPLICAS;
         assert!(
@@ -330,7 +337,7 @@ async fn main() {
     apply_queue(&client, &queue_yaml("online", online.name(), gpus, 0, "{}")).await;
     let mut options = Options::new("bench", webhook_port);
     // The release build is what is measured; a smoke run may take the debug build tests use.
-    options.release = std::env::var("BENCH_OPERATOR_BUILD").as_deref() != Ok("debug");
+    options.release = knobs.operator_build == "release";
     "info".clone_into(&mut options.log_filter);
     let _operator = Operator::start(&cluster, options).await;
 
