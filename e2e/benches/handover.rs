@@ -27,6 +27,9 @@
 //! The control-plane share is the whole handover minus the checkpoint phase and minus the
 //! victims' termination (`victimsGone`).
 //!
+//! `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build (a smoke run of the benchmark
+//! itself, without the release build's minutes of compiling; its figures are not the result).
+//!
 //! Results: `e2e/results/handover.json` and `e2e/results/handover.md` (committed; another
 //! directory with `BENCH_RESULTS`, for a smoke run), with the targets next to each
 //! figure. Percentiles are nearest-rank.
@@ -283,6 +286,8 @@ struct Knobs {
     burst_rounds: usize,
     burst_pods: usize,
     burst_none_pods: usize,
+    /// `release` (measured), or `debug` for a smoke run of the benchmark itself.
+    operator_build: &'static str,
 }
 
 impl Knobs {
@@ -293,6 +298,11 @@ impl Knobs {
             burst_rounds: env_number("BENCH_BURST_ROUNDS", 5),
             burst_pods: env_number("BENCH_BURST_PODS", 22),
             burst_none_pods: env_number("BENCH_BURST_NONE_PODS", 12),
+            operator_build: if std::env::var("BENCH_OPERATOR_BUILD").as_deref() == Ok("debug") {
+                "debug"
+            } else {
+                "release"
+            },
         };
         let spare = knobs.nodes * GPUS_PER_NODE - burst::BASE_REPLICAS;
         assert!(
@@ -326,7 +336,8 @@ async fn main() {
     install(&cluster, webhook_port).await;
     apply_queue(&client, &queue_yaml("online", online.name(), gpus, 0, "{}")).await;
     let mut options = Options::new("bench", webhook_port);
-    options.release = true;
+    // The release build is what is measured; a smoke run may take the debug build tests use.
+    options.release = knobs.operator_build == "release";
     "info".clone_into(&mut options.log_filter);
     let _operator = Operator::start(&cluster, options).await;
 

@@ -39,7 +39,9 @@ pub struct Burst {
     /// Scale request → the first and the last owner pod found blocked by the operator.
     pub first_found_blocked_ms: Option<f64>,
     pub last_found_blocked_ms: Option<f64>,
-    /// Each owner pod: found blocked (the operator's `startedAt`) → seen bound.
+    /// Reclaims the operator started for these pods (more than one per pod: planned again).
+    pub reclaims: usize,
+    /// Each owner pod: first found blocked (the operator's `startedAt`) → seen bound.
     pub found_blocked_to_bound_ms: Vec<f64>,
     /// The records of the handovers that the watch saw (`lastHandovers` keeps ten).
     pub handovers: Vec<Handover>,
@@ -263,31 +265,34 @@ fn measure(
     last_scheduled_server_s: Option<i64>,
 ) -> Burst {
     let last_bound = new_pods.iter().map(|(_, at)| *at).max().unwrap();
-    let found: Vec<Timestamp> = reclaims.iter().filter_map(|r| r.started).collect();
-    let found_blocked_to_bound_ms = reclaims
+    // A pod may be found blocked more than once (a reclaim given up and planned again): its
+    // wait counts from the first time, its handover is the one with a record.
+    let per_pod: Vec<(Option<Timestamp>, Option<f64>, Timestamp)> = new_pods
         .iter()
-        .filter_map(|r| {
-            let bound = new_pods
-                .iter()
-                .find(|(n, _)| format!("{namespace}/{n}") == r.owner_pod)?
-                .1;
-            Some(millis(r.started?, bound))
+        .map(|(pod, bound)| {
+            let key = format!("{namespace}/{pod}");
+            let of: Vec<&ReclaimSighting> =
+                reclaims.iter().filter(|r| r.owner_pod == key).collect();
+            let first = of.iter().filter_map(|r| r.started).min();
+            let end = of.iter().find_map(|r| {
+                let total = r.record.as_ref()?.total_millis;
+                Some(millis(requested, r.started?) + super::stats::ms(total))
+            });
+            (first, end, *bound)
         })
         .collect();
-    let ends: Option<Vec<f64>> = reclaims
+    let found: Vec<Timestamp> = per_pod.iter().filter_map(|(first, ..)| *first).collect();
+    let found_blocked_to_bound_ms = per_pod
         .iter()
-        .map(|r| {
-            let total = r.record.as_ref()?.total_millis;
-            Some(millis(requested, r.started?) + super::stats::ms(total))
-        })
+        .filter_map(|(first, _, bound)| Some(millis((*first)?, *bound)))
         .collect();
+    let ends: Option<Vec<f64>> = per_pod.iter().map(|(_, end, _)| *end).collect();
     Burst {
         mode,
         owner_pods: new_pods.len(),
         last_bound_ms: millis(requested, last_bound),
-        last_bound_by_records_ms: ends
-            .filter(|e| e.len() == new_pods.len())
-            .and_then(|e| e.into_iter().max_by(f64::total_cmp)),
+        last_bound_by_records_ms: ends.and_then(|e| e.into_iter().max_by(f64::total_cmp)),
+        reclaims: reclaims.len(),
         last_scheduled_server_s,
         first_found_blocked_ms: found.iter().min().map(|t| millis(requested, *t)),
         last_found_blocked_ms: found.iter().max().map(|t| millis(requested, *t)),

@@ -153,6 +153,7 @@ fn burst_counts(bursts: &[Burst]) -> Vec<serde_json::Value> {
                     "mode": mode,
                     "rounds": of.len(),
                     "owner_pods": of.iter().map(|b| b.owner_pods).sum::<usize>(),
+                    "reclaims": of.iter().map(|b| b.reclaims).sum::<usize>(),
                     "records_seen": handovers.len(),
                     "over_budget": handovers.iter().filter(|h| h.over_budget()).count(),
                     "missing_a_phase": handovers.iter().filter(|h| !h.missing_phases.is_empty()).count(),
@@ -244,7 +245,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
     };
     let mut text = format!(
         "# Handover latency on nodes that behave like kubelets\n\n\
-         {setup}. Release build of the operator, real kube-apiserver, kube-scheduler,\n\
+         {setup}. Operator: {} build; real kube-apiserver, kube-scheduler,\n\
          kube-controller-manager and etcd on this machine. Phase durations from the operator's\n\
          handover records, in ms; the control-plane share is the whole handover minus the\n\
          checkpoint and minus the victims' termination (`victimsGone`).\n\n\
@@ -254,6 +255,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
          (none), {} rounds each\n\n\
          Median time from the scale request to the last owner pod bound: {:.0} ms with the 1.2 s \
          checkpoint (target < 3500 ms for 22 pods), {:.0} ms without (target < 330 ms for 12 pods).\n\n{}\n",
+        knobs.operator_build,
         knobs.handovers,
         table(&single),
         over_budget("vllm 1.2 s"),
@@ -270,12 +272,13 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
     for count in &counts {
         let _ = writeln!(
             text,
-            "- {}: {} owner pods in {} rounds, {} handover records seen (the status keeps ten; \
+            "- {}: {} owner pods in {} rounds, {} reclaims started for them, {} handover records seen (the status keeps ten; \
              a record cut as soon as it is written is not seen), {} over budget, {} missing a \
              phase, {} not Completed.",
             count["mode"].as_str().unwrap_or_default(),
             count["owner_pods"],
             count["rounds"],
+            count["reclaims"],
             count["records_seen"],
             count["over_budget"],
             count["missing_a_phase"],
