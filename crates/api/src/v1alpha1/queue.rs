@@ -32,8 +32,9 @@ pub const MAX_GPU_COUNT: i32 = 100_000;
 pub const MAX_RESOURCES: usize = 16;
 /// Most namespaces one queue may list.
 pub const MAX_NAMESPACES: usize = 256;
-/// Most handovers kept in `status.lastHandovers`.
-pub const MAX_HANDOVER_RECORDS: usize = 10;
+/// Most handovers kept in `status.lastHandovers`: enough for a burst of owners (a Deployment
+/// scaled by 24) to keep every record of it.
+pub const MAX_HANDOVER_RECORDS: usize = 32;
 /// Most reclaims one queue may have in flight (`status.reclaimsInFlight`).
 pub const MAX_RECLAIMS_IN_FLIGHT: usize = 128;
 
@@ -366,7 +367,7 @@ pub struct GpuQueueStatus {
 
     /// lastHandovers: the most recent reclaims for or from this queue, newest first.
     #[serde(default)]
-    #[schemars(length(max = 10))]
+    #[schemars(length(max = 32))]
     pub last_handovers: Vec<HandoverRecord>,
 
     /// reclaimsInFlight: the reclaims for this queue's pods that were started and have not

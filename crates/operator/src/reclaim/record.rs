@@ -47,13 +47,16 @@ pub struct RecordError {
 /// `records` with `record` in place of any with the same id and role, newest first, cut to
 /// the API's limit.
 pub fn upsert(records: &[HandoverRecord], record: HandoverRecord) -> Vec<HandoverRecord> {
-    let mut next: Vec<HandoverRecord> = records
+    // The one written now goes first, so that among records started in the same second
+    // (`startedAt` has whole seconds; a burst starts many) the sort keeps it ahead of older
+    // writes and the cut never drops the record just written.
+    let (id, role) = (record.id.clone(), record.role.clone());
+    let older = records
         .iter()
-        .filter(|r| !(r.id == record.id && r.role == record.role))
-        .cloned()
-        .collect();
-    next.push(record);
-    // Newest first; records without a start (never written by this operator) last.
+        .filter(|r| !(r.id == id && r.role == role))
+        .cloned();
+    let mut next: Vec<HandoverRecord> = std::iter::once(record).chain(older).collect();
+    // Newest first (stable); records without a start (never written by this operator) last.
     next.sort_by(|a, b| {
         b.started_at
             .as_ref()
@@ -132,15 +135,31 @@ mod tests {
     #[test]
     fn the_newest_records_are_kept_first() {
         let mut records = Vec::new();
-        for i in 0..12 {
+        let written = MAX_HANDOVER_RECORDS + 2;
+        for i in 0..written {
+            let second = i64::try_from(i).unwrap();
             records = upsert(
                 &records,
-                record(&format!("rc-{i}"), "victim", i, "Completed"),
+                record(&format!("rc-{i}"), "victim", second, "Completed"),
             );
         }
         assert_eq!(records.len(), MAX_HANDOVER_RECORDS);
-        assert_eq!(records[0].id, "rc-11");
-        assert_eq!(records[9].id, "rc-2");
+        assert_eq!(records[0].id, format!("rc-{}", written - 1));
+        assert_eq!(records[MAX_HANDOVER_RECORDS - 1].id, "rc-2");
+    }
+
+    #[test]
+    fn a_record_written_in_a_full_second_of_a_burst_is_kept() {
+        let mut records = Vec::new();
+        for i in 0..=MAX_HANDOVER_RECORDS {
+            records = upsert(
+                &records,
+                record(&format!("rc-{i}"), "owner", 7, "Completed"),
+            );
+        }
+        assert_eq!(records.len(), MAX_HANDOVER_RECORDS);
+        assert_eq!(records[0].id, format!("rc-{MAX_HANDOVER_RECORDS}"));
+        assert!(records.iter().all(|r| r.id != "rc-0"));
     }
 
     #[test]
