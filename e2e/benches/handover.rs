@@ -27,6 +27,9 @@
 //! The control-plane share is the whole handover minus the checkpoint phase and minus the
 //! victims' termination (`victimsGone`).
 //!
+//! `BENCH_NODE_BEHAVIOUR=fast` runs KWOK's fast stages instead (a victim vanishes at once), for
+//! figures comparable with peers measured on those.
+//!
 //! `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build (a smoke run of the benchmark
 //! itself, without the release build's minutes of compiling; its figures are not the result).
 //!
@@ -57,7 +60,9 @@ use tokio::time::Instant;
 
 use common::{Operator, Options, apply_queue, free_port, install};
 use gpuqueue_api::{NVIDIA_GPU, v1alpha1::GpuQueue};
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, describe_pod, gpu_pod, wait_for};
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, GpuNode, NodeBehaviour, describe_pod, gpu_pod, wait_for,
+};
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -288,6 +293,9 @@ struct Knobs {
     burst_none_pods: usize,
     /// `release` (measured), or `debug` for a smoke run of the benchmark itself.
     operator_build: &'static str,
+    /// `kubelet` (default), or `fast` (`BENCH_NODE_BEHAVIOUR=fast`: KWOK's fast stages, where
+    /// a victim vanishes at once) for figures comparable with peers measured on those.
+    node_behaviour: &'static str,
 }
 
 impl Knobs {
@@ -302,6 +310,11 @@ impl Knobs {
                 "debug"
             } else {
                 "release"
+            },
+            node_behaviour: if std::env::var("BENCH_NODE_BEHAVIOUR").as_deref() == Ok("fast") {
+                "fast"
+            } else {
+                "kubelet"
             },
         };
         let spare = knobs.nodes * GPUS_PER_NODE - burst::BASE_REPLICAS;
@@ -325,9 +338,11 @@ async fn main() {
         .collect();
     // The default node behaviour: victims terminate within their grace period. The controller
     // manager runs the owners' Deployment of the bursts.
-    let cluster = ControlPlane::start(ControlPlaneConfig::new("bench_handover").with_nodes(nodes))
-        .await
-        .unwrap();
+    let mut config = ControlPlaneConfig::new("bench_handover").with_nodes(nodes);
+    if knobs.node_behaviour == "fast" {
+        config = config.with_node_behaviour(NodeBehaviour::Fast);
+    }
+    let cluster = ControlPlane::start(config).await.unwrap();
     eprintln!("control plane up ({})", cluster.startup_summary());
     let client = cluster.client();
     let online = cluster.namespace("online").await.unwrap();

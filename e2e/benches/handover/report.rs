@@ -245,7 +245,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
     };
     let mut text = format!(
         "# Handover latency on nodes that behave like kubelets\n\n\
-         {setup}. Operator: {} build; real kube-apiserver, kube-scheduler,\n\
+         {setup}. Nodes: {} (KWOK stages). Operator: {} build; real kube-apiserver, kube-scheduler,\n\
          kube-controller-manager and etcd on this machine. Phase durations from the operator's\n\
          handover records, in ms; the control-plane share is the whole handover minus the\n\
          checkpoint and minus the victims' termination (`victimsGone`).\n\n\
@@ -255,6 +255,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
          (none), {} rounds each\n\n\
          Median time from the scale request to the last owner pod bound: {:.0} ms with the 1.2 s \
          checkpoint (target < 3500 ms for 22 pods), {:.0} ms without (target < 330 ms for 12 pods).\n\n{}\n",
+        knobs.node_behaviour,
         knobs.operator_build,
         knobs.handovers,
         table(&single),
