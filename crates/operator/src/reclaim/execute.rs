@@ -18,7 +18,6 @@ use super::{
     handover::{COMPLETED, Handover, Victim},
     intent::{self, Role},
     reclaimer::Reclaimer,
-    record,
     timeline::{Phase, millis},
 };
 use crate::{
@@ -344,7 +343,7 @@ impl Reclaimer {
         let results = join_all(
             writes
                 .iter()
-                .map(|(queue, record)| record::write(&queues, queue, record)),
+                .map(|(queue, record)| self.records.write(&queues, queue, record)),
         )
         .await;
         let mut recorded = true;

@@ -13,7 +13,7 @@ use kube::{
 };
 
 use super::{
-    handover::HandoverPod, metrics::ReclaimMetrics, planned::PlannedBudgets,
+    handover::HandoverPod, metrics::ReclaimMetrics, planned::PlannedBudgets, record::RecordWriter,
     terminations::ObservedTerminations, timeline::Phase,
 };
 use crate::{
@@ -38,6 +38,8 @@ pub struct Reclaimer {
     pub(super) terminations: ObservedTerminations,
     /// Handovers in flight planned beyond their budget, for the queues' condition.
     pub(super) budgets: PlannedBudgets,
+    /// The queues' handover records, written a batch per queue at a time.
+    pub(super) records: RecordWriter,
     crash: Option<super::crash::CrashPoint>,
 }
 
@@ -80,6 +82,7 @@ impl Reclaimer {
             events,
             terminations: ObservedTerminations::default(),
             budgets: PlannedBudgets::default(),
+            records: RecordWriter::default(),
             crash,
         }
     }

@@ -8,12 +8,20 @@
 //! finish at once for the same queue therefore never drop each other's record, and the
 //! admission loop never writes back a list it read before a handover finished.
 //!
+//! Handovers that finish together (a burst) take turns per queue ([`RecordWriter`]): the one
+//! whose turn it is writes every record then waiting for that queue in one patch. Written one
+//! by one, 22 records raced for one `resourceVersion` (each conflict costs every other writer a
+//! read and a write) and the last landed seconds after its handover ended.
+//!
 //! The owner's record is written in the same patch that takes the reclaim out of the queue's
 //! `status.reclaimsInFlight` ([`super::in_flight`]): finishing costs no extra write.
 //!
 //! A victim queue's records are also what the core's anti-thrash rule reads: the queue does
 //! not borrow again within its `minBorrowDuration` after the `startedAt` of its newest
 //! `victim` record.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use gpuqueue_api::{
     FIELD_MANAGER,
@@ -24,24 +32,27 @@ use kube::{
     api::{Patch, PatchParams},
 };
 use serde_json::json;
+use tokio::sync::oneshot;
 
 use super::{in_flight, intent::OWNER};
+use crate::sync::lock;
 
-/// Conflicting writers of the same queue's records get this many tries. Each conflict means
-/// another writer's record landed, so N handovers finishing at once for one queue (a burst
-/// hands over up to [`MAX_RECLAIMS_IN_FLIGHT`] together) are all written within N tries. With
-/// 5, the records of a 22-owner burst ran out of tries: the handover was retried 5 s later as
-/// a resumed one, whose record holds only the phases seen after the resume and is 5 s over.
+/// Conflicting writes of the same queue's status get this many tries. Records of one queue
+/// are written one batch at a time ([`RecordWriter`]), but reclaims starting
+/// (`status.reclaimsInFlight`) and the admission loop's status apply still move its
+/// `resourceVersion`; each conflict means one of those landed. (With 5 tries and one write per
+/// record, a 22-owner burst ran out: the handover was retried 5 s later as a resumed one, whose
+/// record holds only its late phases.)
 const ATTEMPTS: usize = MAX_RECLAIMS_IN_FLIGHT + 1;
 
 /// Why a record was not written.
 #[derive(Debug, thiserror::Error)]
-#[error("recording handover {id} on GpuQueue {queue}: {source}")]
+#[error("recording handover {id} on GpuQueue {queue}: {reason}")]
 pub struct RecordError {
     pub queue: String,
     pub id: String,
-    #[source]
-    pub source: kube::Error,
+    /// The API server's answer to the write that carried the record (shared by a batch).
+    pub reason: String,
 }
 
 /// `records` with `record` in place of any with the same id and role, newest first, cut to
@@ -67,18 +78,77 @@ pub fn upsert(records: &[HandoverRecord], record: HandoverRecord) -> Vec<Handove
     next
 }
 
-/// Writes `record` into queue `name`'s `status.lastHandovers`. A queue that no longer exists
-/// has nothing to record on: that is not an error (retrying would never end).
-pub async fn write(
+/// Writes handover records into the queues' `status.lastHandovers`, one writer per queue at a
+/// time, each write carrying every record waiting for its queue. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct RecordWriter {
+    queues: Arc<Mutex<HashMap<String, Arc<QueueTurn>>>>,
+}
+
+/// One queue's records waiting to be written, and the turn to write them.
+#[derive(Default)]
+struct QueueTurn {
+    waiting: Mutex<Vec<Waiting>>,
+    turn: tokio::sync::Mutex<()>,
+}
+
+struct Waiting {
+    record: HandoverRecord,
+    written: oneshot::Sender<Result<(), String>>,
+}
+
+impl RecordWriter {
+    /// Writes `record` into queue `name`'s `status.lastHandovers`, with the records of other
+    /// handovers waiting for the same queue. A queue that no longer exists has nothing to
+    /// record on: that is not an error (retrying would never end).
+    pub async fn write(
+        &self,
+        api: &Api<GpuQueue>,
+        name: &str,
+        record: &HandoverRecord,
+    ) -> Result<(), RecordError> {
+        let turn = lock(&self.queues)
+            .entry(name.to_owned())
+            .or_default()
+            .clone();
+        let (written, result) = oneshot::channel();
+        lock(&turn.waiting).push(Waiting {
+            record: record.clone(),
+            written,
+        });
+        {
+            // Whoever takes the turn after a record was queued writes it: this caller, or one
+            // that queued earlier and took the turn later.
+            let _turn = turn.turn.lock().await;
+            let batch = std::mem::take(&mut *lock(&turn.waiting));
+            if !batch.is_empty() {
+                let records: Vec<&HandoverRecord> = batch.iter().map(|w| &w.record).collect();
+                let outcome = write_batch(api, name, &records)
+                    .await
+                    .map_err(|e| e.to_string());
+                for waiting in batch {
+                    let _ = waiting.written.send(outcome.clone());
+                }
+            }
+        }
+        let outcome = result
+            .await
+            .unwrap_or_else(|_| Err("the write carrying it was dropped".to_owned()));
+        outcome.map_err(|reason| RecordError {
+            queue: name.to_owned(),
+            id: record.id.clone(),
+            reason,
+        })
+    }
+}
+
+/// Writes `records` into queue `name`'s `status.lastHandovers` in one patch, taking every
+/// owner's reclaim out of `status.reclaimsInFlight` in the same patch.
+async fn write_batch(
     api: &Api<GpuQueue>,
     name: &str,
-    record: &HandoverRecord,
-) -> Result<(), RecordError> {
-    let error = |source| RecordError {
-        queue: name.to_owned(),
-        id: record.id.clone(),
-        source,
-    };
+    records: &[&HandoverRecord],
+) -> Result<(), kube::Error> {
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
@@ -89,29 +159,35 @@ pub async fn write(
         let queue = match api.get_status(name).await {
             Ok(queue) => queue,
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(source) => return Err(error(source)),
+            Err(source) => return Err(source),
         };
         let status = queue.status.as_ref();
-        let current = status
-            .map(|s| s.last_handovers.as_slice())
+        let mut handovers = status.map(|s| s.last_handovers.clone()).unwrap_or_default();
+        let mut in_flight = status
+            .map(|s| s.reclaims_in_flight.clone())
             .unwrap_or_default();
+        let mut in_flight_changed = false;
+        for record in records {
+            handovers = upsert(&handovers, (*record).clone());
+            if record.role == OWNER
+                && let Some(rest) = in_flight::without(&in_flight, &record.id)
+            {
+                in_flight = rest;
+                in_flight_changed = true;
+            }
+        }
         let mut body = json!({
             "metadata": {"resourceVersion": queue.metadata.resource_version},
-            "status": {"lastHandovers": upsert(current, record.clone())},
+            "status": {"lastHandovers": handovers},
         });
-        let in_flight = status
-            .map(|s| s.reclaims_in_flight.as_slice())
-            .unwrap_or_default();
-        if record.role == OWNER
-            && let Some(rest) = in_flight::without(in_flight, &record.id)
-        {
-            body["status"]["reclaimsInFlight"] = json!(rest);
+        if in_flight_changed {
+            body["status"]["reclaimsInFlight"] = json!(in_flight);
         }
         match api.patch_status(name, &params, &Patch::Merge(&body)).await {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
-            Err(source) => return Err(error(source)),
+            Err(source) => return Err(source),
         }
     }
 }
