@@ -43,7 +43,7 @@ pub struct Burst {
     pub reclaims: usize,
     /// Each owner pod: first found blocked (the operator's `startedAt`) → seen bound.
     pub found_blocked_to_bound_ms: Vec<f64>,
-    /// The records of the handovers that the watch saw (`lastHandovers` keeps ten).
+    /// The records of the handovers that the watch saw (`lastHandovers` keeps the last 32).
     pub handovers: Vec<Handover>,
 }
 
@@ -196,8 +196,8 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         .iter()
         .map(|(n, _)| format!("{}/{n}", bench.online))
         .collect();
-    // Each record is its own status write, so the watch sees it unless it is cut from the
-    // ten kept as soon as it is written; give the last ones a moment, then take what was seen.
+    // Records are written as their handovers end (a batch per queue at a time); give the last
+    // ones a moment, then take what was seen.
     let _ = wait_for(
         "every handover record",
         std::time::Duration::from_secs(10),

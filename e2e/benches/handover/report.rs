@@ -2,6 +2,7 @@
 
 use std::fmt::Write as _;
 
+use gpuqueue_api::v1alpha1::MAX_HANDOVER_RECORDS;
 use gpuqueue_e2e::repo_root;
 use serde_json::json;
 
@@ -273,8 +274,8 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
     for count in &counts {
         let _ = writeln!(
             text,
-            "- {}: {} owner pods in {} rounds, {} reclaims started for them, {} handover records seen (the status keeps ten; \
-             a record cut as soon as it is written is not seen), {} over budget, {} missing a \
+            "- {}: {} owner pods in {} rounds, {} reclaims started for them, {} handover records seen (the status keeps the last \
+             {MAX_HANDOVER_RECORDS} per queue), {} over budget, {} missing a \
              phase, {} not Completed.",
             count["mode"].as_str().unwrap_or_default(),
             count["owner_pods"],
