@@ -63,6 +63,8 @@ unit: ## Unit, scenario and property tests of every crate (no cluster)
 # built from the Go module proxy by e2e/scripts/build-tools.sh and cached under
 # ~/.cache/gpuqueue-e2e; the script prints the binary directory and is a no-op when cached.
 E2E_TOOLS := e2e/scripts/build-tools.sh
+# Debian packages end-to-end tests run for real, as PACKAGE:COMMAND; installed when COMMAND is missing.
+E2E_DEBIAN_PACKAGES :=
 E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
 
@@ -70,8 +72,12 @@ E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-c
 e2e-tools: ## Build the control-plane binaries from Go modules (minutes once, then cached)
 	@$(E2E_TOOLS) >/dev/null
 
+.PHONY: e2e-packages
+e2e-packages: ## Install the Debian packages the end-to-end tests run (needs root when one is missing)
+	@e2e/scripts/debian-packages.sh $(E2E_DEBIAN_PACKAGES)
+
 .PHONY: e2e
-e2e: ## End-to-end tests; each test starts and stops its own control plane, even on failure
+e2e: e2e-packages ## End-to-end tests; each test starts and stops its own control plane, even on failure
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) test --locked -p gpuqueue-e2e
 
 .PHONY: cluster-up
