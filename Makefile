@@ -77,7 +77,7 @@ unit: ## Unit, scenario and property tests of every crate (no cluster)
 # ~/.cache/gpuqueue-e2e; the script prints the binary directory and is a no-op when cached.
 E2E_TOOLS := e2e/scripts/build-tools.sh
 # Debian packages end-to-end tests run for real, as PACKAGE:COMMAND; installed when COMMAND is missing.
-E2E_DEBIAN_PACKAGES :=
+E2E_DEBIAN_PACKAGES := prometheus:prometheus prometheus:promtool
 E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
 

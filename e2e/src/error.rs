@@ -64,6 +64,10 @@ pub enum Error {
     #[error("generating the service-account signing key: {0}")]
     Key(#[from] rcgen::Error),
 
+    /// A test server (Prometheus) could not be reached or answered an error.
+    #[error("{what}: {reason}")]
+    Http { what: String, reason: String },
+
     /// The state of a detached cluster is missing or unreadable.
     #[error("cluster state {path}: {reason}")]
     State { path: PathBuf, reason: String },

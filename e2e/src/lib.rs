@@ -23,6 +23,7 @@ mod namespace;
 mod nodes;
 mod pods;
 mod process;
+mod prometheus;
 mod slot;
 mod stages;
 mod wait;
@@ -40,6 +41,7 @@ pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
 pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};
 pub use pods::{bound_pod, describe_pod, gpu_pod, pod_condition};
 pub use process::ManagedProcess;
+pub use prometheus::{Alert, Prometheus, PrometheusConfig, RuleHealth};
 pub use slot::SLOTS;
 pub use stages::{
     IGNORES_SIGTERM_ANNOTATION, KubeletTiming, NodeBehaviour, READY_AFTER_ANNOTATION,
