@@ -117,7 +117,16 @@ impl Prometheus {
             ))
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--log.level=info");
-        let process = cluster.spawn("prometheus", command)?;
+        let process = cluster
+            .spawn("prometheus", command)
+            .map_err(|error| match error {
+                Error::Io { source, .. } => Error::Io {
+                    what: "starting prometheus (Debian's prometheus package: make e2e-packages)"
+                        .into(),
+                    source,
+                },
+                other => other,
+            })?;
         let server = Self {
             process,
             url: format!("http://127.0.0.1:{port}"),

@@ -307,7 +307,8 @@ fn gpuqueue_series(expr: &str) -> Vec<&str> {
 
 /// What [`stage_a_reclaim`] leaves running, kept for the test's life.
 struct Staged {
-    _namespaces: [TempNamespace; 2],
+    /// online's and batch's.
+    namespaces: [TempNamespace; 2],
     _vllm_servers: Vec<FakeVllm>,
     /// `(namespace, name)` of the batch pods that held the node's GPUs.
     borrowers: Vec<(String, String)>,
@@ -360,7 +361,7 @@ async fn stage_a_reclaim(cluster: &ControlPlane) -> Staged {
     create(&owners, &gpu_pod("too-big", NVIDIA_GPU, 4)).await;
     waiting_reason(&owners, "too-big").await;
     Staged {
-        _namespaces: [online, batch],
+        namespaces: [online, batch],
         _vllm_servers: servers,
         borrowers: held,
     }
@@ -381,6 +382,35 @@ async fn has_data(prometheus: &Prometheus, expr: &str) {
     )
     .await
     .unwrap();
+}
+
+/// The value of the one series `expr` returns.
+async fn value(prometheus: &Prometheus, expr: &str) -> f64 {
+    let series = prometheus.query(expr).await.unwrap();
+    assert_eq!(series.len(), 1, "{expr}: {series:?}");
+    series[0]["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+/// The series added for the alerts, after the staged reclaim: one handover of online's within
+/// its budget or not, online's pod waiting over its ceiling, the namespaces each queue claims,
+/// a ready webhook.
+async fn the_series_the_alerts_need_say_what_happened(prometheus: &Prometheus, staged: &Staged) {
+    let [online, batch] = &staged.namespaces;
+    let handovers = value(
+        prometheus,
+        "sum(gpuqueue_handovers_total{queue=\"online\"})",
+    )
+    .await;
+    assert!((handovers - 1.0).abs() < f64::EPSILON, "{handovers}");
+    let waiting = "gpuqueue_queue_waiting_pods{queue=\"online\", reason=\"OverCeiling\"}";
+    assert!((value(prometheus, waiting).await - 1.0).abs() < f64::EPSILON);
+    for (queue, namespace) in [("online", online.name()), ("batch", batch.name())] {
+        let claim = format!(
+            "gpuqueue_queue_namespace_info{{queue=\"{queue}\", namespace=\"{namespace}\"}}"
+        );
+        assert!((value(prometheus, &claim).await - 1.0).abs() < f64::EPSILON);
+    }
+    assert!((value(prometheus, "gpuqueue_webhook_ready").await - 1.0).abs() < f64::EPSILON);
 }
 
 /// Waits until every rule has been evaluated; fails at once on a rule in error.
@@ -481,6 +511,7 @@ async fn a_live_prometheus_evaluates_every_rule_and_dashboard_query_and_fires_on
     )
     .await;
     every_rule_evaluates(&prometheus).await;
+    the_series_the_alerts_need_say_what_happened(&prometheus, &staged).await;
 
     // The recording rules join DCGM to the queues: data for the batch queue's GPUs.
     has_data(
