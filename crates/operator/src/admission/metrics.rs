@@ -198,9 +198,12 @@ pub struct QueueRow {
     pub namespaces: Vec<String>,
 }
 
+/// Pods left waiting, by queue and reason code.
+pub type Waiting = BTreeMap<String, BTreeMap<&'static str, i64>>;
+
 /// Pods left waiting by `decisions`, by queue and reason code.
-pub fn waiting_pods(decisions: &[Decision]) -> BTreeMap<String, BTreeMap<&'static str, i64>> {
-    let mut waiting: BTreeMap<String, BTreeMap<&'static str, i64>> = BTreeMap::new();
+pub fn waiting_pods(decisions: &[Decision]) -> Waiting {
+    let mut waiting = Waiting::new();
     for decision in decisions {
         if let Decision::Wait(Wait {
             queue: Some(queue),

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 
 use super::{
     context::{Context, Shared, WriteResult},
-    metrics::{FragmentationReport, QueueRow},
+    metrics::{FragmentationReport, QueueRow, Waiting},
     observe::InvalidQueue,
 };
 use crate::{
@@ -47,9 +47,6 @@ pub(super) fn report(
     publish_fragmentation(&shared.context, snapshot);
     statuses
 }
-
-/// Pods left waiting by queue and reason code (see [`super::metrics::waiting_pods`]).
-pub(super) type Waiting = BTreeMap<String, BTreeMap<&'static str, i64>>;
 
 /// What the queue gauges show beyond the status, by queue.
 struct GaugeExtras {
