@@ -69,8 +69,9 @@ E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
 # Options of `gpuqueue-e2e-cluster up`, such as --gpu-nodes 2 --gpus-per-node 4.
 CLUSTER_UP_FLAGS ?=
-# The kubectl plugin, built beside the cluster binary: cluster-env puts it on the PATH.
-PLUGIN_BUILD = $(CARGO) build --quiet --locked -p gpuqueue-cli --bin kubectl-gpuqueue
+# The kubectl plugin, built beside the cluster binary: cluster-env puts it on the PATH. With the
+# operator (the demo runs it), in the command the CLI's end-to-end tests run, so one build serves all.
+PLUGIN_BUILD = $(CARGO) build --quiet --locked -p gpuqueue-cli -p gpuqueue-operator --bin kubectl-gpuqueue --bin gpuqueue-operator
 
 .PHONY: e2e-tools
 e2e-tools: ## Build the control-plane binaries from Go modules (minutes once, then cached)
@@ -84,10 +85,11 @@ e2e-packages: ## Install the Debian packages the end-to-end tests run (needs roo
 e2e: e2e-packages ## End-to-end tests; each test starts and stops its own control plane, even on failure
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) test --locked -p gpuqueue-e2e
 
+# GPUQUEUE_E2E_BIN, as for the harness, names control-plane binaries to use instead of the cache.
 .PHONY: cluster-up
 cluster-up: ## Start a local cluster with KWOK GPU nodes (state in .e2e/; see cluster-env)
 	@$(PLUGIN_BUILD)
-	@bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(E2E_CLUSTER) up --dir $(E2E_DIR) $(CLUSTER_UP_FLAGS)
+	@bin=$${GPUQUEUE_E2E_BIN:-$$($(E2E_TOOLS))} && GPUQUEUE_E2E_BIN="$$bin" $(E2E_CLUSTER) up --dir $(E2E_DIR) $(CLUSTER_UP_FLAGS)
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local cluster's processes and remove .e2e/

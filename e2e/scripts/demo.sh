@@ -52,8 +52,7 @@ make -s cluster-up
 eval "$(make -s cluster-env)"
 kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.metadata.labels.nvidia\.com/gpu\.product,WHOLE GPUS:.status.allocatable.nvidia\.com/gpu,MIG 1g.10gb:.status.allocatable.nvidia\.com/mig-1g\.10gb,MIG 3g.40gb:.status.allocatable.nvidia\.com/mig-3g\.40gb' | sed 's/^/   /'
 
-say "Building and starting the operator"
-cargo build --quiet --locked -p gpuqueue-operator
+say "Starting the operator (make cluster-up built it, and kubectl-gpuqueue)"
 kubectl apply --server-side -f crds/ >/dev/null
 kubectl apply --server-side -f config/namespace.yaml >/dev/null
 # What config/ ships but the Deployment and its Services (the operator runs on this machine):

@@ -17,7 +17,8 @@ use gpuqueue_e2e::{
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
-/// Builds `kubectl-gpuqueue`; returns the folder that holds it.
+/// Builds `kubectl-gpuqueue` (with the operator, in the one command `cli_inspect` and
+/// `make cluster-up` run, so that no test rebuilds what another built); returns its folder.
 fn build_plugin() -> PathBuf {
     let status = Command::new(env!("CARGO"))
         .args([
@@ -26,13 +27,17 @@ fn build_plugin() -> PathBuf {
             "--locked",
             "-p",
             "gpuqueue-cli",
+            "-p",
+            "gpuqueue-operator",
             "--bin",
             "kubectl-gpuqueue",
+            "--bin",
+            "gpuqueue-operator",
         ])
         .current_dir(repo_root())
         .status()
         .unwrap();
-    assert!(status.success(), "building the CLI failed");
+    assert!(status.success(), "building the CLI and the operator failed");
     target_dir().join("debug")
 }
 
