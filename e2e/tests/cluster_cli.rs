@@ -143,3 +143,60 @@ fn cluster_outlives_up_serves_kubectl_and_the_plugin_and_down_stops_exactly_it()
     let env = make(&dir, "cluster-env", &[]);
     assert!(!env.status.success(), "env fails when no cluster runs");
 }
+
+/// Runs `make demo-down` when dropped, so a failed demo leaves nothing running.
+struct DemoDown<'a>(&'a Path);
+
+impl Drop for DemoDown<'_> {
+    fn drop(&mut self) {
+        make(self.0, "demo-down", &[]);
+    }
+}
+
+/// `make demo` twice in a row, as a new user may: the second run stops what the first left
+/// running (its fake vLLM holding the admin port, its operator, its cluster) and shows every
+/// section again, with a waiting pod's real reason. Ports are free ones, not the defaults, so
+/// that a demo a person is running on this machine is left alone.
+#[test]
+fn make_demo_runs_twice_and_shows_why_a_pod_waits() {
+    let dir = std::env::temp_dir().join(format!("gpuqueue-e2e-demo-{}", std::process::id()));
+    let _down = DemoDown(&dir);
+    let ports = [free_port(), free_port(), free_port()];
+    let vars = [
+        format!("DEMO_METRICS_PORT={}", ports[0]),
+        format!("DEMO_WEBHOOK_PORT={}", ports[1]),
+        format!("DEMO_VLLM_ADMIN=127.0.0.1:{}", ports[2]),
+    ];
+    let vars: Vec<&str> = vars.iter().map(String::as_str).collect();
+    for run in ["first", "second"] {
+        let demo = make(&dir, "demo", &vars);
+        let out = String::from_utf8_lossy(&demo.stdout);
+        assert!(demo.status.success(), "the {run} demo failed");
+        let reason = out
+            .split_once("A pod that waits says why")
+            .and_then(|(_, rest)| rest.lines().nth(1))
+            .unwrap_or_default()
+            .trim();
+        assert!(
+            reason
+                .starts_with("OverCeiling: queue batch: nvidia.com/gpu allocated 24 + requested 1"),
+            "{run} demo: {reason:?}"
+        );
+        assert!(out.contains("Normal   OverCeiling   queue batch"), "{out}");
+        assert!(out.contains("Cluster: 28 of 41 GPUs allocated"), "{out}");
+        assert!(out.contains("BorrowCooldown: queue batch"), "{out}");
+        if run == "second" {
+            assert!(
+                out.contains("demo-down: stopped target/debug/fake-vllm"),
+                "{out}"
+            );
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
