@@ -80,6 +80,11 @@ E2E_TOOLS := e2e/scripts/build-tools.sh
 E2E_DEBIAN_PACKAGES := prometheus:prometheus prometheus:promtool
 E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
+# Options of `gpuqueue-e2e-cluster up`, such as --gpu-nodes 2 --gpus-per-node 4.
+CLUSTER_UP_FLAGS ?=
+# The kubectl plugin, built beside the cluster binary: cluster-env puts it on the PATH. With the
+# operator (the demo runs it), in the command the CLI's end-to-end tests run, so one build serves all.
+PLUGIN_BUILD = $(CARGO) build --quiet --locked -p gpuqueue-cli -p gpuqueue-operator --bin kubectl-gpuqueue --bin gpuqueue-operator
 
 .PHONY: e2e-tools
 e2e-tools: ## Build the control-plane binaries from Go modules (minutes once, then cached)
@@ -93,16 +98,18 @@ e2e-packages: ## Install the Debian packages the end-to-end tests run (needs roo
 e2e: e2e-packages ## End-to-end tests; each test starts and stops its own control plane, even on failure
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) test --locked -p gpuqueue-e2e
 
+# GPUQUEUE_E2E_BIN, as for the harness, names control-plane binaries to use instead of the cache.
 .PHONY: cluster-up
 cluster-up: ## Start a local cluster with KWOK GPU nodes (state in .e2e/; see cluster-env)
-	@bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(E2E_CLUSTER) up --dir $(E2E_DIR)
+	@$(PLUGIN_BUILD)
+	@bin=$${GPUQUEUE_E2E_BIN:-$$($(E2E_TOOLS))} && GPUQUEUE_E2E_BIN="$$bin" $(E2E_CLUSTER) up --dir $(E2E_DIR) $(CLUSTER_UP_FLAGS)
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local cluster's processes and remove .e2e/
 	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
 
 .PHONY: cluster-env
-cluster-env: ## Print KUBECONFIG/PATH exports for the local cluster: eval "$(make -s cluster-env)"
+cluster-env: ## Print KUBECONFIG/PATH exports (kubectl, kubectl gpuqueue) for the local cluster: eval "$(make -s cluster-env)"
 	@$(E2E_CLUSTER) env --dir $(E2E_DIR)
 
 .PHONY: bench-core
@@ -140,14 +147,12 @@ test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify
 
 .PHONY: demo
 demo: ## Local control plane, the operator and two tenants: watch one borrow the other's idle GPUs, then take them back
-	@e2e/scripts/demo.sh
-	@e2e/scripts/demo-reclaim.sh
+	@E2E_DIR=$(E2E_DIR) e2e/scripts/demo.sh
+	@E2E_DIR=$(E2E_DIR) e2e/scripts/demo-reclaim.sh
 
 .PHONY: demo-down
-demo-down: ## Stop the demo's operator and its cluster
-	@if [ -f $(E2E_DIR)/operator.pid ]; then kill "$$(cat $(E2E_DIR)/operator.pid)" 2>/dev/null || true; rm -f $(E2E_DIR)/operator.pid; fi
-	@if [ -f $(E2E_DIR)/fake-vllm.pid ]; then kill "$$(cat $(E2E_DIR)/fake-vllm.pid)" 2>/dev/null || true; rm -f $(E2E_DIR)/fake-vllm.pid; fi
-	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
+demo-down: ## Stop the demo's fake vLLM, its operator and its cluster (make demo does this first)
+	@E2E_DIR=$(E2E_DIR) e2e/scripts/demo-down.sh
 
 .PHONY: bench-admission
 bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes e2e/results/admission.{json,md}

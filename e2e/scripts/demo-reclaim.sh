@@ -39,7 +39,17 @@ fi
 
 say "Each batch pod serves vLLM on its pod IP (a fake vLLM here, whose pause takes 1.2 s)"
 cargo build --quiet --locked -p gpuqueue-fake-vllm
-if [ -f "$VLLM_PID" ]; then kill "$(cat "$VLLM_PID")" 2>/dev/null || true; rm -f "$VLLM_PID"; fi
+if [ -f "$VLLM_PID" ]; then # this part run again: stop its fake vLLM, wait until the port is free
+    pid=$(cat "$VLLM_PID")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "$VLLM_PID"
+fi
+if (exec 3<>"/dev/tcp/${VLLM_ADMIN%:*}/${VLLM_ADMIN##*:}") 2>/dev/null; then
+    echo "demo-reclaim: $VLLM_ADMIN is taken by another process (a fake vLLM this demo did not start?);" \
+        "stop it, or choose another address with DEMO_VLLM_ADMIN" >&2
+    exit 1
+fi
 mapfile -t ips < <(kubectl get pods -n batch --field-selector=status.phase=Running \
     -o jsonpath='{range .items[*]}{.status.podIP}{"\n"}{end}' | grep -v '^$')
 nohup target/debug/fake-vllm --listen "${ips[0]}:8000" --admin "$VLLM_ADMIN" \
@@ -91,11 +101,14 @@ first_lines kubectl get events -n online --field-selector reason=HandoverComplet
 say "Who has what now"
 kubectl get gq
 step "" "batch's replacements wait: it may not borrow again within its minBorrowDuration (30s):"
-gated=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.name}{" "}{end}')
-waiting=${gated%% *}
-if [ -n "$waiting" ]; then
-    kubectl get pod -n batch "$waiting" -o jsonpath='{.metadata.annotations.gpuqueue\.io/waiting-reason}{"\n"}' | fold -s -w 100 | sed 's/^/     /'
-fi
+# A replacement's reason is written in the operator's pass after the replacement appears.
+reason=
+reason_written() {
+    reason=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.annotations.gpuqueue\.io/waiting-reason}{"\n"}{end}' | grep '^BorrowCooldown' | sed -n 1p)
+    [ -n "$reason" ]
+}
+until_true "a replacement's waiting reason" reason_written
+printf '%s\n' "$reason" | fold -s -w 100 | sed 's/^/     /'
 step "" "Handover metrics (http://127.0.0.1:$METRICS_PORT/metrics):"
 curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" \
     | grep -E '^gpuqueue_(handover_seconds_(sum|count)|checkpoints_total|evictions_total|reclaims_per_minute)' \

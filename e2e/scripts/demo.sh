@@ -30,20 +30,29 @@ until_true() {
     exit 1
 }
 
+# `port_is_free <port>`: nothing listens on 127.0.0.1:<port>.
+port_is_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
 queue_is() { # queue allocated borrowed lent pending
     [ "$(kubectl get gq "$1" -o jsonpath='{.status.summary.allocated}/{.status.summary.borrowed}/{.status.summary.lent}/{.status.summary.pending}')" = "$2/$3/$4/$5" ]
 }
 
 say "Starting a local control plane (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, KWOK)"
 step "The first run builds Kubernetes v1.36 from the Go module proxy (about 10 minutes on 2 cores)."
-if [ -f "$OPERATOR_PID" ]; then kill "$(cat "$OPERATOR_PID")" 2>/dev/null || true; rm -f "$OPERATOR_PID"; fi
-make -s cluster-down >/dev/null 2>&1 || true
+# What an earlier demo left running: its fake vLLM, its operator, its cluster.
+E2E_DIR=$DIR e2e/scripts/demo-down.sh
+for port in "$METRICS_PORT" "$WEBHOOK_PORT"; do
+    if ! port_is_free "$port"; then
+        echo "demo: 127.0.0.1:$port is taken by another process (an operator not started by this demo?);" \
+            "stop it, or choose other ports with DEMO_METRICS_PORT and DEMO_WEBHOOK_PORT" >&2
+        exit 1
+    fi
+done
 make -s cluster-up
 eval "$(make -s cluster-env)"
 kubectl get nodes -o custom-columns='NAME:.metadata.name,GPU:.metadata.labels.nvidia\.com/gpu\.product,WHOLE GPUS:.status.allocatable.nvidia\.com/gpu,MIG 1g.10gb:.status.allocatable.nvidia\.com/mig-1g\.10gb,MIG 3g.40gb:.status.allocatable.nvidia\.com/mig-3g\.40gb' | sed 's/^/   /'
 
-say "Building and starting the operator"
-cargo build --quiet --locked -p gpuqueue-operator
+say "Starting the operator (make cluster-up built it, and kubectl-gpuqueue)"
 kubectl apply --server-side -f crds/ >/dev/null
 kubectl apply --server-side -f config/namespace.yaml >/dev/null
 # What config/ ships but the Deployment and its Services (the operator runs on this machine):
@@ -106,7 +115,15 @@ step "8 run on batch's own guarantee, 16 borrow online's idle GPUs, 2 wait above
 deployment batch 26
 until_true "batch to borrow" queue_is batch 24 16 0 2
 kubectl get gq
-waiting=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.name}{"\n"}{end}' | sed -n 1p)
+# The operator writes the reason in the pass after it counts the pod, and the event after that.
+waiting=
+reason_written() {
+    waiting=$(kubectl get pods -n batch -o jsonpath='{range .items[?(@.spec.schedulingGates)]}{.metadata.name}{" "}{.metadata.annotations.gpuqueue\.io/waiting-reason}{"\n"}{end}' | awk 'NF > 1 {print $1}' | sed -n 1p)
+    [ -n "$waiting" ]
+}
+until_true "a waiting pod's reason" reason_written
+event_published() { [ -n "$(kubectl get events -n batch --field-selector "involvedObject.name=$waiting" -o name)" ]; }
+until_true "the waiting pod's event" event_published
 step "" "A pod that waits says why (annotation gpuqueue.io/waiting-reason, and an event):"
 kubectl get pod -n batch "$waiting" -o jsonpath='{.metadata.annotations.gpuqueue\.io/waiting-reason}{"\n"}' | fold -s -w 100 | sed 's/^/     /'
 kubectl get events -n batch --field-selector "involvedObject.name=$waiting" \
@@ -115,6 +132,9 @@ step "" "Where the pods went (the operator pinned each one; kube-scheduler bound
 kubectl get pods -n batch --field-selector=status.phase=Running --sort-by=.spec.nodeName \
     -o custom-columns=NAME:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName | sed -n 1,6p | sed 's/^/     /'
 step "     ..."
+
+say "The GPU pools at a glance: kubectl gpuqueue top (allocated, free, fragmented, who holds them)"
+kubectl gpuqueue top | sed 's/^/   /'
 
 say "Every queue's numbers are also Prometheus metrics (http://127.0.0.1:$METRICS_PORT/metrics)"
 curl -fsS "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^gpuqueue_queue_(allocated|borrowed|lent)_gpus' | sed 's/^/   /'

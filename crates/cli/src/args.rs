@@ -24,6 +24,9 @@ pub enum Command {
     /// The last handovers (reclaims) with their phase timings, victims and checkpoints.
     #[command(after_help = HANDOVERS_EXAMPLES)]
     Handovers(HandoversArgs),
+    /// GPUs per node and resource: allocated, free, fragmented, and which queues hold them.
+    #[command(after_help = TOP_EXAMPLES)]
+    Top(TopArgs),
     /// Simulate policies without a cluster: placement on a trace, or quotas on a scenario.
     #[command(after_help = SIMULATE_EXAMPLES)]
     Simulate(SimulateArgs),
@@ -54,6 +57,16 @@ const HANDOVERS_EXAMPLES: &str = "\
 Examples:
   kubectl gpuqueue handovers
   kubectl gpuqueue handovers online -o json";
+
+const TOP_EXAMPLES: &str = "\
+FRAGMENTED is the node's free GPU capacity that the GPU pods in the cluster, as a mix of shapes
+(FGD's typical pods), could not use: the measure gpuqueue's placement keeps low, and the one the
+operator exports as gpuqueue_node_fragmented_gpus. It covers all the node's resources, so it is
+shown on the node's first row.
+
+Examples:
+  kubectl gpuqueue top
+  kubectl gpuqueue top -o json";
 
 /// How to reach the cluster: kubectl's kubeconfig rules, which a kubectl plugin does not
 /// inherit from kubectl's own flags.
@@ -114,6 +127,15 @@ pub struct ExplainArgs {
 pub struct HandoversArgs {
     /// Only this queue's handovers (default: every queue's, each handover once).
     pub queue: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct TopArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
     /// Output format.

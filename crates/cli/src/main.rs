@@ -22,6 +22,7 @@ fn main() -> ExitCode {
         Command::Handovers(args) => {
             gpuqueue_cli::handovers::run(args, now(), &mut stdout).map_err(|e| e.to_string())
         }
+        Command::Top(args) => gpuqueue_cli::top::run(args, &mut stdout).map_err(|e| e.to_string()),
         Command::Simulate(args) => gpuqueue_cli::simulate::run(args).map_err(|e| with_causes(&e)),
     };
     match result {

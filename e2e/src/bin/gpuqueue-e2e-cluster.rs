@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! gpuqueue-e2e-cluster up          # starts it, state in .e2e/
-//! eval "$(gpuqueue-e2e-cluster env)"  # KUBECONFIG and the matching kubectl on PATH
+//! eval "$(gpuqueue-e2e-cluster env)"  # KUBECONFIG, the matching kubectl and kubectl-gpuqueue on PATH
 //! gpuqueue-e2e-cluster down        # stops exactly its processes, removes .e2e/
 //! ```
 
@@ -41,7 +41,8 @@ enum Action {
     },
     /// Stop the cluster's processes and remove its state directory.
     Down,
-    /// Print `export` lines for KUBECONFIG and PATH (use with `eval`).
+    /// Print `export` lines for KUBECONFIG and PATH (use with `eval`): the cluster's kubectl
+    /// and the `kubectl-gpuqueue` plugin built beside this binary.
     Env,
 }
 
@@ -101,7 +102,42 @@ async fn up(dir: &Path, gpu_nodes: u32, gpus_per_node: u32, mig_node: bool) -> R
         cluster.log_dir().display()
     );
     cluster.detach().map_err(|e| e.to_string())?;
+    link_plugin(&dir)
+}
+
+/// The folder `env` puts first on the PATH: it holds only a link to the plugin, so the other
+/// binaries of the build (the operator, the fake vLLM) stay off the user's PATH.
+fn plugin_dir(dir: &Path) -> PathBuf {
+    dir.join("plugin")
+}
+
+/// The `kubectl-gpuqueue` of this build: cargo writes it beside this binary (`make cluster-up`
+/// builds both).
+fn built_plugin() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("locating this binary: {e}"))?;
+    Ok(exe.with_file_name(PLUGIN))
+}
+
+const PLUGIN: &str = "kubectl-gpuqueue";
+
+fn link_plugin(dir: &Path) -> Result<(), String> {
+    let plugin = built_plugin()?;
+    let folder = plugin_dir(dir);
+    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+    let link = folder.join(PLUGIN);
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&plugin, &link).map_err(|e| format!("{}: {e}", link.display()))?;
+    if !plugin.exists() {
+        eprintln!("{}", plugin_missing(&plugin));
+    }
     Ok(())
+}
+
+fn plugin_missing(plugin: &Path) -> String {
+    format!(
+        "note: {} is not built, so `kubectl gpuqueue` will not be found; build it with `cargo build -p gpuqueue-cli` (make cluster-up does)",
+        plugin.display()
+    )
 }
 
 async fn down(dir: &Path) -> Result<(), String> {
@@ -125,8 +161,19 @@ fn env(dir: &Path) -> Result<(), String> {
             dir.display()
         )
     })?;
+    let link = plugin_dir(&dir).join(PLUGIN);
+    if !link.exists() {
+        eprintln!(
+            "{}",
+            plugin_missing(&std::fs::read_link(&link).unwrap_or(link))
+        );
+    }
     println!("export KUBECONFIG={}", shell_quote(&cluster.kubeconfig));
-    println!("export PATH={}:\"$PATH\"", shell_quote(&cluster.bin_dir));
+    println!(
+        "export PATH={}:{}:\"$PATH\"",
+        shell_quote(&plugin_dir(&dir)),
+        shell_quote(&cluster.bin_dir)
+    );
     Ok(())
 }
 
