@@ -3,10 +3,14 @@
 //! time by a collector, so a deleted queue or node disappears from `/metrics` instead of
 //! lingering as a stale series.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use gpuqueue_api::v1alpha1::ResourceStatus;
-use gpuqueue_core::model::AdmittedAs;
+use gpuqueue_core::{
+    admission::{Decision, Wait},
+    model::AdmittedAs,
+};
 use prometheus_client::{
     collector::Collector,
     encoding::{
@@ -187,6 +191,31 @@ pub struct QueueRow {
     pub pending_pods: i64,
     /// Pods holding capacity without gpuqueue's admission.
     pub unadmitted_pods: i64,
+    /// Pods left waiting by the last pass, by reason code (`NoRoom`, `OverCeiling`, ...).
+    pub waiting: BTreeMap<&'static str, i64>,
+    /// The namespaces the queue alone claims, whose pods it holds: the series dashboards and
+    /// alerts join per-pod metrics (dcgm-exporter's `namespace`) on.
+    pub namespaces: Vec<String>,
+}
+
+/// Pods left waiting by `decisions`, by queue and reason code.
+pub fn waiting_pods(decisions: &[Decision]) -> BTreeMap<String, BTreeMap<&'static str, i64>> {
+    let mut waiting: BTreeMap<String, BTreeMap<&'static str, i64>> = BTreeMap::new();
+    for decision in decisions {
+        if let Decision::Wait(Wait {
+            queue: Some(queue),
+            reason,
+            ..
+        }) = decision
+        {
+            *waiting
+                .entry(queue.clone())
+                .or_default()
+                .entry(reason.code())
+                .or_default() += 1;
+        }
+    }
+    waiting
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -198,6 +227,18 @@ struct QueueResourceLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueLabels {
     queue: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WaitingLabels {
+    queue: String,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimLabels {
+    queue: String,
+    namespace: String,
 }
 
 /// Per-queue guaranteed, ceiling, allocated, borrowed, lent and pending GPUs by resource, and
@@ -304,8 +345,45 @@ impl Collector for QueueGauges {
             }
             encode_family(&mut encoder, name, help, &family)?;
         }
-        Ok(())
+        encode_waiting_and_claims(&mut encoder, &rows)
     }
+}
+
+/// Waiting pods by reason, and one info series per claimed namespace.
+fn encode_waiting_and_claims(
+    encoder: &mut DescriptorEncoder,
+    rows: &[QueueRow],
+) -> Result<(), std::fmt::Error> {
+    let waiting = Family::<WaitingLabels, Gauge>::default();
+    let claims = Family::<ClaimLabels, Gauge>::default();
+    for row in rows {
+        for (reason, pods) in &row.waiting {
+            let labels = WaitingLabels {
+                queue: row.queue.clone(),
+                reason,
+            };
+            waiting.get_or_create(&labels).set(*pods);
+        }
+        for namespace in &row.namespaces {
+            let labels = ClaimLabels {
+                queue: row.queue.clone(),
+                namespace: namespace.clone(),
+            };
+            claims.get_or_create(&labels).set(1);
+        }
+    }
+    encode_family(
+        encoder,
+        "queue_waiting_pods",
+        "Pods of the queue left waiting at the gate by the last admission pass, by reason",
+        &waiting,
+    )?;
+    encode_family(
+        encoder,
+        "queue_namespace_info",
+        "1 for each namespace the queue alone claims: join per-pod series on namespace to get the queue",
+        &claims,
+    )
 }
 
 fn encode_family<M: EncodeMetric>(
@@ -463,6 +541,8 @@ mod tests {
             admitted_pods: 12,
             pending_pods: 1,
             unadmitted_pods: 3,
+            waiting: BTreeMap::from([("NoRoom", 1)]),
+            namespaces: vec!["batch-jobs".into()],
         }]);
         metrics.admission.bypass_evicted("batch", "OverCeiling");
         let text = encode(&registry).unwrap();
@@ -477,6 +557,8 @@ mod tests {
             r#"gpuqueue_queue_pending_pods{queue="batch"} 1"#,
             r#"gpuqueue_queue_unadmitted_pods{queue="batch"} 3"#,
             r#"gpuqueue_quota_bypass_evictions_total{queue="batch",reason="OverCeiling"} 1"#,
+            r#"gpuqueue_queue_waiting_pods{queue="batch",reason="NoRoom"} 1"#,
+            r#"gpuqueue_queue_namespace_info{queue="batch",namespace="batch-jobs"} 1"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }
@@ -491,6 +573,8 @@ mod tests {
             admitted_pods: 0,
             pending_pods: 0,
             unadmitted_pods: 0,
+            waiting: BTreeMap::new(),
+            namespaces: Vec::new(),
         };
         metrics.queues.publish(vec![row("online"), row("batch")]);
         assert!(encode(&registry).unwrap().contains(r#"queue="online""#));

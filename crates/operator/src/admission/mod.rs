@@ -88,8 +88,9 @@ pub async fn run(context: Context, term: Term) {
         return;
     }
     tracing::info!(term = term.number(), "admission loop started");
-    // However the term ends (this future is aborted), the webhook stops admitting at creation.
-    let _withdraw = Withdraw(context.at_creation.clone());
+    // However the term ends (this future is aborted), the webhook stops admitting at creation
+    // and the gauges stop showing this replica's last pass.
+    let _withdraw = Withdraw(context.clone());
     let mut changes = context.stores.changes();
     let mut urgent_changes = context.stores.urgent_changes();
     let shared = Shared {
@@ -159,12 +160,18 @@ async fn wake_at(wake: Option<Timestamp>, at_creation: &AtCreation) {
     }
 }
 
-/// Withdraws the live snapshot from the webhook when dropped.
-struct Withdraw(AtCreation);
+/// Withdraws the live snapshot from the webhook when dropped, and empties the queue and
+/// fragmentation gauges: a standby shows no queue rows, so sums across replicas count the
+/// leader's alone.
+struct Withdraw(Context);
 
 impl Drop for Withdraw {
     fn drop(&mut self) {
-        self.0.withdraw();
+        self.0.at_creation.withdraw();
+        self.0.queue_gauges.publish(Vec::new());
+        self.0
+            .fragmentation_gauges
+            .publish(metrics::FragmentationReport::default());
     }
 }
 
@@ -266,6 +273,7 @@ fn run_pass(
         .record("decisions", decisions.len());
 
     // 3. apply: the writes the decisions call for start in the background, evictions too
+    let waiting = metrics::waiting_pods(&decisions);
     carried
         .enforce
         .start(shared, tasks, &snapshot, &decisions, &stuck_pins.pins);
@@ -279,7 +287,7 @@ fn run_pass(
     );
 
     // 4. report: queue status and events (background writes), gauges, the live snapshot
-    let statuses = report(shared, tasks, &snapshot, &invalid_queues, now);
+    let statuses = report(shared, tasks, &snapshot, &invalid_queues, waiting, now);
     let expiry = creation.next_expiry();
     let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
     let took = started.elapsed();

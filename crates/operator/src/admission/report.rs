@@ -1,11 +1,13 @@
 //! Stage 5: queue status by server-side apply where it changed, events for quota edits and
 //! condition changes, and the queue and fragmentation gauges.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use gpuqueue_api::v1alpha1::{GpuQueue, GpuQueueStatus};
 use gpuqueue_core::{
     Snapshot,
+    snapshot::Attribution,
     status::{QueueReport, invalid_spec_status, is_warning, queue_reports},
 };
 use jiff::Timestamp;
@@ -32,13 +34,54 @@ pub(super) fn report(
     tasks: &mut JoinSet<()>,
     snapshot: &Snapshot,
     invalid: &[InvalidQueue],
+    waiting: Waiting,
     now: Timestamp,
 ) -> usize {
     let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
     let reports = queue_reports(snapshot, &shared.context.reclaimer.handover_budgets());
-    let statuses = start_reports(shared, tasks, &reports, invalid, status_time);
+    let extras = GaugeExtras {
+        namespaces: claimed_namespaces(&shared.context.stores, snapshot),
+        waiting,
+    };
+    let statuses = start_reports(shared, tasks, &reports, invalid, extras, status_time);
     publish_fragmentation(&shared.context, snapshot);
     statuses
+}
+
+/// Pods left waiting by queue and reason code (see [`super::metrics::waiting_pods`]).
+pub(super) type Waiting = BTreeMap<String, BTreeMap<&'static str, i64>>;
+
+/// What the queue gauges show beyond the status, by queue.
+struct GaugeExtras {
+    /// The namespaces each queue alone claims.
+    namespaces: BTreeMap<String, Vec<String>>,
+    waiting: Waiting,
+}
+
+impl GaugeExtras {
+    fn fill(mut self, rows: &mut [QueueRow]) {
+        for row in rows {
+            row.namespaces = self.namespaces.remove(&row.queue).unwrap_or_default();
+            row.waiting = self.waiting.remove(&row.queue).unwrap_or_default();
+        }
+    }
+}
+
+/// The stored namespaces each queue alone claims, by the snapshot's attribution.
+fn claimed_namespaces(stores: &Stores, snapshot: &Snapshot) -> BTreeMap<String, Vec<String>> {
+    let mut claims: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for namespace in stores.namespaces.state() {
+        let Some(name) = namespace.metadata.name.as_deref() else {
+            continue;
+        };
+        if let Attribution::Queue(queue) = snapshot.attribution(name) {
+            claims
+                .entry(snapshot.queue(queue).name.clone())
+                .or_default()
+                .push(name.to_owned());
+        }
+    }
+    claims
 }
 
 /// A queue's status to write, with the one this process last knew.
@@ -55,15 +98,17 @@ fn start_reports(
     tasks: &mut JoinSet<()>,
     reports: &[QueueReport],
     invalid: &[InvalidQueue],
+    extras: GaugeExtras,
     now: Timestamp,
 ) -> usize {
-    let (desired, rows) = desired_statuses(
+    let (desired, mut rows) = desired_statuses(
         &shared.assumed,
         &shared.context.stores,
         reports,
         invalid,
         now,
     );
+    extras.fill(&mut rows);
     shared.context.queue_gauges.publish(rows);
     let mut started = 0;
     for write in desired {
@@ -109,6 +154,8 @@ fn desired_statuses(
                 admitted_pods: i64::from(status.admitted_pods),
                 pending_pods: i64::from(status.pending_pods),
                 unadmitted_pods: i64::from(report.unadmitted_pods),
+                waiting: BTreeMap::new(),
+                namespaces: Vec::new(),
             });
             desired.push(StatusWrite {
                 queue: queue.clone(),

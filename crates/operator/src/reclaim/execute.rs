@@ -365,6 +365,11 @@ impl Reclaimer {
         let completed = outcome == COMPLETED;
         self.metrics
             .finished(if completed { "completed" } else { "incomplete" });
+        self.metrics.handover_finished(
+            &handover.owner_queue,
+            timeline.at(Phase::OwnerBound),
+            timeline.budget,
+        );
         self.announce_finish(handover, outcome, victim_queues);
         tracing::info!(reclaim = %handover.id, outcome, resumed = handover.resumed, timeline = %timeline.summary(), "handover finished");
     }

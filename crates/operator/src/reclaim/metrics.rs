@@ -4,6 +4,8 @@
 //! `gpuqueue_handover_seconds{phase}` observes, for each phase, the time from the moment the
 //! owner was found blocked to the end of that phase (the same numbers as `atMillis` in a
 //! queue's `status.lastHandovers`), so `phase="ownerBound"` is the whole handover.
+//! `gpuqueue_handovers_total{queue,budget}` counts finished handovers by owner queue, `over`
+//! when the owner was not bound within the queue's budget (the alert's ratio).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -49,12 +51,20 @@ struct BudgetLabels {
     kind: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandoverLabels {
+    queue: String,
+    /// `met` or `over`.
+    budget: &'static str,
+}
+
 type PhaseHistograms = Family<PhaseLabels, Histogram, fn() -> Histogram>;
 
 /// Handover phases, checkpoint and eviction outcomes, reclaims started and finished.
 #[derive(Debug, Clone)]
 pub struct ReclaimMetrics {
     handover: PhaseHistograms,
+    handovers: Family<HandoverLabels, Counter>,
     checkpoints: Family<CheckpointLabels, Counter>,
     evictions: Family<OutcomeLabels, Counter>,
     started: Counter,
@@ -72,6 +82,7 @@ impl ReclaimMetrics {
             handover: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.005, 2.0, 15))
             }),
+            handovers: Family::default(),
             checkpoints: Family::default(),
             evictions: Family::default(),
             started: Counter::default(),
@@ -85,6 +96,11 @@ impl ReclaimMetrics {
             "Time from an owner found blocked by borrowers to the end of each handover phase",
             Unit::Seconds,
             metrics.handover.clone(),
+        );
+        registry.register(
+            "handovers",
+            "Finished handovers by owner queue and budget (over: the owner was not bound within the queue's handover budget)",
+            metrics.handovers.clone(),
         );
         registry.register(
             "checkpoints",
@@ -127,6 +143,18 @@ impl ReclaimMetrics {
                 phase: phase.as_str(),
             })
             .observe(at.as_secs_f64());
+    }
+
+    /// A handover for `queue` finished; the owner was bound `owner_bound` after the start, if
+    /// at all.
+    pub fn handover_finished(&self, queue: &str, owner_bound: Option<Duration>, budget: Duration) {
+        let met = owner_bound.is_some_and(|took| took <= budget);
+        self.handovers
+            .get_or_create(&HandoverLabels {
+                queue: queue.to_owned(),
+                budget: if met { "met" } else { "over" },
+            })
+            .inc();
     }
 
     pub fn checkpointed(&self, driver: &'static str, result: &'static str) {
@@ -232,6 +260,10 @@ mod tests {
         metrics.evicted("deleted_after_refusal");
         metrics.finished("completed");
         metrics.budget_planned("online", "overrun");
+        let budget = Duration::from_secs(3);
+        metrics.handover_finished("online", Some(Duration::from_millis(1400)), budget);
+        metrics.handover_finished("online", Some(Duration::from_millis(3100)), budget);
+        metrics.handover_finished("online", None, budget);
         let text = encode(&registry).unwrap();
         for line in [
             r#"gpuqueue_handover_seconds_count{phase="checkpoint"} 1"#,
@@ -241,6 +273,8 @@ mod tests {
             r#"gpuqueue_reclaims_finished_total{outcome="completed"} 1"#,
             r#"gpuqueue_reclaim_budget_overruns_planned_total{queue="online",kind="overrun"} 1"#,
             "gpuqueue_reclaims_per_minute 0",
+            r#"gpuqueue_handovers_total{queue="online",budget="met"} 1"#,
+            r#"gpuqueue_handovers_total{queue="online",budget="over"} 2"#,
         ] {
             assert!(text.contains(line), "missing {line} in\n{text}");
         }

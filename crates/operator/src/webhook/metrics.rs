@@ -57,6 +57,7 @@ struct WebhookLabels {
 #[derive(Debug, Clone)]
 pub struct WebhookMetrics {
     requests: Family<WebhookLabels, Counter>,
+    ready: Gauge,
     certificate_expiry: Gauge,
     rotations: Counter,
     ca_bundle_updates: Counter,
@@ -66,6 +67,7 @@ impl WebhookMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             requests: Family::default(),
+            ready: Gauge::default(),
             certificate_expiry: Gauge::default(),
             rotations: Counter::default(),
             ca_bundle_updates: Counter::default(),
@@ -74,6 +76,11 @@ impl WebhookMetrics {
             "webhook_requests",
             "Pod admission requests answered by the webhook, by result",
             metrics.requests.clone(),
+        );
+        registry.register(
+            "webhook_ready",
+            "1 while the webhook serves with its CA published in the webhook configuration (what /readyz requires of it), else 0",
+            metrics.ready.clone(),
         );
         registry.register(
             "webhook_certificate_expiry_timestamp_seconds",
@@ -95,6 +102,11 @@ impl WebhookMetrics {
 
     pub fn answered(&self, result: WebhookResult) {
         self.requests.get_or_create(&WebhookLabels { result }).inc();
+    }
+
+    /// Whether the webhook serves with its CA published (the readiness it reports).
+    pub fn serving(&self, serving: bool) {
+        self.ready.set(i64::from(serving));
     }
 
     pub fn certificate_issued(&self, expires_at_unix: i64) {
@@ -119,6 +131,7 @@ mod tests {
         metrics.answered(WebhookResult::Gated);
         metrics.certificate_issued(1_900_000_000);
         let text = encode(&registry).unwrap();
+        assert!(text.contains("gpuqueue_webhook_ready 0"), "{text}");
         assert!(
             text.contains(r#"gpuqueue_webhook_requests_total{result="gated"} 1"#),
             "{text}"
@@ -126,6 +139,12 @@ mod tests {
         assert!(
             text.contains("gpuqueue_webhook_certificate_expiry_timestamp_seconds 1900000000"),
             "{text}"
+        );
+        metrics.serving(true);
+        assert!(
+            encode(&registry)
+                .unwrap()
+                .contains("gpuqueue_webhook_ready 1")
         );
     }
 }

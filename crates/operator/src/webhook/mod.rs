@@ -173,7 +173,7 @@ pub async fn run(
         });
         publish_once(&publisher, &metrics, &readiness).await;
     }
-    readiness.set_webhook_serving(false);
+    set_serving(&readiness, &metrics, false);
     republisher.abort();
     Ok(())
 }
@@ -275,6 +275,12 @@ impl Issuer {
     }
 }
 
+/// Readiness and its gauge, which alerts watch: set together.
+fn set_serving(readiness: &Readiness, metrics: &WebhookMetrics, serving: bool) {
+    readiness.set_webhook_serving(serving);
+    metrics.serving(serving);
+}
+
 /// Publishes once and updates readiness from the result. Returns whether it succeeded.
 async fn publish_once(
     publisher: &Publisher,
@@ -287,7 +293,7 @@ async fn publish_once(
                 metrics.ca_bundle_updated();
                 tracing::info!(config = publisher.name(), "published the webhook CA");
             }
-            readiness.set_webhook_serving(true);
+            set_serving(readiness, metrics, true);
             true
         }
         Err(error) => {
@@ -297,7 +303,7 @@ async fn publish_once(
                 error,
                 BundleError::Missing { .. } | BundleError::NoWebhooks { .. }
             ) {
-                readiness.set_webhook_serving(false);
+                set_serving(readiness, metrics, false);
             }
             tracing::warn!(%error, "publishing the webhook CA failed; retrying");
             false
