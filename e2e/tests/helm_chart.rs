@@ -197,12 +197,15 @@ fn chart_defaults_render_exactly_what_kustomize_renders_from_config() {
     let found = differences(&chart, &kustomize);
     assert!(found.is_empty(), "{}", found.join("\n"));
 
-    // And the opt-in parts: config/prometheus's ServiceMonitor and config/network-policy.
+    // And the opt-in parts: config/prometheus (ServiceMonitor, PrometheusRule) and
+    // config/network-policy.
     let chart = without_helm_bookkeeping(objects(&template(&[
         "--namespace",
         "gpuqueue-system",
         "--set",
         "serviceMonitor.enabled=true",
+        "--set",
+        "prometheusRule.enabled=true",
         "--set",
         "networkPolicy.enabled=true",
         "--set",
@@ -210,10 +213,11 @@ fn chart_defaults_render_exactly_what_kustomize_renders_from_config() {
         "--show-only",
         "templates/service_monitor.yaml",
         "--show-only",
+        "templates/prometheus_rule.yaml",
+        "--show-only",
         "templates/network_policy.yaml",
     ])));
     let mut opt_in = objects(&kustomize_build("config/prometheus"));
-    opt_in.retain(|key, _| key.starts_with("ServiceMonitor "));
     opt_in.extend(objects(&kustomize_build("config/network-policy")));
     // Those kustomizations add no common label; the chart labels everything alike.
     for object in opt_in.values_mut() {
@@ -285,6 +289,19 @@ fn values_reach_the_objects_they_name() {
     }
     let crd = &rendered["CustomResourceDefinition /gpuqueues.gpuqueue.io"];
     assert!(crd["metadata"].get("annotations").is_none(), "{crd}");
+
+    // The dashboard, for Grafana's sidecar, is config/grafana's file as it is.
+    let dashboard = objects(&template(&["--set", "grafanaDashboard.enabled=true"]));
+    let config_map = &dashboard["ConfigMap default/gpuqueue-dashboard"];
+    assert_eq!(config_map["metadata"]["labels"]["grafana_dashboard"], "1");
+    let file = "config/grafana/gpuqueue-dashboard.json";
+    assert_eq!(
+        config_map["data"]["gpuqueue-dashboard.json"]
+            .as_str()
+            .unwrap(),
+        std::fs::read_to_string(repo_root().join(file)).unwrap(),
+        "{file}"
+    );
 
     let digest = objects(&template(&["--set", "image.digest=sha256:0123"]));
     assert_eq!(
