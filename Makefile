@@ -77,7 +77,10 @@ unit: ## Unit, scenario and property tests of every crate (no cluster)
 # ~/.cache/gpuqueue-e2e; the script prints the binary directory and is a no-op when cached.
 E2E_TOOLS := e2e/scripts/build-tools.sh
 # Debian packages end-to-end tests run for real, as PACKAGE:COMMAND; installed when COMMAND is missing.
+# observability.rs runs Debian's prometheus and promtool.
 E2E_DEBIAN_PACKAGES := prometheus:prometheus prometheus:promtool
+# tests/image.rs builds and runs the operator's image (podman builds too, where buildah is missing).
+E2E_DEBIAN_PACKAGES += podman:podman
 E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
 # Options of `gpuqueue-e2e-cluster up`, such as --gpu-nodes 2 --gpus-per-node 4.
@@ -157,3 +160,13 @@ demo-down: ## Stop the demo's fake vLLM, its operator and its cluster (make demo
 .PHONY: bench-admission
 bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes e2e/results/admission.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench admission
+
+# The operator's image, built offline (no base image: a static binary FROM scratch).
+IMAGE ?= localhost/gpuqueue-operator:dev
+.PHONY: image
+image: ## The operator's image, offline: a static release binary FROM scratch, non-root, no shell (buildah or podman); make image IMAGE=<registry>/gpuqueue-operator:<tag>
+	@config/image/build.sh --profile release --tag $(IMAGE) >/dev/null
+
+.PHONY: helm-lint
+helm-lint: ## Lint the Helm chart config/helm/gpuqueue (helm from e2e/scripts/build-tools.sh; tests/helm_chart.rs runs it too)
+	@bin=$$($(E2E_TOOLS)) && "$$bin/helm" lint --strict config/helm/gpuqueue --kube-version 1.36.3

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl, etcd, kwok) from the Go module proxy at the versions pinned in e2e/tools/*/go.mod,
+# kubectl, etcd, kwok), helm (the chart's tests) and gpuqueue-argocd-lua (Argo CD's Lua
+# interpreter for the health check's tests) from the Go module proxy at the versions pinned in e2e/tools/*/go.mod,
 # and caches the binaries outside the repository, keyed by version and lockfile hash, so a
 # second run does nothing.
 #
@@ -23,10 +24,12 @@ lock_hash() { cat "$1/go.mod" "$1/go.sum" $(ls "$1"/*.go 2>/dev/null) | sha256su
 k8s_version=$(version_of k8s.io/kubernetes "$tools/k8s")
 etcd_version=$(version_of go.etcd.io/etcd/server/v3 "$tools/etcd")
 kwok_version=$(version_of sigs.k8s.io/kwok "$tools/kwok")
+helm_version=$(version_of helm.sh/helm/v4 "$tools/helm")
 
 k8s_dir="$cache_root/kubernetes-$k8s_version-$(lock_hash "$tools/k8s")"
 etcd_dir="$cache_root/etcd-$etcd_version-$(lock_hash "$tools/etcd")"
 kwok_dir="$cache_root/kwok-$kwok_version-$(lock_hash "$tools/kwok")"
+helm_dir="$cache_root/helm-$helm_version-$(lock_hash "$tools/helm")"
 bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
 
 real_node=false
@@ -76,6 +79,13 @@ build_into "$etcd_dir" "$tools/etcd" .
 LDFLAGS="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$kwok_version"
 build_into "$kwok_dir" "$tools/kwok" sigs.k8s.io/kwok/cmd/kwok
 
+LDFLAGS="-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
+build_into "$helm_dir" "$tools/helm" helm.sh/helm/v4/cmd/helm
+
+LDFLAGS="-s -w"
+argocd_lua_dir="$cache_root/argocd-lua-$(lock_hash "$tools/argocd-lua")"
+build_into "$argocd_lua_dir" "$tools/argocd-lua" .
+
 # KWOK's fast stages ship in its module; the bare kwok binary needs them as a config file.
 stages="$kwok_dir/kwok-stages.yaml"
 if [[ ! -f "$stages" ]]; then
@@ -89,7 +99,8 @@ fi
 
 # One directory of links so callers need a single path.
 mkdir -p "$bin_dir"
-for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$stages"; do
+for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$helm_dir"/helm \
+  "$argocd_lua_dir"/gpuqueue-argocd-lua "$stages"; do
   ln -sfn "$f" "$bin_dir/$(basename "$f")"
 done
 
