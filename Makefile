@@ -136,6 +136,10 @@ demo-down: ## Stop the demo's operator and its cluster
 	@if [ -f $(E2E_DIR)/fake-vllm.pid ]; then kill "$$(cat $(E2E_DIR)/fake-vllm.pid)" 2>/dev/null || true; rm -f $(E2E_DIR)/fake-vllm.pid; fi
 	@$(E2E_CLUSTER) down --dir $(E2E_DIR)
 
+.PHONY: bench-peers
+bench-peers: ## gpuqueue and Kueue side by side: reclaim (50), burst 2 -> 24, admission (1,000 pods, 100 nodes), quota honesty; builds Kueue once (--peers); writes e2e/results/peers.{json,md}
+	bin=$$($(E2E_TOOLS) --peers | tail -n1) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench peers
+
 .PHONY: bench-admission
 bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes e2e/results/admission.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench admission
