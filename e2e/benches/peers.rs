@@ -20,8 +20,8 @@
 //!    (default 22: the whole cluster), `BENCH_BURST_ROUNDS` rounds (default 5): time to the
 //!    last owner pod bound, pods evicted against the minimum.
 //! 3. **Admission** (`BENCH_ADMISSION_NODES` × 8 GPUs, default 100): `BENCH_PODS` one-GPU pods
-//!    (default 1,000) over 4 tenants guaranteed a quarter of the GPUs each (burstable the
-//!    rest), created by `BENCH_CREATORS` clients at once (default 50), `BENCH_ROUNDS` rounds
+//!    (default 1,000) over 4 tenants guaranteed a quarter of the GPUs each (nothing
+//!    burstable), created by `BENCH_CREATORS` clients at once (default 50), `BENCH_ROUNDS` rounds
 //!    (default 2): pods/s to bound, admission (gate released) and bind p50/p99, and the API
 //!    server's write requests.
 //! 4. **Quota honesty**: through every scenario, `gpuqueue_e2e::QuotaSampler` samples pods
@@ -248,10 +248,12 @@ async fn admission_scenario(knobs: &Knobs) -> (Vec<scenarios::Admission>, Vec<re
     const TENANTS: [&str; 4] = ["tenant-a", "tenant-b", "tenant-c", "tenant-d"];
     let gpus = gpus(knobs.admission_nodes);
     let share = gpus / TENANTS.len();
+    // No borrowing: with it, whichever tenant's pods came first would borrow and then be
+    // reclaimed, and the run would measure that churn instead of admission.
     let tenants = TENANTS.map(|name| Tenant {
         name,
         guaranteed: share,
-        burstable: gpus - share,
+        burstable: 0,
     });
     let (a, b) = tokio::join!(
         Side::start(
