@@ -370,8 +370,9 @@ fn write_certificates(dir: &Path) -> Result<String> {
 }
 
 /// Kueue's configuration (v1beta2): webhook on loopback with our certificate, no leader
-/// election, no internal certificate management, metrics off, the pod and Deployment
-/// integrations, and the harness's namespaces left alone.
+/// election, no internal certificate management, metrics off, the shipped controller
+/// concurrency, the pod and Deployment integrations, and kube-system and its own namespace
+/// left alone.
 fn write_configuration(
     dir: &Path,
     config: &KueueConfig,
@@ -393,6 +394,13 @@ fn write_configuration(
         "leaderElection": {"leaderElect": false},
         "internalCertManagement": {"enable": false},
         "clientConnection": {"qps": config.qps, "burst": config.burst},
+        // As its install ships them (config/components/manager/controller_manager_config.yaml);
+        // controller-runtime's default is one worker per controller.
+        "controller": {"groupKindConcurrency": {
+            "Job.batch": 5, "Pod": 5, "Workload.kueue.x-k8s.io": 10,
+            "LocalQueue.kueue.x-k8s.io": 5, "Cohort.kueue.x-k8s.io": 1,
+            "ClusterQueue.kueue.x-k8s.io": 5, "ResourceFlavor.kueue.x-k8s.io": 1,
+        }},
         "managedJobsNamespaceSelector": excluded_namespaces(),
         "integrations": {"frameworks": ["pod", "deployment"]},
     });
