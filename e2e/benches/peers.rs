@@ -147,17 +147,22 @@ async fn main() {
         panic!("bench-peers measures against Kueue, which cannot run here: {reason}");
     }
     let load_before = uptime();
-    let (reclaims, bursts, reclaim_quota) = Box::pin(reclaim_scenarios(&knobs)).await;
-    let (admissions, admission_quota) = Box::pin(admission_scenario(&knobs)).await;
-    let results = report::Results {
+    let (reclaims, bursts, quota) = Box::pin(reclaim_scenarios(&knobs)).await;
+    let mut results = report::Results {
         knobs,
         load_before,
         load_after: uptime(),
         reclaims,
         bursts,
-        admissions,
-        quota: reclaim_quota.into_iter().chain(admission_quota).collect(),
+        admissions: Vec::new(),
+        quota,
     };
+    // Written now too, so a failure in the admission scenario keeps what was measured.
+    report::write(&results);
+    let (admissions, admission_quota) = Box::pin(admission_scenario(&results.knobs)).await;
+    results.admissions = admissions;
+    results.quota.extend(admission_quota);
+    results.load_after = uptime();
     report::write(&results);
 }
 

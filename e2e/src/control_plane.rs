@@ -938,19 +938,17 @@ fn fresh_dirs(config: &ControlPlaneConfig, slot: &Slot) -> Result<(PathBuf, Path
         .unwrap_or_else(|| slot.dir().join("run"));
     let log_dir = config.log_dir.clone().unwrap_or_else(|| {
         let default = binaries::target_dir().join("e2e-logs").join(&config.name);
-        // A live cluster of the same name in another slot keeps its logs: this one gets its own.
-        match slot::log_owner(&default) {
-            Some(owner) if owner != slot.index() && slot::is_taken(owner) => {
-                default.with_file_name(format!("{}.slot-{}", config.name, slot.index()))
-            }
-            _ => default,
+        // A live cluster of the same name keeps its logs: this one gets a folder of its own.
+        if slot::log_dir_in_use(&default) {
+            default.with_file_name(format!("{}.slot-{}", config.name, slot.index()))
+        } else {
+            default
         }
     });
     for dir in [&run_dir, &log_dir] {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     }
-    slot::mark_log_owner(&log_dir, slot.index())?;
     Ok((run_dir, log_dir))
 }
 

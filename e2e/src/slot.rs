@@ -102,34 +102,18 @@ impl Slot {
     }
 }
 
-/// The file in a log folder naming the slot of the cluster that writes there.
-const LOG_OWNER_FILE: &str = ".slot";
-
-/// The slot whose cluster last wrote into `log_dir`, if it says.
-pub(crate) fn log_owner(log_dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(log_dir.join(LOG_OWNER_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-pub(crate) fn mark_log_owner(log_dir: &Path, index: u32) -> Result<()> {
-    let path = log_dir.join(LOG_OWNER_FILE);
-    std::fs::write(&path, index.to_string())
-        .map_err(Error::io(format!("writing {}", path.display())))
-}
-
-/// Whether slot `index` is held by a live cluster (of any process, this one included).
-pub(crate) fn is_taken(index: u32) -> bool {
-    let dir = std::env::temp_dir()
-        .join("gpuqueue-e2e")
-        .join(format!("slot-{index}"));
-    match open_lock(&dir.join("slot.lock")).map(|lock| lock.try_lock()) {
-        Ok(Err(TryLockError::WouldBlock)) => true,
-        // Free (the lock is dropped with the file at once), or no such slot.
-        _ => false,
-    }
+/// Whether a live cluster, of any process, writes its logs to `log_dir` (its slot is taken and
+/// its state names that folder).
+pub(crate) fn log_dir_in_use(log_dir: &Path) -> bool {
+    let root = std::env::temp_dir().join("gpuqueue-e2e");
+    (0..SLOTS).any(|index| {
+        let dir = root.join(format!("slot-{index}"));
+        let taken = matches!(
+            open_lock(&dir.join("slot.lock")).map(|lock| lock.try_lock()),
+            Ok(Err(TryLockError::WouldBlock))
+        );
+        taken && State::read(&dir.join(STATE_FILE)).is_ok_and(|state| state.log_dir == log_dir)
+    })
 }
 
 /// 127.100.0.0: pods' addresses, on loopback so a test can bind a server to a pod's IP.

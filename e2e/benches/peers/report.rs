@@ -195,6 +195,22 @@ fn markdown(results: &Results) -> String {
             qa.pods_per_second,
             ga.pods_per_second / qa.pods_per_second
         );
+        let bound = |system| {
+            results
+                .admissions
+                .iter()
+                .filter(|a| a.system == system)
+                .map(|a| format!("{}{}", a.bound, if a.stalled { " (stalled)" } else { "" }))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "| admission | pods bound per round (of {} that fit) | {} | {} | all |",
+            ga.pods.min(k.admission_nodes * 8),
+            bound(System::Gpuqueue),
+            bound(System::Kueue),
+        );
         let _ = writeln!(
             out,
             "| admission | gate released p50 / p99 | {} / {} | {} / {} | — |",

@@ -48,6 +48,8 @@ pub struct Admission {
     pub round: usize,
     pub pods: usize,
     pub bound: usize,
+    /// No pod was bound for [`STALL`] before `expected` were: the run stopped there.
+    pub stalled: bool,
     pub seconds_to_last_bind: f64,
     pub pods_per_second: f64,
     /// Create request sent → the watch sees no admission gate (the system admitted it).
@@ -291,25 +293,7 @@ pub async fn admission(
         .collect::<Vec<()>>()
         .await;
     let sent = sent.lock().unwrap().clone();
-    let times = wait_for(
-        format!("{}: {expected} pods bound", side.system.name()),
-        Duration::from_mins(10),
-        || async {
-            let timeline = side.timeline.lock().unwrap();
-            let ours: Vec<_> = sent
-                .iter()
-                .filter_map(|(key, at)| Some((*at, *timeline.get(key)?)))
-                .collect();
-            let bound = ours.iter().filter(|(_, t)| t.bound.is_some()).count();
-            if bound >= expected {
-                Ok(ours)
-            } else {
-                Err(format!("{bound} of {expected} bound"))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let (times, stalled) = until_bound_or_stalled(side, &sent, expected).await;
     let writes = gpuqueue_e2e::api_writes(&client)
         .await
         .into_iter()
@@ -339,6 +323,7 @@ pub async fn admission(
         round,
         pods: count,
         bound,
+        stalled,
         seconds_to_last_bind: seconds,
         pods_per_second: bound as f64 / seconds,
         released_p50_ms: super::percentile(&released, 0.5),
@@ -347,6 +332,41 @@ pub async fn admission(
         bind_p99_ms: super::percentile(&bind, 0.99),
         api_writes_total: writes.values().sum(),
         api_writes: writes,
+    }
+}
+
+/// How long without a new bind ends an admission run short of its expected count.
+const STALL: Duration = Duration::from_secs(30);
+
+/// The times of the pods in `sent` once `expected` are bound, or once none has been bound for
+/// [`STALL`] (then `true`): a system that stops admitting is reported, not waited for.
+async fn until_bound_or_stalled(
+    side: &Side,
+    sent: &HashMap<String, Instant>,
+    expected: usize,
+) -> (Vec<(Instant, super::side::PodTimes)>, bool) {
+    let (mut last_count, mut last_change) = (0, Instant::now());
+    loop {
+        let ours: Vec<_> = {
+            let timeline = side.timeline.lock().unwrap();
+            sent.iter()
+                .filter_map(|(key, at)| Some((*at, *timeline.get(key)?)))
+                .collect()
+        };
+        let bound = ours.iter().filter(|(_, t)| t.bound.is_some()).count();
+        if bound >= expected {
+            return (ours, false);
+        }
+        if bound > last_count {
+            (last_count, last_change) = (bound, Instant::now());
+        } else if last_change.elapsed() > STALL {
+            eprintln!(
+                "{}: admission stalled at {bound} of {expected} bound (none for {STALL:?})",
+                side.system.name()
+            );
+            return (ours, true);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
