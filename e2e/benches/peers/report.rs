@@ -233,33 +233,17 @@ fn markdown(results: &Results) -> String {
             ga.pods, ga.api_writes_total, qa.api_writes_total
         );
     }
-    for system in System::BOTH {
-        let of: Vec<&Quota> = results
-            .quota
-            .iter()
-            .filter(|q| q.system == system)
-            .collect();
-        let samples: usize = of.iter().map(|q| q.report.samples).sum();
-        let violations: usize = of.iter().map(|q| q.report.violations.len()).sum();
-        let longest = of
-            .iter()
-            .map(|q| q.report.longest_deficit_ms)
-            .max()
-            .unwrap_or(0);
+    for quota in &results.quota {
+        let r = &quota.report;
+        let cell = format!("{} ({} ms)", r.violations.len(), r.longest_deficit_ms);
+        let (g, q) = match quota.system {
+            System::Gpuqueue => (cell, String::new()),
+            System::Kueue => (String::new(), cell),
+        };
         let _ = writeln!(
             out,
-            "| quota honesty, {} | violations in {samples} samples (longest deficit) | {} | {} | 0 for gpuqueue |",
-            system.name(),
-            if system == System::Gpuqueue {
-                format!("{violations} ({longest} ms)")
-            } else {
-                String::new()
-            },
-            if system == System::Kueue {
-                format!("{violations} ({longest} ms)")
-            } else {
-                String::new()
-            },
+            "| quota honesty, {} | violations in {} samples (longest deficit) | {g} | {q} | 0 for gpuqueue |",
+            quota.scenarios, r.samples
         );
     }
     out.push_str(
