@@ -157,6 +157,10 @@ demo: ## Local control plane, the operator and two tenants: watch one borrow the
 demo-down: ## Stop the demo's fake vLLM, its operator and its cluster (make demo does this first)
 	@E2E_DIR=$(E2E_DIR) e2e/scripts/demo-down.sh
 
+.PHONY: bench-peers
+bench-peers: ## gpuqueue and Kueue side by side: reclaim (50), burst 2 -> 24, admission (1,000 pods, 100 nodes), quota honesty; builds Kueue once (--peers); writes e2e/results/peers.{json,md}
+	bin=$$($(E2E_TOOLS) --peers | tail -n1) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench peers
+
 .PHONY: bench-admission
 bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes e2e/results/admission.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench admission

@@ -40,7 +40,9 @@ use tokio::time::Instant;
 use common::{Operator, Options, apply_queue, free_port, install, is_gated, queue_yaml};
 use futures::{StreamExt, stream};
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod, repo_root, wait_for};
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, GpuNode, api_writes, gpu_pod, repo_root, wait_for,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     api::{Api, DeleteParams, ListParams, PostParams},
@@ -94,37 +96,6 @@ struct Run {
     /// Write requests the API server answered during the run, by verb and resource (from its
     /// `apiserver_request_total`): what each mode asks of it beyond the pods themselves.
     api_writes: BTreeMap<String, f64>,
-}
-
-/// The API server's write requests so far, by `VERB resource[/subresource]`.
-async fn api_writes(client: &kube::Client) -> BTreeMap<String, f64> {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let text = client.request_text(request).await.unwrap_or_default();
-    let mut writes = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
-                .map_or("", |v| v.trim_end_matches('"'))
-        };
-        let verb = label("verb");
-        if !matches!(verb, "POST" | "PATCH" | "PUT" | "DELETE" | "APPLY") {
-            continue;
-        }
-        let mut key = format!("{verb} {}", label("resource"));
-        if !label("subresource").is_empty() {
-            key = format!("{key}/{}", label("subresource"));
-        }
-        *writes.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    writes
 }
 
 /// How many admission passes the operator ran and how long they took in all.

@@ -9,6 +9,8 @@
 #        e2e/scripts/build-tools.sh --real-node
 #                                           also builds kubelet (same module) and our fake
 #                                           device plugin, for e2e/kubelet/ (opt-in: slow)
+#        e2e/scripts/build-tools.sh --peers also builds Kueue, the peer `make bench-peers`
+#                                           measures against (opt-in: ~280 CPU-seconds, 1.9 GB)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,8 +34,14 @@ kwok_dir="$cache_root/kwok-$kwok_version-$(lock_hash "$tools/kwok")"
 helm_dir="$cache_root/helm-$helm_version-$(lock_hash "$tools/helm")"
 bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
 
-real_node=false
-[[ "${1:-}" == --real-node ]] && real_node=true
+real_node=false peers=false
+for arg in "$@"; do
+  case $arg in
+    --real-node) real_node=true ;;
+    --peers) peers=true ;;
+    *) echo "build-tools.sh: unknown flag $arg (known: --real-node, --peers)" >&2; exit 2 ;;
+  esac
+done
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
@@ -116,5 +124,16 @@ if $real_node; then
   build_into "$plugin_dir" "$tools/deviceplugin" .
   ln -sfn "$kubelet_dir/kubelet" "$bin_dir/kubelet"
   ln -sfn "$plugin_dir/gpuqueue-fake-deviceplugin" "$bin_dir/gpuqueue-fake-deviceplugin"
+fi
+# The peer: Kueue from its pinned module. Its CRDs and webhook manifest stay in the module
+# directory, linked beside the binary so the harness reads them from there at run time.
+if $peers; then
+  kueue_version=$(version_of sigs.k8s.io/kueue "$tools/kueue")
+  kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
+  LDFLAGS="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version"
+  build_into "$kueue_dir" "$tools/kueue" sigs.k8s.io/kueue/cmd/kueue
+  kueue_mod=$(cd "$tools/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+  ln -sfn "$kueue_dir/kueue" "$bin_dir/kueue"
+  ln -sfn "$kueue_mod/config/components" "$bin_dir/kueue-config"
 fi
 echo "$bin_dir"

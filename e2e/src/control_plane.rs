@@ -936,10 +936,15 @@ fn fresh_dirs(config: &ControlPlaneConfig, slot: &Slot) -> Result<(PathBuf, Path
         .run_dir
         .clone()
         .unwrap_or_else(|| slot.dir().join("run"));
-    let log_dir = config
-        .log_dir
-        .clone()
-        .unwrap_or_else(|| binaries::target_dir().join("e2e-logs").join(&config.name));
+    let log_dir = config.log_dir.clone().unwrap_or_else(|| {
+        let default = binaries::target_dir().join("e2e-logs").join(&config.name);
+        // A live cluster of the same name keeps its logs: this one gets a folder of its own.
+        if slot::log_dir_in_use(&default) {
+            default.with_file_name(format!("{}.slot-{}", config.name, slot.index()))
+        } else {
+            default
+        }
+    });
     for dir in [&run_dir, &log_dir] {
         let _ = std::fs::remove_dir_all(dir);
         std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;

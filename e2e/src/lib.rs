@@ -15,10 +15,13 @@
 //! # Ok(()) }
 //! ```
 
+mod api_writes;
 mod apply;
 mod binaries;
 mod control_plane;
 mod error;
+mod invariants;
+mod kueue;
 mod namespace;
 mod nodes;
 mod pods;
@@ -28,6 +31,7 @@ mod slot;
 mod stages;
 mod wait;
 
+pub use api_writes::api_writes;
 pub use apply::{
     FIELD_MANAGER, WriteMode, apply_file, apply_yaml, install_crds, write_file, write_yaml,
     yaml_files,
@@ -37,6 +41,8 @@ pub use control_plane::{
     CONTROLLERS, ControlPlane, ControlPlaneConfig, DetachedCluster, UserAccess,
 };
 pub use error::{Error, Result};
+pub use invariants::{QuotaReport, QuotaSampler, SAMPLE_INTERVAL, TenantQuota, Violation};
+pub use kueue::{KUEUE_GATE, KUEUE_NAMESPACE, Kueue, KueueConfig, KueueTenant, QUEUE_NAME_LABEL};
 pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
 pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};
 pub use pods::{bound_pod, describe_pod, gpu_pod, pod_condition};

@@ -102,6 +102,20 @@ impl Slot {
     }
 }
 
+/// Whether a live cluster, of any process, writes its logs to `log_dir` (its slot is taken and
+/// its state names that folder).
+pub(crate) fn log_dir_in_use(log_dir: &Path) -> bool {
+    let root = std::env::temp_dir().join("gpuqueue-e2e");
+    (0..SLOTS).any(|index| {
+        let dir = root.join(format!("slot-{index}"));
+        let taken = matches!(
+            open_lock(&dir.join("slot.lock")).map(|lock| lock.try_lock()),
+            Ok(Err(TryLockError::WouldBlock))
+        );
+        taken && State::read(&dir.join(STATE_FILE)).is_ok_and(|state| state.log_dir == log_dir)
+    })
+}
+
 /// 127.100.0.0: pods' addresses, on loopback so a test can bind a server to a pod's IP.
 const POD_BASE: u32 = u32::from_be_bytes([127, 100, 0, 0]);
 /// 127.99.0.0: nodes' `InternalIP`s (and `hostNetwork` pods').

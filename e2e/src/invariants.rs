@@ -1,0 +1,305 @@
+//! Quota honesty, sampled: a watch keeps every pod, and every 100 ms the sampler checks each
+//! tenant against its quota: no tenant holds more GPUs than its ceiling, and none that asks for
+//! its guarantee holds less than that for longer than its budget. The same check serves any
+//! system that enforces the quota (gpuqueue, or a peer such as Kueue), since it reads only pods.
+//!
+//! A pod holds its GPUs from the moment it is bound until it is gone or terminal: a victim that
+//! is terminating still holds them, as the scheduler counts it. A tenant asks for what its live
+//! pods (not terminal, not deleted) request, bound or not.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use tokio::time::Instant;
+
+/// How often the sampler looks.
+pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One tenant's quota in GPUs of one resource.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TenantQuota {
+    pub name: String,
+    pub namespace: String,
+    /// What it may always have back (gpuqueue `guaranteed`, Kueue `nominalQuota` not lent).
+    pub guarantee: u64,
+    /// What it may never exceed (gpuqueue `guaranteed + burstable`, Kueue
+    /// `nominalQuota + borrowingLimit`).
+    pub ceiling: u64,
+}
+
+/// A moment (or a stretch) a tenant's quota did not hold.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Violation {
+    pub tenant: String,
+    /// Milliseconds since the sampler started, when it was first seen.
+    pub at_ms: u64,
+    /// `above ceiling`, or `below guarantee`.
+    pub rule: &'static str,
+    /// GPUs held, and the ceiling or the entitlement (guarantee capped by what it asks for).
+    pub held: u64,
+    pub limit: u64,
+    /// How long it lasted, for a guarantee deficit (from its first sample to the last).
+    pub lasted_ms: u64,
+}
+
+/// What the sampler saw.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct QuotaReport {
+    pub samples: usize,
+    pub violations: Vec<Violation>,
+    /// Guarantee deficits that ended within the budget: how many, and the longest.
+    pub deficits_within_budget: usize,
+    pub longest_deficit_ms: u64,
+}
+
+/// A running sampler; [`QuotaSampler::finish`] stops it and returns the report.
+#[derive(Debug)]
+pub struct QuotaSampler {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<QuotaReport>,
+}
+
+impl QuotaSampler {
+    /// Starts watching every pod of the cluster and sampling `tenants` against their quotas;
+    /// a guarantee deficit longer than `budget` is a violation.
+    pub fn start(client: &Client, tenants: Vec<TenantQuota>, budget: Duration) -> Self {
+        let (reader, writer) = reflector::store::<Pod>();
+        let pods: Api<Pod> = Api::all(client.clone());
+        let watch = tokio::spawn(
+            watcher(pods, watcher::Config::default())
+                .default_backoff()
+                .reflect(writer)
+                .for_each(|_| std::future::ready(())),
+        );
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let _ = reader.wait_until_ready().await;
+            let mut check = Check::new(tenants, budget);
+            let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = ticks.tick() => check.sample(&reader.state()),
+                    _ = stopped.changed() => break,
+                }
+            }
+            watch.abort();
+            check.finish()
+        });
+        Self { stop, task }
+    }
+
+    /// Stops sampling; returns every violation seen.
+    pub async fn finish(self) -> QuotaReport {
+        let _ = self.stop.send(true);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+/// The sampling state: tenants, open deficits, the report so far.
+struct Check {
+    tenants: Vec<TenantQuota>,
+    budget: Duration,
+    started: Instant,
+    /// Per tenant: when its current deficit was first sampled, and the last sample of it.
+    deficits: BTreeMap<String, (Instant, Instant, u64, u64)>,
+    report: QuotaReport,
+}
+
+impl Check {
+    fn new(tenants: Vec<TenantQuota>, budget: Duration) -> Self {
+        Self {
+            tenants,
+            budget,
+            started: Instant::now(),
+            deficits: BTreeMap::new(),
+            report: QuotaReport::default(),
+        }
+    }
+
+    fn sample(&mut self, pods: &[Arc<Pod>]) {
+        let now = Instant::now();
+        self.report.samples += 1;
+        for tenant in self.tenants.clone() {
+            let (held, asked) = usage(pods, &tenant.namespace);
+            if held > tenant.ceiling {
+                let at_ms = self.ms(now);
+                self.report.violations.push(Violation {
+                    tenant: tenant.name.clone(),
+                    at_ms,
+                    rule: "above ceiling",
+                    held,
+                    limit: tenant.ceiling,
+                    lasted_ms: 0,
+                });
+            }
+            let entitled = tenant.guarantee.min(asked);
+            if held < entitled {
+                let entry = self
+                    .deficits
+                    .entry(tenant.name.clone())
+                    .or_insert((now, now, held, entitled));
+                entry.1 = now;
+            } else if let Some(deficit) = self.deficits.remove(&tenant.name) {
+                self.close(&tenant.name, deficit);
+            }
+        }
+    }
+
+    /// Records a deficit that ended (or was still open at the end).
+    fn close(&mut self, tenant: &str, (first, last, held, limit): (Instant, Instant, u64, u64)) {
+        let lasted = last.duration_since(first);
+        let lasted_ms = u64::try_from(lasted.as_millis()).unwrap_or(u64::MAX);
+        if lasted > self.budget {
+            let at_ms = self.ms(first);
+            self.report.violations.push(Violation {
+                tenant: tenant.to_owned(),
+                at_ms,
+                rule: "below guarantee",
+                held,
+                limit,
+                lasted_ms,
+            });
+        } else {
+            self.report.deficits_within_budget += 1;
+        }
+        self.report.longest_deficit_ms = self.report.longest_deficit_ms.max(lasted_ms);
+    }
+
+    fn finish(mut self) -> QuotaReport {
+        for (tenant, deficit) in std::mem::take(&mut self.deficits) {
+            self.close(&tenant, deficit);
+        }
+        self.report
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.duration_since(self.started).as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// GPUs the namespace's pods hold (bound, not terminal) and ask for (not terminal, not
+/// deleted).
+fn usage(pods: &[Arc<Pod>], namespace: &str) -> (u64, u64) {
+    let (mut held, mut asked) = (0, 0);
+    for pod in pods
+        .iter()
+        .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+    {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let gpus = gpus_of(pod);
+        if pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_ref())
+            .is_some()
+        {
+            held += gpus;
+        }
+        if pod.metadata.deletion_timestamp.is_none() {
+            asked += gpus;
+        }
+    }
+    (held, asked)
+}
+
+/// `nvidia.com/gpu` the pod's containers ask for (limits; requests default to them).
+fn gpus_of(pod: &Pod) -> u64 {
+    pod.spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .filter_map(|c| {
+            c.resources
+                .as_ref()?
+                .limits
+                .as_ref()?
+                .get(gpuqueue_api::NVIDIA_GPU)
+        })
+        .filter_map(|q| q.0.parse::<u64>().ok())
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pods::gpu_pod;
+
+    fn pod(namespace: &str, bound: bool, deleting: bool) -> Arc<Pod> {
+        let mut pod = gpu_pod("p", gpuqueue_api::NVIDIA_GPU, 1);
+        pod.metadata.namespace = Some(namespace.to_owned());
+        if bound {
+            pod.spec.get_or_insert_default().node_name = Some("n".to_owned());
+        }
+        if deleting {
+            pod.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+        }
+        Arc::new(pod)
+    }
+
+    fn tenant(guarantee: u64, ceiling: u64) -> TenantQuota {
+        TenantQuota {
+            name: "t".to_owned(),
+            namespace: "t".to_owned(),
+            guarantee,
+            ceiling,
+        }
+    }
+
+    #[test]
+    fn a_terminating_victim_holds_but_does_not_ask() {
+        let pods = [
+            pod("t", true, true),
+            pod("t", true, false),
+            pod("t", false, false),
+        ];
+        assert_eq!(usage(&pods, "t"), (2, 2));
+        assert_eq!(usage(&pods, "other"), (0, 0));
+    }
+
+    #[test]
+    fn more_than_the_ceiling_is_a_violation_at_once() {
+        let mut check = Check::new(vec![tenant(0, 1)], Duration::from_secs(3));
+        check.sample(&[pod("t", true, false), pod("t", true, false)]);
+        let report = check.finish();
+        assert_eq!(report.violations.len(), 1);
+        assert_eq!(report.violations[0].rule, "above ceiling");
+    }
+
+    #[test]
+    fn a_deficit_within_the_budget_is_not_a_violation_and_one_beyond_it_is() {
+        let waiting = [pod("t", false, false)];
+        let mut check = Check::new(vec![tenant(1, 1)], Duration::from_secs(3));
+        check.sample(&waiting);
+        check.sample(&[pod("t", true, false)]);
+        let report = check.finish();
+        assert!(report.violations.is_empty(), "{report:?}");
+        assert_eq!(report.deficits_within_budget, 1);
+
+        let mut check = Check::new(vec![tenant(1, 1)], Duration::ZERO);
+        check.sample(&waiting);
+        std::thread::sleep(Duration::from_millis(5));
+        check.sample(&waiting);
+        let report = check.finish();
+        assert_eq!(report.violations.len(), 1, "{report:?}");
+        assert_eq!(report.violations[0].rule, "below guarantee");
+    }
+
+    #[test]
+    fn a_tenant_that_asks_for_less_than_its_guarantee_is_entitled_to_what_it_asks() {
+        let mut check = Check::new(vec![tenant(8, 8)], Duration::ZERO);
+        check.sample(&[pod("t", true, false)]);
+        check.sample(&[pod("t", true, false)]);
+        assert!(check.finish().violations.is_empty());
+    }
+}
