@@ -1,6 +1,8 @@
 //! Quota honesty, sampled: a watch keeps every pod, and every 100 ms the sampler checks each
 //! tenant against its quota: no tenant holds more GPUs than its ceiling, and none that asks for
-//! its guarantee holds less than that for longer than its budget. The same check serves any
+//! its guarantee holds less than that for longer than its budget while another tenant holds
+//! more than its own guarantee (GPUs it borrowed, which a reclaim should have given back; a
+//! deficit nobody borrows against is admission still catching up). The same check serves any
 //! system that enforces the quota (gpuqueue, or a peer such as Kueue), since it reads only pods.
 //!
 //! A pod holds its GPUs from the moment it is bound until it is gone or terminal: a victim that
@@ -125,8 +127,19 @@ impl Check {
     fn sample(&mut self, pods: &[Arc<Pod>]) {
         let now = Instant::now();
         self.report.samples += 1;
-        for tenant in self.tenants.clone() {
-            let (held, asked) = usage(pods, &tenant.namespace);
+        let usages: Vec<(u64, u64)> = self
+            .tenants
+            .iter()
+            .map(|tenant| usage(pods, &tenant.namespace))
+            .collect();
+        let borrowing: Vec<bool> = self
+            .tenants
+            .iter()
+            .zip(&usages)
+            .map(|(tenant, &(held, _))| held > tenant.guarantee)
+            .collect();
+        for (index, tenant) in self.tenants.clone().into_iter().enumerate() {
+            let (held, asked) = usages[index];
             if held > tenant.ceiling {
                 let at_ms = self.ms(now);
                 self.report.violations.push(Violation {
@@ -139,7 +152,11 @@ impl Check {
                 });
             }
             let entitled = tenant.guarantee.min(asked);
-            if held < entitled {
+            let others_borrow = borrowing
+                .iter()
+                .enumerate()
+                .any(|(other, &borrows)| other != index && borrows);
+            if held < entitled && others_borrow {
                 let entry = self
                     .deficits
                     .entry(tenant.name.clone())
@@ -248,9 +265,13 @@ mod tests {
     }
 
     fn tenant(guarantee: u64, ceiling: u64) -> TenantQuota {
+        named("t", guarantee, ceiling)
+    }
+
+    fn named(name: &str, guarantee: u64, ceiling: u64) -> TenantQuota {
         TenantQuota {
-            name: "t".to_owned(),
-            namespace: "t".to_owned(),
+            name: name.to_owned(),
+            namespace: name.to_owned(),
             guarantee,
             ceiling,
         }
@@ -278,21 +299,39 @@ mod tests {
 
     #[test]
     fn a_deficit_within_the_budget_is_not_a_violation_and_one_beyond_it_is() {
-        let waiting = [pod("t", false, false)];
-        let mut check = Check::new(vec![tenant(1, 1)], Duration::from_secs(3));
+        let tenants = vec![tenant(1, 1), named("borrower", 0, 1)];
+        let borrower = pod("borrower", true, false);
+        let waiting = [pod("t", false, false), borrower.clone()];
+        let mut check = Check::new(tenants.clone(), Duration::from_secs(3));
         check.sample(&waiting);
         check.sample(&[pod("t", true, false)]);
         let report = check.finish();
         assert!(report.violations.is_empty(), "{report:?}");
         assert_eq!(report.deficits_within_budget, 1);
 
-        let mut check = Check::new(vec![tenant(1, 1)], Duration::ZERO);
+        let mut check = Check::new(tenants, Duration::ZERO);
         check.sample(&waiting);
         std::thread::sleep(Duration::from_millis(5));
         check.sample(&waiting);
         let report = check.finish();
         assert_eq!(report.violations.len(), 1, "{report:?}");
         assert_eq!(report.violations[0].rule, "below guarantee");
+    }
+
+    #[test]
+    fn a_deficit_nobody_borrows_against_is_admission_catching_up() {
+        let tenants = vec![tenant(2, 2), named("other", 1, 2)];
+        let pods = [
+            pod("t", true, false),
+            pod("t", false, false),
+            pod("other", true, false),
+        ];
+        let mut check = Check::new(tenants, Duration::ZERO);
+        check.sample(&pods);
+        std::thread::sleep(Duration::from_millis(5));
+        check.sample(&pods);
+        let report = check.finish();
+        assert!(report.violations.is_empty(), "{report:?}");
     }
 
     #[test]

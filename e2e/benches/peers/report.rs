@@ -247,9 +247,10 @@ fn markdown(results: &Results) -> String {
         );
     }
     out.push_str(
-        "\nA deficit is an owner holding less than its guarantee while asking for it; one that \
-         lasts longer than the 3 s budget, or any moment above a ceiling, is a violation. Kueue \
-         has no budget; it is held to gpuqueue's.\n",
+        "\nA deficit is an owner holding less than its guarantee while asking for it and while \
+         another tenant holds more than its own guarantee (GPUs a reclaim should give back); one \
+         that lasts longer than the 3 s budget, or any moment above a ceiling, is a violation. \
+         Kueue has no budget; it is held to gpuqueue's.\n",
     );
     admission_writes(&mut out, results);
     out
