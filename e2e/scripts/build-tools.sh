@@ -45,6 +45,25 @@ done
 
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
+argocd_lua_dir="$cache_root/argocd-lua-$(lock_hash "$tools/argocd-lua")"
+kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
+plugin_dir="$cache_root/deviceplugin-$(lock_hash "$tools/deviceplugin")"
+kueue_version=$(version_of sigs.k8s.io/kueue "$tools/kueue")
+kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
+
+# Everything this call needs, named by version and lock hash: when a finished run left its
+# stamp, print the directory without waiting on the lock (a long opt-in build, such as
+# Kueue's, must not hold up every test that only needs the cached control plane).
+needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $argocd_lua_dir"
+$real_node && needed="$needed $kubelet_dir $plugin_dir"
+$peers && needed="$needed $kueue_dir"
+stamp="$bin_dir/.ready-$(echo "$needed" | sha256sum | cut -c1-12)"
+if [[ -f "$stamp" ]]; then
+  touch "$stamp"
+echo "$bin_dir"
+  exit 0
+fi
+
 # One build at a time per cache (two checkouts running `make test` at once share it).
 mkdir -p "$cache_root"
 exec 9>"$cache_root/.lock"
@@ -91,7 +110,6 @@ LDFLAGS="-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
 build_into "$helm_dir" "$tools/helm" helm.sh/helm/v4/cmd/helm
 
 LDFLAGS="-s -w"
-argocd_lua_dir="$cache_root/argocd-lua-$(lock_hash "$tools/argocd-lua")"
 build_into "$argocd_lua_dir" "$tools/argocd-lua" .
 
 # KWOK's fast stages ship in its module; the bare kwok binary needs them as a config file.
@@ -116,10 +134,8 @@ done
 # control plane's stays valid) and the fake device plugin from its own module.
 if $real_node; then
   LDFLAGS=$k8s_ldflags
-  kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
   build_into "$kubelet_dir" "$tools/kubelet" k8s.io/kubernetes/cmd/kubelet
 
-  plugin_dir="$cache_root/deviceplugin-$(lock_hash "$tools/deviceplugin")"
   LDFLAGS="-s -w"
   build_into "$plugin_dir" "$tools/deviceplugin" .
   ln -sfn "$kubelet_dir/kubelet" "$bin_dir/kubelet"
@@ -128,12 +144,11 @@ fi
 # The peer: Kueue from its pinned module. Its CRDs and webhook manifest stay in the module
 # directory, linked beside the binary so the harness reads them from there at run time.
 if $peers; then
-  kueue_version=$(version_of sigs.k8s.io/kueue "$tools/kueue")
-  kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
   LDFLAGS="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version"
   build_into "$kueue_dir" "$tools/kueue" sigs.k8s.io/kueue/cmd/kueue
   kueue_mod=$(cd "$tools/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
   ln -sfn "$kueue_dir/kueue" "$bin_dir/kueue"
   ln -sfn "$kueue_mod/config/components" "$bin_dir/kueue-config"
 fi
+touch "$stamp"
 echo "$bin_dir"
