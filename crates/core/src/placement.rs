@@ -328,7 +328,7 @@ mod tests {
     use crate::Policy;
     use crate::fragmentation::{TaskShape, WorkloadMix};
     use crate::model::{Assignment, GpuRequest, Node, Pod, PodKey, PodState, Requests};
-    use crate::snapshot::Snapshot;
+    use crate::snapshot::{Snapshot, SnapshotBuilder};
 
     const GPU: &str = "nvidia.com/gpu";
 
@@ -355,13 +355,13 @@ mod tests {
         p
     }
 
-    fn class(cpu_milli: u64, gpu: GpuRequest, share: f64) -> (TaskShape, f64) {
-        let shape = TaskShape {
+    fn class(cpu_milli: u64, gpu: GpuRequest, p: f64) -> (TaskShape, f64) {
+        let task = TaskShape {
             cpu_milli,
             gpu: Some(gpu),
             gpu_models: Vec::new(),
         };
-        (shape, share)
+        (task, p)
     }
 
     /// Nodes of 64 cores with `gpus` devices each, `pods` running, measured against `mix`.
@@ -370,7 +370,7 @@ mod tests {
         for (name, gpus) in nodes {
             builder = builder.node(Node::new(*name).cpu_milli(64_000).gpus(GPU, *gpus));
         }
-        let (snapshot, issues) = pods.into_iter().fold(builder, |b, p| b.pod(p)).build();
+        let (snapshot, issues) = pods.into_iter().fold(builder, SnapshotBuilder::pod).build();
         assert!(issues.is_empty(), "{issues:?}");
         snapshot
     }

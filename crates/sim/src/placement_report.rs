@@ -228,11 +228,10 @@ impl GoalRow<'_> {
             behind_run,
         ) {
             (Some(true), false) => "ahead of both",
-            (Some(true), true) => "behind our FGD run",
+            (Some(true) | None, true) => "behind our FGD run",
             (Some(false), false) => "behind published",
             (Some(false), true) => "behind both",
             (None, false) => "ahead of our FGD run",
-            (None, true) => "behind our FGD run",
         }
     }
 }
