@@ -210,51 +210,111 @@ pub fn variants_table(summaries: &[Summary]) -> Table {
     table
 }
 
-/// Ours against FGD's published allocation at the end, per trace: the goal of the study.
-pub fn goal_table(summaries: &[Summary]) -> Table {
-    let mut table = Table::new(&[
-        "trace",
-        "ours alloc % @end>",
-        "FGD published>",
-        "Δ pp>",
-        "ours frag % cap @end>",
-        "FGD published>",
-        "FGD (our run)>",
-        "verdict",
-    ]);
+/// Ours at the end of one trace, next to FGD's published allocation and our run of FGD.
+struct GoalRow<'a> {
+    trace: &'a str,
+    alloc: f64,
+    frag: f64,
+    published: Option<(MeanStd, MeanStd)>,
+    fgd_run: Option<f64>,
+}
+
+impl GoalRow<'_> {
+    /// The targets are stated on allocation: at least FGD's published value and our FGD run.
+    fn verdict(&self) -> &'static str {
+        let behind_run = self.fgd_run.is_some_and(|f| self.alloc < f);
+        match (
+            self.published.map(|(a, _)| self.alloc >= a.mean),
+            behind_run,
+        ) {
+            (Some(true), false) => "ahead of both",
+            (Some(true) | None, true) => "behind our FGD run",
+            (Some(false), false) => "behind published",
+            (Some(false), true) => "behind both",
+            (None, false) => "ahead of our FGD run",
+        }
+    }
+}
+
+fn goal_rows(summaries: &[Summary]) -> Vec<GoalRow<'_>> {
     let mut traces: Vec<&str> = Vec::new();
     for s in summaries {
         if !traces.contains(&s.trace.as_str()) {
             traces.push(&s.trace);
         }
     }
-    for trace in traces {
-        let find = |p| summaries.iter().find(|s| s.trace == trace && s.policy == p);
-        let Some(ours_row) = find(PlacementPolicy::Ours) else {
-            continue;
-        };
-        let fgd_ours = find(PlacementPolicy::Fgd).map(|s| s.allocation[1].ours.mean);
-        let alloc = ours_row.allocation[1].ours.mean;
-        let frag = ours_row.fragmentation_of_capacity[1].ours.mean;
-        let (fgd_published, fgd_frag_published) = ours_row.published_fgd_end.unzip();
-        let verdict = match ours_row.published_fgd_end {
-            Some((a, f)) if alloc >= a.mean && frag <= f.mean => "ahead",
-            Some((a, _)) if alloc >= a.mean => "more allocated, more fragmented",
-            Some(_) => "behind",
-            None => "no published FGD",
-        };
+    traces
+        .into_iter()
+        .filter_map(|trace| {
+            let find = |p| summaries.iter().find(|s| s.trace == trace && s.policy == p);
+            let ours = find(PlacementPolicy::Ours)?;
+            Some(GoalRow {
+                trace,
+                alloc: ours.allocation[1].ours.mean,
+                frag: ours.fragmentation_of_capacity[1].ours.mean,
+                published: ours.published_fgd_end,
+                fgd_run: find(PlacementPolicy::Fgd).map(|s| s.allocation[1].ours.mean),
+            })
+        })
+        .collect()
+}
+
+/// Ours against FGD's published allocation and our FGD run at the end, per trace: the goal
+/// of the study.
+pub fn goal_table(summaries: &[Summary]) -> Table {
+    let mut table = Table::new(&[
+        "trace",
+        "ours alloc % @end>",
+        "FGD published>",
+        "Δ pp>",
+        "FGD (our run)>",
+        "Δ pp>",
+        "ours frag % cap @end>",
+        "FGD published>",
+        "verdict",
+    ]);
+    for row in goal_rows(summaries) {
+        let (published, published_frag) = row.published.unzip();
         table.row([
-            trace.to_owned(),
-            number(Some(alloc), 2),
-            number(fgd_published.map(|p| p.mean), 2),
-            number(fgd_published.map(|p| alloc - p.mean), 2),
-            number(Some(frag), 2),
-            number(fgd_frag_published.map(|p| p.mean), 2),
-            number(fgd_ours, 2),
-            verdict.to_owned(),
+            row.trace.to_owned(),
+            number(Some(row.alloc), 2),
+            number(published.map(|p| p.mean), 2),
+            number(published.map(|p| row.alloc - p.mean), 2),
+            number(row.fgd_run, 2),
+            number(row.fgd_run.map(|f| row.alloc - f), 2),
+            number(Some(row.frag), 2),
+            number(published_frag.map(|p| p.mean), 2),
+            row.verdict().to_owned(),
         ]);
     }
     table
+}
+
+/// One line per reference: the mean allocation difference, ours minus FGD, over the traces
+/// that have it, and on how many ours is at least as high.
+pub fn goal_means(summaries: &[Summary]) -> String {
+    let rows = goal_rows(summaries);
+    let line = |name: &str, deltas: Vec<f64>| {
+        if deltas.is_empty() {
+            return String::new();
+        }
+        #[allow(clippy::cast_precision_loss)]
+        let mean = deltas.iter().sum::<f64>() / deltas.len() as f64;
+        let at_least = deltas.iter().filter(|d| **d >= 0.0).count();
+        format!(
+            "- against {name}: mean Δ {mean:+.2} pp over {} traces, ours at least as high on {at_least}\n",
+            deltas.len()
+        )
+    };
+    let published = rows
+        .iter()
+        .filter_map(|r| r.published.map(|(a, _)| r.alloc - a.mean))
+        .collect();
+    let run = rows
+        .iter()
+        .filter_map(|r| r.fgd_run.map(|f| r.alloc - f))
+        .collect();
+    line("FGD's published allocation", published) + &line("our FGD run", run)
 }
 
 /// Charts of one trace over arrived load: allocation and fragmentation (% of capacity), each
@@ -338,6 +398,27 @@ pub fn trace_charts(
     Ok(charts)
 }
 
+/// How our run of FGD relates to the published one: what was checked against the authors'
+/// simulator (`hkust-adsl/kubernetes-scheduler-simulator`) and what still differs.
+const FGD_REPRODUCTION: &str = "## Our FGD run against the published one\n\n\
+Checked equal to the authors' simulator: the measure and its typical pods (taken from the \
+original pod list, not the tuned one; the empty cluster's fragmentation matches the published \
+arrival-0 values within 0.03 points); the score `⌊sigmoid(ΔF/1000) × 100⌋` with no other score \
+plugin and no normalisation; the device of a shared task (the first with the best integer \
+score) and of whole GPUs (least sufficient first); ties to the smallest node name (their \
+patched `selectHost`, every node scored); the filters (CPU, memory, GPU count, share and model); \
+the arrival process (sort by name, shuffle, append draws with replacement until the next \
+would pass 130%, comparing the per-GPU request as they do). Different: the random generator \
+(Go's `math/rand` against ChaCha8), so the seeds draw different samples, and the published \
+means are over other draws of the same process.\n\n\
+Not found: the published FGD stays above our run by 0.03–0.2 points on most traces, but the \
+gap grows with the share of CPU-only tasks (cpu200, cpu250: 0.7–1.6 points) and of \
+GPU-type constraints (gpuspec: 0.3–0.6), and gpu-packing shows the same pattern while random \
+and best-fit match the published values within their spread. What those three cases share is \
+where tasks go on ties (a CPU-only task scores the same on every node for gpu-packing, and on \
+every node it leaves unchanged for FGD): the order in which equal nodes are taken is where \
+our run and theirs most likely part, and we have not found the difference in their code.\n";
+
 /// The whole report as markdown.
 pub fn markdown(
     summaries: &[Summary],
@@ -372,9 +453,13 @@ pub fn markdown(
     }
     let _ = writeln!(
         out,
-        "## Goal: ours against FGD's published allocation\n\n{}",
-        goal_table(summaries).to_markdown()
+        "## Goal: ours against FGD (published, and our run)\n\n{}\n{}",
+        goal_table(summaries).to_markdown(),
+        goal_means(summaries)
     );
+    if summaries.iter().any(|s| s.policy == PlacementPolicy::Fgd) {
+        let _ = writeln!(out, "{FGD_REPRODUCTION}");
+    }
     for trace in &traces {
         let _ = writeln!(
             out,
