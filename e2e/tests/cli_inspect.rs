@@ -8,13 +8,13 @@ mod common;
 
 use std::ffi::OsString;
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::Output;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    describe_pod, gpu_pod, repo_root, target_dir, wait_for,
+    describe_pod, gpu_pod, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{
@@ -22,31 +22,6 @@ use kube::{
     api::{Api, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-
-/// Builds `kubectl-gpuqueue` and `gpuqueue-operator` (the e2e crate cannot name another
-/// package's binaries); returns the folder that holds both.
-fn build_binaries() -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--locked",
-            "-p",
-            "gpuqueue-cli",
-            "-p",
-            "gpuqueue-operator",
-            // `--bin` selects across every package named, so each binary is named.
-            "--bin",
-            "kubectl-gpuqueue",
-            "--bin",
-            "gpuqueue-operator",
-        ])
-        .current_dir(repo_root())
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the CLI and the operator failed");
-    target_dir().join("debug")
-}
 
 fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -265,7 +240,7 @@ impl Ctx<'_> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
-    let bin = build_binaries();
+    let bin = common::cli_binaries().to_path_buf();
     let mut config = ControlPlaneConfig::new("cli_inspect").with_nodes(vec![
         GpuNode::whole_gpus("gpu-a", 4),
         GpuNode::whole_gpus("gpu-b", 4),

@@ -8,58 +8,26 @@ mod common;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, gpu_pod, repo_root,
-    target_dir, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, gpu_pod, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
-
-/// Builds `kubectl-gpuqueue` (with the operator, in the one command `cli_inspect` and
-/// `make cluster-up` run, so that no test rebuilds what another built); returns its folder.
-fn build_plugin() -> PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--locked",
-            "-p",
-            "gpuqueue-cli",
-            "-p",
-            "gpuqueue-operator",
-            "--bin",
-            "kubectl-gpuqueue",
-            "--bin",
-            "gpuqueue-operator",
-        ])
-        .current_dir(repo_root())
-        .status()
-        .unwrap();
-    assert!(status.success(), "building the CLI and the operator failed");
-    target_dir().join("debug")
-}
 
 /// `kubectl gpuqueue top <args>` with the plugin's folder first on the PATH.
 fn top(cluster: &ControlPlane, plugin_dir: &PathBuf, args: &[&str]) -> String {
     let mut path = OsString::from(plugin_dir);
     path.push(":");
     path.push(cluster.bin_dir());
-    let output: Output = cluster
-        .kubectl()
-        .env("PATH", path)
-        .args(["gpuqueue", "top"])
-        .args(args)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let output = common::run_ok(
+        cluster
+            .kubectl()
+            .env("PATH", path)
+            .args(["gpuqueue", "top"])
+            .args(args),
     );
-    stdout
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 fn node_of(pod: &Pod) -> String {
@@ -68,7 +36,7 @@ fn node_of(pod: &Pod) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_shows_each_nodes_allocation_fragmentation_and_holders() {
-    let plugin = build_plugin();
+    let plugin = common::cli_binaries().to_path_buf();
     let mut config = ControlPlaneConfig::new("cli_top").with_nodes(vec![
         GpuNode::whole_gpus("gpu-a", 4),
         GpuNode::whole_gpus("gpu-b", 4),

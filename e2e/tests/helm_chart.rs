@@ -5,9 +5,11 @@
 //! value, and `helm install` into a real API server creates every object, with the three
 //! admission policies accepted and enforced for the release's own namespace.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use gpuqueue_api::v1alpha1::GpuQueue;
 use gpuqueue_e2e::{
@@ -18,6 +20,8 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde::Deserialize;
 use serde_json::Value;
+
+use common::run_ok;
 
 const CHART: &str = "config/helm/gpuqueue";
 /// The Kubernetes version `helm template` and `helm lint` assume (the chart needs 1.33 or newer).
@@ -45,35 +49,28 @@ fn helm() -> Command {
     command
 }
 
-fn run(command: &mut Command) -> Output {
-    let output = command.output().unwrap();
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
 fn template(args: &[&str]) -> String {
-    let output = run(helm()
-        .args([
-            "template",
-            "gpuqueue",
-            CHART,
-            "--kube-version",
-            KUBE_VERSION,
-        ])
-        .args(args));
+    let output = run_ok(
+        helm()
+            .args([
+                "template",
+                "gpuqueue",
+                CHART,
+                "--kube-version",
+                KUBE_VERSION,
+            ])
+            .args(args),
+    );
     String::from_utf8(output.stdout).unwrap()
 }
 
 fn kustomize_build(dir: &str) -> String {
     let kubectl = bin_dir().unwrap().join("kubectl");
-    let output = run(Command::new(kubectl)
-        .current_dir(repo_root())
-        .args(["kustomize", dir]));
+    let output = run_ok(
+        Command::new(kubectl)
+            .current_dir(repo_root())
+            .args(["kustomize", dir]),
+    );
     String::from_utf8(output.stdout).unwrap()
 }
 
@@ -313,7 +310,7 @@ fn values_reach_the_objects_they_name() {
 
 #[test]
 fn helm_lint_passes_and_bad_values_are_refused_naming_the_value() {
-    run(helm().args(["lint", "--strict", CHART, "--kube-version", KUBE_VERSION]));
+    run_ok(helm().args(["lint", "--strict", CHART, "--kube-version", KUBE_VERSION]));
 
     for (args, expected) in [
         (
@@ -349,9 +346,11 @@ fn helm_lint_passes_and_bad_values_are_refused_naming_the_value() {
 
 /// The manifest of an installed release, as `helm get manifest` prints it.
 fn release_objects(kubeconfig: &Path, namespace: &str) -> BTreeMap<String, Value> {
-    let output = run(helm()
-        .args(["get", "manifest", "gpuqueue", "--namespace", namespace])
-        .env("KUBECONFIG", kubeconfig));
+    let output = run_ok(
+        helm()
+            .args(["get", "manifest", "gpuqueue", "--namespace", namespace])
+            .env("KUBECONFIG", kubeconfig),
+    );
     objects(&String::from_utf8(output.stdout).unwrap())
 }
 
@@ -411,8 +410,8 @@ async fn helm_install_creates_every_object_and_the_api_server_enforces_its_polic
     let kubeconfig: PathBuf = cluster.kubeconfig_path().to_owned();
     // Not the default namespace, so the test sees the chart follow the release's namespace.
     let namespace = "platform-gpuqueue";
-    run(cluster.kubectl().args(["create", "namespace", namespace]));
-    run(cluster.kubectl().args([
+    run_ok(cluster.kubectl().args(["create", "namespace", namespace]));
+    run_ok(cluster.kubectl().args([
         "label",
         "namespace",
         namespace,
@@ -421,10 +420,12 @@ async fn helm_install_creates_every_object_and_the_api_server_enforces_its_polic
 
     // --wait: the Deployment's pods pass Pod Security `restricted` and become Ready (KWOK runs
     // them: the image is never pulled).
-    run(helm()
-        .args(["install", "gpuqueue", CHART, "--namespace", namespace])
-        .args(["--wait", "--timeout", "3m"])
-        .env("KUBECONFIG", &kubeconfig));
+    run_ok(
+        helm()
+            .args(["install", "gpuqueue", CHART, "--namespace", namespace])
+            .args(["--wait", "--timeout", "3m"])
+            .env("KUBECONFIG", &kubeconfig),
+    );
     let release = release_objects(&kubeconfig, namespace);
     assert!(release.len() > 15, "{release:?}");
     assert_every_object_exists(&cluster, &release);
@@ -463,7 +464,7 @@ async fn helm_install_creates_every_object_and_the_api_server_enforces_its_polic
     // The queue-edits policy: whoever may patch queues but not `set-quota` (a tenant admin;
     // without resourceNames here, which the harness's access check cannot wait for) may not
     // change a queue's weight.
-    run(cluster.kubectl().args([
+    run_ok(cluster.kubectl().args([
         "create",
         "clusterrole",
         "gpuqueue-queue-editor",
@@ -487,9 +488,11 @@ async fn helm_install_creates_every_object_and_the_api_server_enforces_its_polic
     );
 
     // Uninstall removes the release's objects but keeps the CRD (and so every GpuQueue).
-    run(helm()
-        .args(["uninstall", "gpuqueue", "--namespace", namespace, "--wait"])
-        .env("KUBECONFIG", &kubeconfig));
+    run_ok(
+        helm()
+            .args(["uninstall", "gpuqueue", "--namespace", namespace, "--wait"])
+            .env("KUBECONFIG", &kubeconfig),
+    );
     let deployment = cluster
         .kubectl()
         .args([
@@ -505,5 +508,5 @@ async fn helm_install_creates_every_object_and_the_api_server_enforces_its_polic
         !deployment.status.success(),
         "the Deployment outlived the release"
     );
-    run(cluster.kubectl().args(["get", "gpuqueue", "team"]));
+    run_ok(cluster.kubectl().args(["get", "gpuqueue", "team"]));
 }

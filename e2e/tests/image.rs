@@ -13,24 +13,13 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::{Command, Output};
 
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, repo_root, wait_for};
+use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, repo_root};
 
-use common::{OPERATOR_NAMESPACE, free_port, install, operator_access};
+use common::{OPERATOR_NAMESPACE, free_port, install, operator_access, run_ok, wait_readyz};
 
 const IMAGE: &str = "localhost/gpuqueue-operator:e2e";
 /// The image's user (config/image/Containerfile), the Deployment's runAsUser too.
 const USER: &str = "65532:65532";
-
-fn run(command: &mut Command) -> Output {
-    let output = command.output().unwrap();
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
 
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
@@ -65,7 +54,7 @@ impl Drop for Container {
 }
 
 fn build_image() {
-    let build = run(
+    let build = run_ok(
         Command::new(repo_root().join("config/image/build.sh")).args([
             "--profile",
             "dev",
@@ -82,7 +71,7 @@ async fn the_image_is_static_non_root_without_a_shell_and_runs_the_operator_agai
 
     // What the image declares: a numeric user (runAsNonRoot can only check a number), the
     // operator as entrypoint, and one layer holding one file.
-    let inspect = run(Command::new("podman").args([
+    let inspect = run_ok(Command::new("podman").args([
         "image",
         "inspect",
         "--format",
@@ -94,7 +83,7 @@ async fn the_image_is_static_non_root_without_a_shell_and_runs_the_operator_agai
         format!("{USER} [\"/gpuqueue-operator\"] 1")
     );
 
-    let version = run(podman_run().args(["--rm", IMAGE, "--version"]));
+    let version = run_ok(podman_run().args(["--rm", IMAGE, "--version"]));
     assert_eq!(
         stdout(&version),
         format!("gpuqueue-operator {}", env!("CARGO_PKG_VERSION"))
@@ -132,28 +121,15 @@ async fn the_image_is_static_non_root_without_a_shell_and_runs_the_operator_agai
         .arg("--lease-identity=image");
     let process = cluster.spawn("operator-image", operator).unwrap();
 
-    let url = format!("http://{metrics}/readyz");
-    let log = process.log_path().to_owned();
-    wait_for(
+    wait_readyz(
         "the operator in the image to be ready",
-        DEFAULT_TIMEOUT,
-        || {
-            let url = url.clone();
-            let log = log.clone();
-            async move {
-                match reqwest::get(&url).await {
-                    Ok(response) if response.status().is_success() => Ok(()),
-                    Ok(response) => Err(response.text().await.unwrap_or_default()),
-                    Err(error) => Err(format!("{error}; log {}", log.display())),
-                }
-            }
-        },
+        metrics,
+        process.log_path(),
     )
-    .await
-    .unwrap();
+    .await;
 
     // The process itself, seen from the host: uid and gid 65532, no capabilities.
-    let pid = stdout(&run(Command::new("podman").args([
+    let pid = stdout(&run_ok(Command::new("podman").args([
         "inspect",
         "--format",
         "{{.State.Pid}}",

@@ -3,11 +3,13 @@
 //! nodes and GpuQueues (the current kubeconfig context), simulates a scenario's load on them,
 //! and with `--queue` compares a proposed quota change, without writing to the cluster.
 
+mod common;
+
 use std::process::Command;
 
 use gpuqueue_api::v1alpha1::GpuQueue;
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, GpuNode, apply_file, install_crds, repo_root, target_dir,
+    ControlPlane, ControlPlaneConfig, GpuNode, apply_file, install_crds, repo_root,
 };
 use kube::api::{Api, ListParams};
 
@@ -36,25 +38,6 @@ spec:
   resources: [{name: nvidia.com/gpu, guaranteed: 4, burstable: 0}]
 ";
 
-/// Builds the CLI (the e2e crate cannot name another package's binary) and returns its path.
-fn cli() -> std::path::PathBuf {
-    let status = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--locked",
-            "-p",
-            "gpuqueue-cli",
-            "--bin",
-            "kubectl-gpuqueue",
-        ])
-        .current_dir(repo_root())
-        .status()
-        .unwrap();
-    assert!(status.success(), "building kubectl-gpuqueue failed");
-    target_dir().join("debug").join("kubectl-gpuqueue")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulate_reads_the_live_nodes_and_queues_and_compares_a_proposal() {
     let nodes = vec![
@@ -81,25 +64,19 @@ async fn simulate_reads_the_live_nodes_and_queues_and_compares_a_proposal() {
         .await
         .unwrap();
 
-    let binary = cli();
+    let binary = common::cli_binaries().join("kubectl-gpuqueue");
     let scenario = repo_root().join("examples/sim/quickstart.yaml");
     let run = |out: &str, extra: &[&str]| {
-        let output = Command::new(&binary)
-            .args(["simulate", "--from-cluster", "--no-progress", "--scenario"])
-            .arg(&scenario)
-            .arg("--out")
-            .arg(dir.join(out))
-            .args(extra)
-            .env("KUBECONFIG", cluster.kubeconfig_path())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "{stdout}{}",
-            String::from_utf8_lossy(&output.stderr)
+        let output = common::run_ok(
+            Command::new(&binary)
+                .args(["simulate", "--from-cluster", "--no-progress", "--scenario"])
+                .arg(&scenario)
+                .arg("--out")
+                .arg(dir.join(out))
+                .args(extra)
+                .env("KUBECONFIG", cluster.kubeconfig_path()),
         );
-        stdout
+        String::from_utf8_lossy(&output.stdout).into_owned()
     };
 
     let stdout = run("study", &[]);

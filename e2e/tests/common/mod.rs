@@ -8,7 +8,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
@@ -55,6 +55,65 @@ pub fn operator_binary(release: bool) -> &'static Path {
         assert!(status.success(), "building gpuqueue-operator failed");
         target_dir().join(profile).join("gpuqueue-operator")
     })
+}
+
+/// Builds `kubectl-gpuqueue` and `gpuqueue-operator` in one command (the e2e crate cannot name
+/// another package's binaries; one command for both, as `make cluster-up` runs it, so no test
+/// rebuilds what another built); returns the folder that holds both.
+pub fn cli_binaries() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "--locked",
+                "-p",
+                "gpuqueue-cli",
+                "-p",
+                "gpuqueue-operator",
+                // `--bin` selects across every package named, so each binary is named.
+                "--bin",
+                "kubectl-gpuqueue",
+                "--bin",
+                "gpuqueue-operator",
+            ])
+            .current_dir(repo_root())
+            .status()
+            .unwrap();
+        assert!(status.success(), "building the CLI and the operator failed");
+        target_dir().join("debug")
+    })
+}
+
+/// Runs `command`, fails the test with its output unless it succeeds, and returns the output.
+pub fn run_ok(command: &mut Command) -> Output {
+    let output = command.output().unwrap();
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Waits until the operator whose metrics listen on `metrics` answers 200 on `/readyz`; `log`
+/// is its log, named in the failure.
+pub async fn wait_readyz(what: &str, metrics: impl std::fmt::Display, log: &Path) {
+    let url = format!("http://{metrics}/readyz");
+    wait_for(what, DEFAULT_TIMEOUT, || {
+        let url = url.clone();
+        async move {
+            match reqwest::get(&url).await {
+                Ok(response) if response.status().is_success() => Ok(()),
+                Ok(response) => Err(response.text().await.unwrap_or_default()),
+                Err(error) => Err(format!("{error}; log {}", log.display())),
+            }
+        }
+    })
+    .await
+    .unwrap();
 }
 
 /// A free port on the loopback interface.
@@ -296,21 +355,8 @@ impl Operator {
 
     /// Waits for `/readyz` to answer 200.
     pub async fn wait_ready(&mut self) {
-        let url = format!("http://{}/readyz", self.metrics);
         let log = self.process.log_path().to_owned();
-        wait_for("the operator to be ready", DEFAULT_TIMEOUT, || {
-            let url = url.clone();
-            let log = log.clone();
-            async move {
-                match reqwest::get(&url).await {
-                    Ok(response) if response.status().is_success() => Ok(()),
-                    Ok(response) => Err(response.text().await.unwrap_or_default()),
-                    Err(error) => Err(format!("{error}; log {}", log.display())),
-                }
-            }
-        })
-        .await
-        .unwrap();
+        wait_readyz("the operator to be ready", self.metrics, &log).await;
     }
 
     /// The text of `/metrics`.
