@@ -597,6 +597,215 @@ impl ControlPlane {
     }
 }
 
+/// A control-plane component [`ControlPlane::restart`] can kill and start again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum Component {
+    Etcd,
+    ApiServer,
+    Scheduler,
+    ControllerManager,
+}
+
+impl Component {
+    /// Every component, in start-up order.
+    pub const ALL: [Self; 4] = [
+        Self::Etcd,
+        Self::ApiServer,
+        Self::Scheduler,
+        Self::ControllerManager,
+    ];
+
+    /// Its process name (binary and log file stem).
+    pub fn process_name(self) -> &'static str {
+        match self {
+            Self::Etcd => "etcd",
+            Self::ApiServer => "kube-apiserver",
+            Self::Scheduler => "kube-scheduler",
+            Self::ControllerManager => "kube-controller-manager",
+        }
+    }
+}
+
+impl ControlPlane {
+    /// Kills `component` (SIGKILL, as a crash or an OOM kill would) and starts it again with
+    /// the same command line, so the same data directory, ports and certificates; returns once
+    /// it serves again, with how long it was down (from the kill until it served). Serving
+    /// means: etcd answers `/health` and, since every client goes through it, the API server's
+    /// `/readyz` is ok again (not counted in the downtime); kube-apiserver's `/readyz` is ok;
+    /// kube-scheduler has its pod cache, kube-controller-manager its first synced caches
+    /// (they serve no port here, so their logs tell). Its output goes on in the same log file.
+    pub async fn restart(&mut self, component: Component) -> Result<Duration> {
+        let name = component.process_name();
+        let index = self
+            .components
+            .iter()
+            .position(|process| process.name() == name)
+            .ok_or_else(|| Error::Manifest {
+                what: format!("restarting {name}"),
+                reason: "this control plane did not start it (controller_manager: false?)".into(),
+            })?;
+        let argv = {
+            let state = self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            state
+                .processes
+                .iter()
+                .rev()
+                .find(|record| record.name == name)
+                .map(|record| record.argv.clone())
+                .unwrap_or_default()
+        };
+        let log = self.components[index].log_path().to_owned();
+        let log_offset = std::fs::metadata(&log).map_or(0, |m| m.len());
+        let killed_at = Instant::now();
+        self.components[index].kill();
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]);
+        if self.detached {
+            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        }
+        let process = ManagedProcess::spawn(name, command, &log, self.slot.component_stdin()?)?;
+        {
+            let mut state = self
+                .state
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(record) = state.processes.iter_mut().rev().find(|r| r.name == name) {
+                record.pid = process.pid();
+            }
+            self.slot.write_state(&state)?;
+        }
+        self.components[index] = process;
+        let ready = Readiness::of(component, &argv, log, log_offset, self.client.clone());
+        self.wait_restarted(index, &ready).await?;
+        let down = killed_at.elapsed();
+        if component == Component::Etcd {
+            let api = Readiness::of(Component::ApiServer, &[], PathBuf::new(), 0, self.client());
+            self.wait_restarted(index, &api).await?;
+        }
+        Ok(down)
+    }
+
+    /// Waits until `ready` holds, failing at once if the restarted process exits.
+    async fn wait_restarted(&mut self, index: usize, ready: &Readiness) -> Result<()> {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            self.components[index].ensure_running()?;
+            let last = match ready.check().await {
+                Ok(()) => return Ok(()),
+                Err(observation) => observation,
+            };
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("{} to serve again", ready.what()),
+                    timeout: STARTUP_TIMEOUT,
+                    last,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// How [`ControlPlane::restart`] tells a component serves again.
+enum Readiness {
+    /// etcd's `/health` on its client URL says `"health":"true"`.
+    EtcdHealth(String),
+    /// The API server's `/readyz` says ok.
+    ApiReady(Client),
+    /// The component's log, past where it was when it was killed, holds this line.
+    LogLine {
+        component: &'static str,
+        log: PathBuf,
+        offset: u64,
+        line: &'static str,
+    },
+}
+
+impl Readiness {
+    fn of(
+        component: Component,
+        argv: &[String],
+        log: PathBuf,
+        offset: u64,
+        client: Client,
+    ) -> Self {
+        match component {
+            Component::Etcd => {
+                let url = argv
+                    .iter()
+                    .find_map(|arg| arg.strip_prefix("--listen-client-urls="))
+                    .unwrap_or_default();
+                Self::EtcdHealth(format!("{url}/health"))
+            }
+            Component::ApiServer => Self::ApiReady(client),
+            Component::Scheduler => Self::LogLine {
+                component: "kube-scheduler",
+                log,
+                offset,
+                line: r#""Caches populated" type="*v1.Pod""#,
+            },
+            Component::ControllerManager => Self::LogLine {
+                component: "kube-controller-manager",
+                log,
+                offset,
+                line: r#""Caches are synced""#,
+            },
+        }
+    }
+
+    fn what(&self) -> &'static str {
+        match self {
+            Self::EtcdHealth(_) => "etcd",
+            Self::ApiReady(_) => "kube-apiserver",
+            Self::LogLine { component, .. } => component,
+        }
+    }
+
+    async fn check(&self) -> Result<(), String> {
+        match self {
+            Self::EtcdHealth(url) => {
+                let body = reqwest::get(url)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .text()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if body.contains(r#""health":"true""#) {
+                    Ok(())
+                } else {
+                    Err(body)
+                }
+            }
+            Self::ApiReady(client) => {
+                let request = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .map_err(|e| e.to_string())?;
+                match client.request_text(request).await {
+                    Ok(body) if body.trim() == "ok" => Ok(()),
+                    Ok(body) => Err(body),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+            Self::LogLine {
+                log, offset, line, ..
+            } => {
+                let bytes = std::fs::read(log).map_err(|e| e.to_string())?;
+                let fresh = bytes
+                    .get(usize::try_from(*offset).unwrap_or(usize::MAX)..)
+                    .unwrap_or_default();
+                if String::from_utf8_lossy(fresh).contains(line) {
+                    Ok(())
+                } else {
+                    Err(format!("no {line} in its log since the restart yet"))
+                }
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControlPlane")

@@ -38,7 +38,7 @@ pub use apply::{
 };
 pub use binaries::{BIN_DIR_ENV, bin_dir, repo_root, target_dir};
 pub use control_plane::{
-    CONTROLLERS, ControlPlane, ControlPlaneConfig, DetachedCluster, UserAccess,
+    CONTROLLERS, Component, ControlPlane, ControlPlaneConfig, DetachedCluster, UserAccess,
 };
 pub use error::{Error, Result};
 pub use invariants::{QuotaReport, QuotaSampler, SAMPLE_INTERVAL, TenantQuota, Violation};

@@ -148,6 +148,60 @@ impl ManagedProcess {
             .map_err(Error::io(format!("reaping {}", self.name)))
     }
 
+    /// Stops the process (SIGSTOP) where it is, as a long GC pause or a frozen VM would: it
+    /// keeps its sockets and its state, but neither reads nor writes until [`Self::resume`].
+    /// Returns once the kernel has stopped it.
+    pub fn pause(&self) -> Result<()> {
+        self.signal_live(nix::sys::signal::Signal::SIGSTOP, "pausing")?;
+        self.await_state(true, "pausing")
+    }
+
+    /// Lets a paused process run on (SIGCONT); returns once it is no longer stopped.
+    pub fn resume(&self) -> Result<()> {
+        self.signal_live(nix::sys::signal::Signal::SIGCONT, "resuming")?;
+        self.await_state(false, "resuming")
+    }
+
+    /// Whether the process is stopped by a signal (state `T` in `/proc/<pid>/stat`).
+    pub fn is_paused(&self) -> bool {
+        process_state(self.pid()) == Some('T')
+    }
+
+    /// Signals are delivered asynchronously: waits (briefly, polling) until the process is
+    /// stopped or not, as asked.
+    fn await_state(&self, paused: bool, what: &str) -> Result<()> {
+        const PATIENCE: Duration = Duration::from_secs(5);
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.is_paused() != paused {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    what: format!("{what} {} (pid {})", self.name, self.pid()),
+                    timeout: PATIENCE,
+                    last: format!("state {:?}", process_state(self.pid())),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
+    /// Sends `signal`, failing if the process has exited (a zombie would accept it silently).
+    fn signal_live(&self, signal: nix::sys::signal::Signal, what: &str) -> Result<()> {
+        let exited = || Error::ComponentExited {
+            component: self.name.clone(),
+            status: format!("gone before {what} it"),
+            log: self.log.clone(),
+            tail: self.log_tail(TAIL_LINES),
+        };
+        if matches!(process_state(self.pid()), None | Some('Z' | 'X')) {
+            return Err(exited());
+        }
+        let pid = i32::try_from(self.pid()).map_err(|_| exited())?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).map_err(|errno| {
+            Error::io(format!("{what} {} (pid {pid})", self.name))(std::io::Error::from(errno))
+        })
+    }
+
     /// Leaves the process running when the handle is dropped (detached clusters).
     pub(crate) fn detach(mut self) {
         self.kill_on_drop = false;
@@ -181,6 +235,13 @@ pub(crate) fn send_signal(pid: u32, signal: nix::sys::signal::Signal) {
     }
 }
 
+/// The state letter of a process (`R`, `S`, `T` stopped, `Z` zombie, …), `None` if it is gone.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) S …`: the command may hold spaces and parentheses, the state follows the last `)`.
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
 /// The last `lines` lines of a file, reading at most its last 64 KiB.
 pub(crate) fn tail(path: &Path, lines: usize) -> String {
     const WINDOW: u64 = 64 * 1024;
@@ -194,4 +255,28 @@ pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let text = String::from_utf8_lossy(&bytes);
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_paused_process_is_stopped_until_resumed_and_an_exited_one_cannot_be_paused() {
+        let log =
+            std::env::temp_dir().join(format!("gpuqueue-e2e-pause-{}.log", std::process::id()));
+        let mut command = Command::new("sleep");
+        command.arg("30");
+        let mut sleeper = ManagedProcess::spawn("sleeper", command, &log, Stdio::null()).unwrap();
+        sleeper.pause().unwrap();
+        assert!(sleeper.is_paused());
+        sleeper.resume().unwrap();
+        assert!(!sleeper.is_paused());
+        sleeper.kill();
+        assert!(
+            sleeper.pause().is_err(),
+            "pausing a reaped process is an error"
+        );
+        let _ = std::fs::remove_file(log);
+    }
 }

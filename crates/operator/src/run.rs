@@ -276,6 +276,7 @@ fn admission_context(
         events,
         reclaimer,
         at_creation,
+        assumed: Arc::default(),
         debounce: Debounce {
             quiet: args.admission.debounce,
             max: args.admission.debounce_max,

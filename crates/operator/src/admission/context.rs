@@ -46,6 +46,8 @@ pub struct Context {
     pub reclaimer: Reclaimer,
     /// The live snapshot this loop shares with the webhook.
     pub at_creation: AtCreation,
+    /// Writes the stores have not shown yet: the process's, kept from term to term.
+    pub assumed: Arc<Mutex<Assumed>>,
 }
 
 impl std::fmt::Debug for Context {
@@ -84,11 +86,12 @@ impl Shared {
             let Ok(_permit) = shared.permits.acquire().await else {
                 return;
             };
-            let written = if shared.term.is_current() {
-                write.await
-            } else {
-                WriteResult::NotLeader
-            };
+            if !shared.term.is_current() {
+                // Never sent: the next term must not count on it.
+                shared.assumed().abandon(&uid);
+                return;
+            }
+            let written = write.await;
             shared.assumed().end(&uid);
             // A stale object brings its own watch event; a failure has to be retried.
             if written == WriteResult::Failed {
@@ -106,5 +109,4 @@ pub(super) enum WriteResult {
     /// The object moved on under it; decided again from the store.
     Stale,
     Failed,
-    NotLeader,
 }

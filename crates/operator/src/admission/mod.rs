@@ -62,7 +62,7 @@ pub use context::{Context, WRITE_CONCURRENCY};
 
 use crate::{
     clock,
-    cluster::debounce::Debounce,
+    cluster::{assumed, debounce::Debounce},
     leader::Term,
     reclaim::{Handovers, PassTiming, Reservation},
 };
@@ -87,6 +87,7 @@ pub async fn run(context: Context, term: Term) {
     if context.stores.synced().await.is_err() {
         return;
     }
+    reconcile_assumed(&context).await;
     tracing::info!(term = term.number(), "admission loop started");
     // However the term ends (this future is aborted), the webhook stops admitting at creation
     // and the gauges stop showing this replica's last pass.
@@ -94,9 +95,9 @@ pub async fn run(context: Context, term: Term) {
     let mut changes = context.stores.changes();
     let mut urgent_changes = context.stores.urgent_changes();
     let shared = Shared {
+        assumed: context.assumed.clone(),
         context,
         term,
-        assumed: Arc::default(),
         retry: Arc::new(Notify::new()),
         permits: Arc::new(Semaphore::new(WRITE_CONCURRENCY)),
     };
@@ -134,6 +135,24 @@ pub async fn run(context: Context, term: Term) {
             more = bookkeeping.next_burst(&mut changes) => if !more { return },
             () = shared.retry.notified() => {}
             () = timer => {}
+        }
+    }
+}
+
+/// Answers the writes an earlier term of this process left in flight before the first pass
+/// decides with them (see [`assumed::reconcile`]); tries again until the reads succeed.
+async fn reconcile_assumed(context: &Context) {
+    loop {
+        match assumed::reconcile(&context.assumed, &context.client, &context.stores).await {
+            Ok(0) => return,
+            Ok(read) => {
+                tracing::info!(read, "reconciled the writes the last term left in flight");
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "reading the objects of writes left in flight failed; retrying");
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
         }
     }
 }

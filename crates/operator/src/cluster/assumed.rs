@@ -15,17 +15,33 @@
 //! soon as it is decided (the pod as the patch will leave it) and replaced by the API server's
 //! answer, or forgotten if the write fails. At most one write per object is in flight, so they
 //! cannot land out of order.
+//!
+//! One `Assumed` lives as long as the process, not a leadership term: a term that ends aborts
+//! its writes, and one that follows at once (the lease lost and won again) would otherwise
+//! forget admissions that landed but that the store does not show yet, and book their GPUs a
+//! second time. The writes a term left in flight are answered by fresh reads before the next
+//! term's first pass ([`reconcile`]).
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Mutex,
+};
 
+use futures::{TryStreamExt, stream};
 use gpuqueue_api::{
     annotations,
     v1alpha1::{GpuQueue, GpuQueueStatus},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, Client};
 
 use gpuqueue_core::model::is_gated;
+
+use super::stores::Stores;
+
+/// Reads in flight at once while reconciling.
+const RECONCILE_CONCURRENCY: usize = 16;
 
 /// Pods admitted and reasons recorded by this process whose watch events have not arrived.
 #[derive(Debug, Default)]
@@ -62,6 +78,57 @@ impl Assumed {
     /// Whether a write to the object with `uid` is in flight.
     pub fn in_flight(&self, uid: &str) -> bool {
         self.in_flight.contains(uid)
+    }
+
+    /// Forgets everything assumed of a write to the object with `uid` that was never sent
+    /// (the term ended first).
+    pub fn abandon(&mut self, uid: &str) {
+        self.in_flight.remove(uid);
+        self.admitted.remove(uid);
+        self.forget_reason(uid);
+        self.statuses.remove(uid);
+    }
+
+    /// The objects whose writes are in flight: after a term ended, those it aborted, which
+    /// may or may not have landed.
+    pub fn left_in_flight(&self) -> Vec<String> {
+        self.in_flight.iter().cloned().collect()
+    }
+
+    /// Takes in `fresh`, the pod with `uid` as read from the API server after its write was
+    /// aborted (`None`: gone): the write landed or it did not, and the pod says which.
+    pub fn reconcile_pod(&mut self, uid: &str, fresh: Option<&Pod>) {
+        let fresh = fresh.filter(|pod| pod.metadata.uid.as_deref() == Some(uid));
+        let Some(pod) = fresh else {
+            self.abandon(uid);
+            return;
+        };
+        self.in_flight.remove(uid);
+        if is_gated(pod) {
+            self.admitted.remove(uid);
+        } else {
+            self.admitted.insert(uid.to_owned(), pod.clone());
+        }
+        let shown = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|notes| notes.get(annotations::WAITING_REASON));
+        if self.reasons.contains_key(uid) {
+            self.reasons.insert(uid.to_owned(), shown.cloned());
+        }
+    }
+
+    /// Takes in `fresh`, the queue with `uid` as read after its status write was aborted.
+    pub fn reconcile_queue(&mut self, uid: &str, fresh: Option<&GpuQueue>) {
+        self.in_flight.remove(uid);
+        match fresh
+            .filter(|queue| queue.metadata.uid.as_deref() == Some(uid))
+            .and_then(|queue| queue.status.clone())
+        {
+            Some(status) => self.status_written(uid, status),
+            None => self.forget_status(uid),
+        }
     }
 
     /// Forgets an admission whose write failed: the pod is decided again from the store.
@@ -198,6 +265,68 @@ impl Assumed {
     }
 }
 
+/// Answers the writes a term left in flight (see [`Assumed::left_in_flight`]) from fresh reads
+/// of their objects, found by uid in `stores`; an object no store holds any more is gone.
+/// A read that fails leaves its object in flight, and the error to the caller, who tries again.
+pub async fn reconcile(
+    assumed: &Mutex<Assumed>,
+    client: &Client,
+    stores: &Stores,
+) -> Result<usize, kube::Error> {
+    let left: HashSet<String> = crate::sync::lock(assumed)
+        .left_in_flight()
+        .into_iter()
+        .collect();
+    if left.is_empty() {
+        return Ok(0);
+    }
+    let pods: HashMap<String, (String, String)> = stores
+        .pods
+        .state()
+        .iter()
+        .filter_map(|pod| {
+            let uid = pod.metadata.uid.clone().filter(|uid| left.contains(uid))?;
+            let namespace = pod.metadata.namespace.clone()?;
+            Some((uid, (namespace, pod.metadata.name.clone()?)))
+        })
+        .collect();
+    let queues: HashMap<String, String> = stores
+        .queues
+        .state()
+        .iter()
+        .filter_map(|queue| {
+            let meta = match &queue.0 {
+                Ok(queue) => &queue.metadata,
+                Err(invalid) => &invalid.metadata,
+            };
+            let uid = meta.uid.clone().filter(|uid| left.contains(uid))?;
+            Some((uid, meta.name.clone()?))
+        })
+        .collect();
+    // Each answer is taken in as it comes: one read that fails leaves only its own object
+    // in flight.
+    stream::iter(left.iter().map(Ok))
+        .try_for_each_concurrent(RECONCILE_CONCURRENCY, |uid| {
+            let pod = pods.get(uid);
+            let queue = queues.get(uid);
+            async move {
+                if let Some((namespace, name)) = pod {
+                    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+                    let fresh = api.get_opt(name).await?;
+                    crate::sync::lock(assumed).reconcile_pod(uid, fresh.as_ref());
+                } else if let Some(name) = queue {
+                    let fresh = Api::<GpuQueue>::all(client.clone()).get_opt(name).await?;
+                    crate::sync::lock(assumed).reconcile_queue(uid, fresh.as_ref());
+                } else {
+                    crate::sync::lock(assumed).reconcile_pod(uid, None);
+                }
+                Ok::<_, kube::Error>(())
+            }
+        })
+        .await?;
+    Ok(left.len())
+}
+
 #[cfg(test)]
 mod tests {
     use gpuqueue_api::ADMISSION_GATE;
@@ -263,6 +392,138 @@ mod tests {
         assert_eq!(assumed.reason_written_at(&pod("a", true, None)), None);
         assumed.end("a");
         assert!(!assumed.in_flight("a") && assumed.begin("a"));
+    }
+
+    /// The leadership flap: a term decided admissions, its writes were aborted when it ended
+    /// (one landed, one was never sent), and the next term begins while the store still shows
+    /// both pods gated.
+    #[test]
+    fn a_new_term_keeps_an_admission_that_landed_and_forgets_one_that_did_not() {
+        let mut assumed = Assumed::default();
+        for uid in ["landed", "lost", "gone", "namesake"] {
+            assert!(assumed.begin(uid));
+            assumed.admitted(pod(uid, false, None));
+        }
+        let mut left = assumed.left_in_flight();
+        left.sort();
+        assert_eq!(left, ["gone", "landed", "lost", "namesake"]);
+
+        assumed.reconcile_pod("landed", Some(&pod("landed", false, None)));
+        assumed.reconcile_pod("lost", Some(&pod("lost", true, None)));
+        assumed.reconcile_pod("gone", None);
+        assumed.reconcile_pod("namesake", Some(&pod("other-uid", false, None)));
+
+        assert!(
+            !is_gated(assumed.view(&pod("landed", true, None))),
+            "the landed admission holds its GPUs until the store shows it"
+        );
+        assert!(is_gated(assumed.view(&pod("lost", true, None))));
+        assert!(is_gated(assumed.view(&pod("namesake", true, None))));
+        assert!(
+            assumed.left_in_flight().is_empty(),
+            "each may be written again"
+        );
+    }
+
+    #[test]
+    fn a_write_the_term_never_sent_is_abandoned() {
+        let mut assumed = Assumed::default();
+        assumed.begin("a");
+        assumed.admitted(pod("a", false, None));
+        assumed.begin("q");
+        assumed.status_written("q", status(4));
+        assumed.abandon("a");
+        assumed.abandon("q");
+        assert!(is_gated(assumed.view(&pod("a", true, None))));
+        assert_eq!(assumed.status(&queue("q", None)), None);
+        assert!(assumed.left_in_flight().is_empty());
+    }
+
+    #[test]
+    fn a_reason_and_a_status_left_in_flight_are_what_the_api_shows() {
+        let mut assumed = Assumed::default();
+        assumed.begin("a");
+        assumed.reason_recorded("a", Some("new".into()), Timestamp::UNIX_EPOCH);
+        assumed.reconcile_pod("a", Some(&pod("a", true, Some("old"))));
+        assert_eq!(assumed.waiting_reason(&pod("a", true, None)), Some("old"));
+
+        assumed.begin("q");
+        assumed.status_written("q", status(4));
+        assumed.reconcile_queue("q", Some(&queue("q", Some(status(3)))));
+        assert_eq!(assumed.status(&queue("q", None)), Some(&status(3)));
+        assumed.begin("q");
+        assumed.reconcile_queue("q", None);
+        assert_eq!(assumed.status(&queue("q", None)), None);
+        assert!(assumed.left_in_flight().is_empty());
+    }
+
+    /// [`reconcile`] against a mock API server: each object left in flight is read by the name
+    /// the store knows it by.
+    #[tokio::test]
+    async fn reconcile_reads_each_object_left_in_flight() {
+        use crate::cluster::testing::TestStores;
+        use http::{Request, Response};
+        use kube::client::Body;
+        use tower_test::mock;
+
+        let mut stores = TestStores::new();
+        for name in ["landed", "lost", "deleted"] {
+            stores.add_pod(serde_json::to_value(pod(name, true, None)).unwrap());
+        }
+        let assumed = Mutex::new(Assumed::default());
+        {
+            let mut assumed = crate::sync::lock(&assumed);
+            for uid in ["landed", "lost", "deleted", "unknown"] {
+                assumed.begin(uid);
+                assumed.admitted(pod(uid, false, None));
+            }
+        }
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some((request, send)) = handle.next_request().await {
+                let path = request.uri().path().to_owned();
+                let name = path.rsplit('/').next().unwrap().to_owned();
+                let (code, body) = match name.as_str() {
+                    "landed" => (
+                        200,
+                        serde_json::to_value(pod("landed", false, None)).unwrap(),
+                    ),
+                    "lost" => (200, serde_json::to_value(pod("lost", true, None)).unwrap()),
+                    _ => (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                      "reason": "NotFound", "code": 404}),
+                    ),
+                };
+                seen.push((request.method().to_string(), path));
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                );
+            }
+            seen
+        });
+        let client = Client::new(service, "default");
+        let read = reconcile(&assumed, &client, &stores.stores).await.unwrap();
+        drop(client);
+        assert_eq!(read, 4);
+        let mut seen = server.await.unwrap();
+        seen.sort();
+        assert_eq!(
+            seen,
+            ["deleted", "landed", "lost"].map(|name| (
+                "GET".to_owned(),
+                format!("/api/v1/namespaces/batch/pods/{name}")
+            ))
+        );
+        let assumed = crate::sync::lock(&assumed);
+        assert!(!is_gated(assumed.view(&pod("landed", true, None))));
+        assert!(is_gated(assumed.view(&pod("lost", true, None))));
+        assert!(is_gated(assumed.view(&pod("deleted", true, None))));
+        assert!(assumed.left_in_flight().is_empty());
     }
 
     #[test]

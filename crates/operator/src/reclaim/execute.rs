@@ -98,7 +98,7 @@ impl Reclaimer {
             .max()
             .unwrap_or_default();
         let settled = self
-            .settle(&term, &mut handover, deadline + grace + SETTLE_LIMIT)
+            .settle(&term, &mut handover, deadline + grace, SETTLE_LIMIT)
             .await;
         let Some(settled) = settled else {
             return HandoverEnd {
@@ -235,14 +235,18 @@ impl Reclaimer {
         Some((checkpoint_result(victim, &report), done))
     }
 
-    /// Waits until the store shows every victim gone and the owner bound, until `limit`.
-    /// `None` when the term ended first.
+    /// Waits until the store shows every victim gone and the owner bound, until `terminated`
+    /// (the deadline plus the victims' grace) and `beyond` more; only until `terminated` when
+    /// each victim left is held by finalizers then, which no wait of ours removes. `None` when
+    /// the term ended first.
     async fn settle(
         &self,
         term: &Term,
         handover: &mut Handover,
-        limit: Instant,
+        terminated: Instant,
+        beyond: Duration,
     ) -> Option<Settlement> {
+        let limit = terminated + beyond;
         let mut changes = self.stores.changes();
         let mut term_watch = term.clone();
         let mut crashed_checked = false;
@@ -281,20 +285,45 @@ impl Reclaimer {
                         "the owner was bound to another node than the one freed for it");
                 }
             }
-            if (gone && bound.is_some()) || owner_gone || now >= limit {
+            let held = self.held_by_finalizers(handover, &gone_at);
+            let stuck =
+                now >= terminated && held.len() == gone_at.iter().filter(|g| g.is_none()).count();
+            if (gone && bound.is_some()) || owner_gone || now >= limit || (!gone && stuck) {
                 return Some(Settlement {
                     gone,
                     gone_at,
                     bound,
                     owner_gone,
+                    held,
                 });
             }
+            let wake = if now < terminated { terminated } else { limit };
             tokio::select! {
                 signal = changes.changed() => if signal.is_err() { return None },
-                () = tokio::time::sleep_until(limit) => {}
+                () = tokio::time::sleep_until(wake) => {}
                 () = term_watch.lost() => return None,
             }
         }
+    }
+
+    /// The victims not gone yet (by `gone_at`) that finalizers hold, with those finalizers.
+    fn held_by_finalizers(
+        &self,
+        handover: &Handover,
+        gone_at: &[Option<Instant>],
+    ) -> Vec<(PodKey, Vec<String>)> {
+        handover
+            .victims
+            .iter()
+            .zip(gone_at)
+            .filter(|(_, gone)| gone.is_none())
+            .filter_map(|(victim, _)| {
+                let stored = self.stored(&victim.target)?;
+                stored.metadata.deletion_timestamp.as_ref()?;
+                let finalizers = stored.metadata.finalizers.clone().unwrap_or_default();
+                (!finalizers.is_empty()).then(|| (victim.target.key.clone(), finalizers))
+            })
+            .collect()
     }
 
     /// Records the handover on both queues, announces it, and clears the owner's intent last
@@ -440,6 +469,8 @@ struct Settlement {
     gone_at: Vec<Option<Instant>>,
     bound: Option<String>,
     owner_gone: bool,
+    /// Victims still terminating because finalizers hold them, with those finalizers.
+    held: Vec<(PodKey, Vec<String>)>,
 }
 
 /// Each victim's termination (eviction accepted by this process to gone) with its grace, for
@@ -494,7 +525,13 @@ fn outcome(settled: &Settlement, removals: &[VictimRemoval]) -> String {
     }
     match (&settled.bound, settled.gone) {
         (Some(_), true) => COMPLETED.into(),
-        (_, false) => "VictimsNotGone: a victim was still terminating at the limit".into(),
+        (_, false) => match settled.held.first() {
+            Some((victim, finalizers)) => format!(
+                "VictimsNotGone: {victim} is held by the finalizer {}: it keeps its GPUs while it terminates, and the owner stays pinned to the node until it is gone: have whoever owns the finalizer finish or remove it",
+                finalizers.join(", ")
+            ),
+            None => "VictimsNotGone: a victim was still terminating at the limit".into(),
+        },
         (None, true) => {
             "OwnerNotBound: the victims are gone but kube-scheduler has not bound the owner".into()
         }
@@ -606,6 +643,7 @@ mod tests {
             gone_at: vec![at(800), at(50), None],
             bound: None,
             owner_gone: false,
+            held: Vec::new(),
         };
         assert_eq!(
             terminations(&victims, &removals, &settled),
@@ -621,12 +659,20 @@ mod tests {
             gone_at: Vec::new(),
             bound: bound.map(str::to_owned),
             owner_gone,
+            held: Vec::new(),
         };
         assert_eq!(
             outcome(&settled(true, Some("n"), false), &evicted),
             "Completed"
         );
         assert!(outcome(&settled(false, Some("n"), false), &evicted).starts_with("VictimsNotGone"));
+        let mut held = settled(false, None, false);
+        held.held = vec![(PodKey::new("b", "v"), vec!["example.com/backup".to_owned()])];
+        let stuck = outcome(&held, &evicted);
+        assert!(
+            stuck.starts_with("VictimsNotGone: b/v is held by the finalizer example.com/backup"),
+            "{stuck}"
+        );
         assert!(outcome(&settled(true, None, false), &evicted).starts_with("OwnerNotBound"));
         assert!(outcome(&settled(true, None, true), &evicted).starts_with("OwnerGone"));
         let failed = [removal(Eviction::Failed {
