@@ -128,8 +128,8 @@ async fn a_memory_request_over_the_queue_gpu_memory_waits_with_a_reason_naming_m
         limits.insert(hami::GPU_MEMORY.to_owned(), Quantity(mib.to_string()));
         pod
     };
-    // 8 GiB fits the 16 GiB cap; 18 GiB more does not, whatever the nodes have free.
-    pods.create(&PostParams::default(), &with_memory("fits", 8_192))
+    // 4 GiB fits the 16 GiB cap; 18 GiB more does not, though a device has it free.
+    pods.create(&PostParams::default(), &with_memory("fits", 4_096))
         .await
         .unwrap();
     bound(&pods, "fits").await;
@@ -138,7 +138,7 @@ async fn a_memory_request_over_the_queue_gpu_memory_waits_with_a_reason_naming_m
         .unwrap();
     let reason = waiting_reason(&pods, "big").await;
     assert!(
-        reason.contains("GPU memory in use is 8192 MiB of its cap of 16384 MiB"),
+        reason.contains("GPU memory in use is 4096 MiB of its cap of 16384 MiB"),
         "{reason}"
     );
     let message = event(&client, team.name(), "big", "GpuMemoryCap").await;
