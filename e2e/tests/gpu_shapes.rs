@@ -32,16 +32,17 @@ fn time_sliced_node() -> GpuNode {
 
 /// A node HAMi manages with `devices` GPUs of `memory_mib` each, split 10 ways.
 fn hami_node(name: &str, devices: u32, memory_mib: u32) -> GpuNode {
-    let register: String = (0..devices)
-        .map(|i| format!("GPU-{name}-{i},10,{memory_mib},100,NVIDIA-A10,0,true:"))
-        .collect();
+    let register = (0..devices)
+        .map(|i| format!("GPU-{name}-{i},10,{memory_mib},100,NVIDIA-A10,0,true"))
+        .collect::<Vec<_>>()
+        .join(":");
     let mut node = GpuNode::whole_gpus(name, devices)
         .with_annotation(hami::NODE_REGISTER, register)
         .with_resource(NVIDIA_GPU, devices * 10)
         .with_resource(hami::GPU_MEMORY, devices * memory_mib)
         .with_resource(hami::GPU_CORES, devices * 100);
     node.gpu_memory_mib = u64::from(memory_mib);
-    node.gpu_product = "NVIDIA-A10".to_owned();
+    "NVIDIA-A10".clone_into(&mut node.gpu_product);
     node
 }
 
