@@ -31,8 +31,10 @@ pub struct GpuNode {
     pub gpu_product: String,
     /// Memory of one device in MiB (`nvidia.com/gpu.memory`).
     pub gpu_memory_mib: u64,
-    /// More labels (zones, pools).
+    /// More labels (zones, pools, GPU sharing).
     pub labels: BTreeMap<String, String>,
+    /// Annotations beside KWOK's (HAMi's device registration).
+    pub annotations: BTreeMap<String, String>,
 }
 
 impl GpuNode {
@@ -45,6 +47,7 @@ impl GpuNode {
             gpu_product: H100_PRODUCT.to_owned(),
             gpu_memory_mib: H100_MEMORY_MIB,
             labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
         }
     }
 
@@ -58,6 +61,7 @@ impl GpuNode {
             gpu_product: H100_PRODUCT.to_owned(),
             gpu_memory_mib: H100_MEMORY_MIB,
             labels: BTreeMap::from([("nvidia.com/mig.strategy".to_owned(), "mixed".to_owned())]),
+            annotations: BTreeMap::new(),
         }
     }
 
@@ -69,6 +73,20 @@ impl GpuNode {
             .collect();
         nodes.push(Self::mig("mig-node-0"));
         nodes
+    }
+
+    /// Adds an annotation.
+    #[must_use]
+    pub fn with_annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.annotations.insert(key.into(), value.into());
+        self
+    }
+
+    /// Advertises `count` of an extended resource (replacing any count it had).
+    #[must_use]
+    pub fn with_resource(mut self, name: impl Into<String>, count: u32) -> Self {
+        self.resources.insert(name.into(), count);
+        self
     }
 
     /// Adds a label.
@@ -107,10 +125,11 @@ impl GpuNode {
             metadata: ObjectMeta {
                 name: Some(self.name.clone()),
                 labels: Some(labels),
-                annotations: Some(BTreeMap::from([(
-                    "kwok.x-k8s.io/node".to_owned(),
-                    "fake".to_owned(),
-                )])),
+                annotations: Some({
+                    let mut annotations = self.annotations.clone();
+                    annotations.insert("kwok.x-k8s.io/node".to_owned(), "fake".to_owned());
+                    annotations
+                }),
                 ..ObjectMeta::default()
             },
             spec: None,

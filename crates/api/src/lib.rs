@@ -58,7 +58,28 @@ pub mod node_labels {
     pub const GPU_MEMORY_MIB: &str = "nvidia.com/gpu.memory";
     /// Number of GPU devices on the node.
     pub const GPU_COUNT: &str = "nvidia.com/gpu.count";
+    /// Times each GPU is advertised when the device plugin shares it (time-slicing or MPS).
+    pub const GPU_REPLICAS: &str = "nvidia.com/gpu.replicas";
+    /// How the device plugin shares each GPU: `none`, `time-slicing` or `mps`.
+    pub const GPU_SHARING_STRATEGY: &str = "nvidia.com/gpu.sharing-strategy";
 }
+
+/// HAMi's names: the node annotation its device plugin registers devices with, and the
+/// per-container resources that ask for a part of each `nvidia.com/gpu` device.
+pub mod hami {
+    /// `{uuid},{split count},{memory MiB},{cores %},{type},{numa},{healthy}` per device,
+    /// devices separated by `:`.
+    pub const NODE_REGISTER: &str = "hami.io/node-nvidia-register";
+    /// Device memory per device, MiB.
+    pub const GPU_MEMORY: &str = "nvidia.com/gpumem";
+    /// Device memory per device, percent of the device's.
+    pub const GPU_MEMORY_PERCENTAGE: &str = "nvidia.com/gpumem-percentage";
+    /// Compute per device, percent of the device's streaming multiprocessors.
+    pub const GPU_CORES: &str = "nvidia.com/gpucores";
+}
+
+/// The resource the NVIDIA device plugin advertises shared GPUs under when it renames them.
+pub const NVIDIA_GPU_SHARED: &str = "nvidia.com/gpu.shared";
 
 /// The resource name of a whole NVIDIA GPU.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";

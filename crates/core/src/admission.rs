@@ -18,12 +18,12 @@ use std::fmt;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::burst;
-use crate::devices::Placement;
+use crate::devices::{Placement, ResolvedGpu, unit_cost};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::ledger::ResourceUsage;
-use crate::model::{AdmittedAs, Pod, PodKey};
+use crate::model::{AdmittedAs, DeviceMemory, Pod, PodKey};
 use crate::policy::Policy;
-use crate::quantity::{MILLI_PER_DEVICE, Milli, ResourceName};
+use crate::quantity::{Milli, ResourceName};
 use crate::reclaim::{NoPlan, ReclaimPlan, plan_reclaim};
 use crate::snapshot::{Attribution, Snapshot};
 
@@ -124,6 +124,14 @@ pub enum WaitReason {
         used_mib: u64,
         cap_mib: u64,
     },
+    /// No node offers the pod's devices within the queue's GPU compute cap (`gpuCores`).
+    GpuCoresCap {
+        queue: String,
+        resource: ResourceName,
+        /// Percent of one device, summed.
+        used_percent: u64,
+        cap_percent: u64,
+    },
     /// Quota allows the pod but no node has room for it (and, within the guarantee, no
     /// reclaim can make room).
     NoRoom {
@@ -152,6 +160,7 @@ impl WaitReason {
             Self::BorrowCooldown { .. } => "BorrowCooldown",
             Self::NoIdleCapacity { .. } => "NoIdleCapacity",
             Self::GpuMemoryCap { .. } => "GpuMemoryCap",
+            Self::GpuCoresCap { .. } => "GpuCoresCap",
             Self::NoRoom { .. } => "NoRoom",
         }
     }
@@ -260,6 +269,15 @@ impl fmt::Display for WaitReason {
             } => write!(
                 f,
                 "queue {queue}: {resource} GPU memory in use is {used_mib} MiB of its cap of {cap_mib} MiB; no node offers the pod's devices within what is left"
+            ),
+            Self::GpuCoresCap {
+                queue,
+                resource,
+                used_percent,
+                cap_percent,
+            } => write!(
+                f,
+                "queue {queue}: {resource} GPU compute in use is {used_percent}% of its gpuCores cap of {cap_percent}%; no node offers the pod's devices within what is left"
             ),
             Self::NoRoom { .. } => self.fmt_no_room(f),
         }
@@ -431,33 +449,56 @@ pub fn idle_for_borrowing(snapshot: &Snapshot, queue: QueueId, resource: Resourc
         .saturating_sub(reserved)
 }
 
-/// The nodes on which the pod's devices fit the queue's GPU memory caps.
+/// A queue's room left under its GPU memory and compute caps for one resource of a pod.
+struct CapRoom {
+    gpu: ResolvedGpu,
+    memory_left_mib: Option<u64>,
+    cores_left_milli: Option<u64>,
+}
+
+/// The nodes on which the pod's devices fit the queue's GPU memory and compute caps (what
+/// the pod's units take there: see `devices::unit_cost`).
 fn memory_filter(snapshot: &Snapshot, queue: QueueId, pod: PodId) -> impl Fn(NodeId) -> bool + '_ {
-    let caps: Vec<(ResourceId, u64, u64)> = snapshot.slot(pod).map_or_else(Vec::new, |slot| {
+    let caps: Vec<CapRoom> = snapshot.slot(pod).map_or_else(Vec::new, |slot| {
         slot.gpus
             .iter()
             .filter_map(|g| {
                 let usage = snapshot.usage_of(queue, g.resource)?;
-                let cap = usage.memory_cap_mib?;
-                Some((
-                    g.resource,
-                    cap.saturating_sub(usage.memory_mib),
-                    u64::from(g.milli) * u64::from(g.count),
-                ))
+                let room = CapRoom {
+                    gpu: g.clone(),
+                    memory_left_mib: usage
+                        .memory_cap_mib
+                        .map(|cap| cap.saturating_sub(usage.memory_mib)),
+                    cores_left_milli: usage
+                        .cores_cap_milli
+                        .map(|cap| cap.saturating_sub(usage.cores_milli)),
+                };
+                (room.memory_left_mib.is_some() || room.cores_left_milli.is_some()).then_some(room)
             })
             .collect()
     });
     move |node: NodeId| {
         let n = snapshot.node_state(node);
-        caps.iter().all(|(resource, left, milli)| {
-            n.pool(*resource)
-                .and_then(|p| p.memory_mib)
-                .is_some_and(|mib| mib * milli / u64::from(MILLI_PER_DEVICE) <= *left)
+        caps.iter().all(|cap| {
+            let Some(pool) = n.pool(cap.gpu.resource) else {
+                return false;
+            };
+            let cost = unit_cost(pool, &cap.gpu);
+            let units = u64::from(cap.gpu.count);
+            // Memory cannot be counted on a pool that does not say its devices' memory.
+            let memory_ok = cap.memory_left_mib.is_none_or(|left| {
+                (pool.memory_mib.is_some() || matches!(cap.gpu.memory, DeviceMemory::Mib(_)))
+                    && u64::from(cost.memory_mib) * units <= left
+            });
+            let cores_ok = cap
+                .cores_left_milli
+                .is_none_or(|left| u64::from(cost.milli) * units <= left);
+            memory_ok && cores_ok
         })
     }
 }
 
-/// The memory-cap reason, when the cap is what keeps the pod off every node with room.
+/// The memory or compute cap reason, when a cap is what keeps the pod off every node with room.
 fn memory_cap_reason(
     snapshot: &Snapshot,
     queue: QueueId,
@@ -474,13 +515,24 @@ fn memory_cap_reason(
     }
     let (resource, usage) = slot.gpus.iter().find_map(|g| {
         let usage = snapshot.usage_of(queue, g.resource)?;
-        usage.memory_cap_mib.map(|_| (g.resource, usage))
+        (usage.memory_cap_mib.is_some() || usage.cores_cap_milli.is_some())
+            .then_some((g.resource, usage))
     })?;
-    Some(WaitReason::GpuMemoryCap {
-        queue: snapshot.queue(queue).name.clone(),
-        resource: snapshot.resource_name(resource).clone(),
-        used_mib: usage.memory_mib,
-        cap_mib: usage.memory_cap_mib.unwrap_or_default(),
+    let queue = snapshot.queue(queue).name.clone();
+    let resource = snapshot.resource_name(resource).clone();
+    Some(match (usage.memory_cap_mib, usage.cores_cap_milli) {
+        (Some(cap_mib), _) => WaitReason::GpuMemoryCap {
+            queue,
+            resource,
+            used_mib: usage.memory_mib,
+            cap_mib,
+        },
+        (None, cap) => WaitReason::GpuCoresCap {
+            queue,
+            resource,
+            used_percent: usage.cores_milli / 10,
+            cap_percent: cap.unwrap_or_default() / 10,
+        },
     })
 }
 

@@ -2,13 +2,17 @@
 //! there, and the arithmetic of seating a pod on devices. Everything here works on one node
 //! with ids only; the snapshot owns the nodes and says which pod goes where.
 //!
-//! A node's devices are one flat array of free milli per device; a pool is a range of it (one
-//! per resource name). A pod pinned to a node that is still full (the owner of a reclaim whose
+//! A node's devices are one flat array of free milli, free memory and free slots per device;
+//! a pool is a range of it (one per resource name). What one unit of a request takes of a
+//! device depends on how the pool shares it ([`unit_cost`]): a whole device, `1/replicas` of a
+//! time-sliced one, the memory and compute a HAMi pod asks for. A pod pinned to a node that is still full (the owner of a reclaim whose
 //! victims are terminating) is the node's *deficit*: the node takes no new pods until it is
 //! seated.
 
 use crate::ids::{ModelId, NodeId, PodId, ResourceId};
-use crate::model::{DeviceSet, MAX_DEVICES_PER_POOL, Node, Pod, Requests};
+use crate::model::{
+    DeviceMemory, DeviceSet, GpuRequest, MAX_DEVICES_PER_POOL, Node, Pod, Requests, Sharing,
+};
 use crate::quantity::{MILLI_PER_DEVICE, ResourceName};
 
 /// One pool of devices of a node, within the node's flat device array.
@@ -18,6 +22,7 @@ pub(crate) struct PoolLayout {
     pub start: u16,
     pub len: u16,
     pub memory_mib: Option<u64>,
+    pub sharing: Sharing,
 }
 
 impl PoolLayout {
@@ -31,11 +36,106 @@ impl PoolLayout {
     }
 }
 
-/// Free milli taken from one device (index into the node's flat device array).
+/// Free milli and memory taken from one device (index into the node's flat device array), and
+/// one of its slots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Charge {
     pub device: u16,
     pub milli: u16,
+    pub memory_mib: u32,
+}
+
+/// What one unit of a request takes of one device of a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct UnitCost {
+    /// Compute, milli of the device.
+    pub milli: u16,
+    /// Memory, MiB (0 where the pool's memory is unknown and none is asked).
+    pub memory_mib: u32,
+    /// Whether several units of one request may share a device (replicas may; HAMi gives each
+    /// unit its own device, and whole devices are whole).
+    pub may_repeat: bool,
+}
+
+/// What one unit of `gpu` takes of a device of `pool`: see the module documentation.
+pub(crate) fn unit_cost(pool: &PoolLayout, gpu: &ResolvedGpu) -> UnitCost {
+    let device_mib = pool.memory_mib.unwrap_or(0);
+    let of_device = |milli: u64| device_mib * milli / u64::from(MILLI_PER_DEVICE);
+    let (milli, share_mib, may_repeat) = match pool.sharing {
+        Sharing::Exclusive => (gpu.milli, of_device(u64::from(gpu.milli)), false),
+        Sharing::Replicas { replicas, .. } => {
+            let milli = u16::try_from(MILLI_PER_DEVICE / replicas.max(1)).unwrap_or(1);
+            (milli, of_device(u64::from(milli)), true)
+        }
+        Sharing::Hami { split } => {
+            let slot = MILLI_PER_DEVICE / split.max(1);
+            let milli = gpu.cores.map_or(slot, |c| c * 10);
+            (u16::try_from(milli).unwrap_or(u16::MAX), device_mib, false)
+        }
+    };
+    let memory_mib = match gpu.memory {
+        DeviceMemory::Share => share_mib,
+        DeviceMemory::Mib(mib) if matches!(pool.sharing, Sharing::Exclusive) => mib.max(share_mib),
+        DeviceMemory::Mib(mib) => mib,
+        DeviceMemory::Percent(p) => device_mib * u64::from(p) / 100,
+    };
+    UnitCost {
+        milli,
+        memory_mib: u32::try_from(memory_mib).unwrap_or(u32::MAX),
+        may_repeat,
+    }
+}
+
+/// What is free on each device of a node, in device order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct DeviceFree {
+    pub milli: Vec<u16>,
+    /// MiB; `u32::MAX` where the device's memory is unknown.
+    pub memory: Vec<u32>,
+    /// Pods the device may still take; `u16::MAX` where only its milli limits them.
+    pub slots: Vec<u16>,
+}
+
+impl DeviceFree {
+    /// Every device of `layout` free.
+    fn new(layout: &[PoolLayout]) -> Self {
+        let mut free = Self::default();
+        for pool in layout {
+            let memory = pool
+                .memory_mib
+                .map_or(u32::MAX, |m| u32::try_from(m).unwrap_or(u32::MAX));
+            let slots = pool
+                .sharing
+                .slots_per_device()
+                .map_or(u16::MAX, |s| u16::try_from(s).unwrap_or(u16::MAX));
+            for _ in 0..pool.len {
+                free.milli
+                    .push(u16::try_from(MILLI_PER_DEVICE).unwrap_or(1000));
+                free.memory.push(memory);
+                free.slots.push(slots);
+            }
+        }
+        free
+    }
+
+    /// Whether device `d` has room for one unit costing `cost`.
+    fn fits(&self, d: usize, cost: UnitCost) -> bool {
+        self.milli[d] >= cost.milli && self.memory[d] >= cost.memory_mib && self.slots[d] > 0
+    }
+
+    /// Takes (`sign` = -1) or gives back (`sign` = 1) one charge.
+    fn apply(&mut self, c: Charge, sign: i8) {
+        let d = usize::from(c.device);
+        if sign > 0 {
+            self.milli[d] = self.milli[d].saturating_add(c.milli);
+            self.memory[d] = self.memory[d].saturating_add(c.memory_mib);
+            self.slots[d] = self.slots[d].saturating_add(1);
+        } else {
+            self.milli[d] = self.milli[d].saturating_sub(c.milli);
+            self.memory[d] = self.memory[d].saturating_sub(c.memory_mib);
+            self.slots[d] = self.slots[d].saturating_sub(1);
+        }
+    }
 }
 
 /// `u64::MAX` host resources mean "not reported": kept far from overflow.
@@ -51,6 +151,22 @@ pub(crate) struct ResolvedGpu {
     pub resource: ResourceId,
     pub count: u16,
     pub milli: u16,
+    pub memory: DeviceMemory,
+    pub cores: Option<u32>,
+}
+
+impl ResolvedGpu {
+    /// `gpu` with its resource resolved to `resource`; `None` when its numbers exceed what a
+    /// device array can hold.
+    pub fn new(resource: ResourceId, gpu: &GpuRequest) -> Option<Self> {
+        Some(Self {
+            resource,
+            count: u16::try_from(gpu.count).ok()?,
+            milli: u16::try_from(gpu.milli_per_device).ok()?,
+            memory: gpu.memory,
+            cores: gpu.cores_percent,
+        })
+    }
 }
 
 /// Where an admitted pod sits.
@@ -68,7 +184,7 @@ pub(crate) struct NodeState {
     node: Node,
     model: Option<ModelId>,
     layout: Vec<PoolLayout>,
-    free: Vec<u16>,
+    free: DeviceFree,
     cpu_free: i64,
     memory_free: i64,
     /// Admitted pods seated here.
@@ -85,10 +201,9 @@ pub(crate) struct NodeState {
 impl NodeState {
     /// An empty node with every device free.
     pub fn new(node: Node, model: Option<ModelId>, layout: Vec<PoolLayout>) -> Self {
-        let devices = layout.iter().map(|p| usize::from(p.len)).sum();
         Self {
             model,
-            free: vec![u16::try_from(MILLI_PER_DEVICE).unwrap_or(1000); devices],
+            free: DeviceFree::new(&layout),
             layout,
             cpu_free: host_amount(node.cpu_milli),
             memory_free: host_amount(node.memory_bytes),
@@ -114,7 +229,7 @@ impl NodeState {
 
     /// Free milli of every device, in device order.
     pub fn free(&self) -> &[u16] {
-        &self.free
+        &self.free.milli
     }
 
     pub fn cpu_free(&self) -> i64 {
@@ -162,14 +277,15 @@ impl NodeState {
 
     /// The free milli of each device of a pool.
     pub fn pool_free(&self, pool: &PoolLayout) -> &[u16] {
-        &self.free[pool.devices()]
+        &self.free.milli[pool.devices()]
     }
 
     pub fn view(&self) -> NodeView<'_> {
         NodeView {
             node: &self.node,
             layout: &self.layout,
-            free: &self.free,
+            free: &self.free.milli,
+            free_memory: &self.free.memory,
             cpu_free: self.cpu_free,
             memory_free: self.memory_free,
             model: self.model,
@@ -177,11 +293,11 @@ impl NodeState {
     }
 
     pub fn capacity_milli(&self) -> u64 {
-        self.free.len() as u64 * u64::from(MILLI_PER_DEVICE)
+        self.free.milli.len() as u64 * u64::from(MILLI_PER_DEVICE)
     }
 
     pub fn idle_milli(&self) -> u64 {
-        self.free.iter().map(|f| u64::from(*f)).sum()
+        self.free.milli.iter().map(|f| u64::from(*f)).sum()
     }
 
     /// The lowest-numbered devices that fit `gpus` now; `None` when they do not fit, or when
@@ -199,44 +315,57 @@ impl NodeState {
         lowest_fitting(&self.layout, &self.free, gpus, &mut charges).then_some(charges)
     }
 
-    /// The charges of `devices` (pool-local numbers) of `resource` at `milli` each; `None`
-    /// when the pool lacks one of them or it has not that much free.
-    pub fn named_charges(
-        &self,
-        resource: ResourceId,
-        devices: &[u16],
-        milli: u16,
-    ) -> Option<Vec<Charge>> {
-        let pool = self.pool(resource)?;
+    /// The charges of `devices` (pool-local numbers) of `gpu`'s resource; `None` when the
+    /// pool lacks one of them or it has not that much free.
+    pub fn named_charges(&self, gpu: &ResolvedGpu, devices: &[u16]) -> Option<Vec<Charge>> {
+        let pool = self.pool(gpu.resource)?;
+        let cost = unit_cost(pool, gpu);
+        let mut trial = self.free.clone();
         let mut charges = Vec::new();
         for d in devices {
-            if *d >= pool.len || devices.iter().filter(|x| *x == d).count() > 1 {
+            if *d >= pool.len
+                || (!cost.may_repeat && devices.iter().filter(|x| *x == d).count() > 1)
+            {
                 return None;
             }
             let device = pool.start + d;
-            if self.free[usize::from(device)] < milli {
+            if !trial.fits(usize::from(device), cost) {
                 return None;
             }
-            charges.push(Charge { device, milli });
+            let charge = Charge {
+                device,
+                milli: cost.milli,
+                memory_mib: cost.memory_mib,
+            };
+            trial.apply(charge, -1);
+            charges.push(charge);
         }
         Some(charges)
     }
 
     /// Whether the node can take exactly these charges now (and has no deficit).
     pub fn can_take(&self, charges: &[Charge]) -> bool {
-        self.deficit.is_empty()
-            && charges.iter().all(|c| {
-                self.free
-                    .get(usize::from(c.device))
-                    .is_some_and(|f| *f >= c.milli)
-            })
+        if !self.deficit.is_empty() {
+            return false;
+        }
+        let mut trial = self.free.clone();
+        charges.iter().all(|c| {
+            let d = usize::from(c.device);
+            let fits = d < trial.milli.len()
+                && trial.milli[d] >= c.milli
+                && trial.memory[d] >= c.memory_mib
+                && trial.slots[d] > 0;
+            if fits {
+                trial.apply(*c, -1);
+            }
+            fits
+        })
     }
 
     /// Seats `pod` on its charges, with its CPU and memory.
     pub fn seat(&mut self, pod: PodId, charges: &[Charge], cpu: i64, memory: i64) {
         for c in charges {
-            let free = &mut self.free[usize::from(c.device)];
-            *free = free.saturating_sub(c.milli);
+            self.free.apply(*c, -1);
         }
         self.cpu_free -= cpu;
         self.memory_free -= memory;
@@ -246,7 +375,7 @@ impl NodeState {
     /// Frees what `pod` holds: its charges, CPU and memory.
     pub fn unseat(&mut self, pod: PodId, charges: &[Charge], cpu: i64, memory: i64) {
         for c in charges {
-            self.free[usize::from(c.device)] += c.milli;
+            self.free.apply(*c, 1);
         }
         self.cpu_free += cpu;
         self.memory_free += memory;
@@ -277,16 +406,16 @@ impl NodeState {
     /// For one GPU request: the most of it the node could give now, and its idle capacity of
     /// that resource, milli. `None` when the node has no such pool.
     pub fn room_for(&self, gpu: &ResolvedGpu) -> Option<(u64, u64)> {
-        let devices = self.pool_free(self.pool(gpu.resource)?);
-        let fitting = devices
+        let pool = self.pool(gpu.resource)?;
+        let fitting = units_fitting(pool, &self.free, gpu).min(usize::from(gpu.count)) as u64;
+        let units = u64::from(pool.sharing.units_per_device());
+        let idle = self
+            .pool_free(pool)
             .iter()
-            .filter(|f| **f >= gpu.milli)
-            .count()
-            .min(usize::from(gpu.count)) as u64;
-        Some((
-            fitting * u64::from(gpu.milli),
-            devices.iter().map(|f| u64::from(*f)).sum(),
-        ))
+            .map(|f| u64::from(*f))
+            .sum::<u64>()
+            * units;
+        Some((fitting * u64::from(gpu.milli), idle))
     }
 }
 
@@ -294,7 +423,7 @@ impl NodeState {
 /// reclaim's victims) without changing the node.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Trial {
-    pub free: Vec<u16>,
+    pub free: DeviceFree,
     pub cpu: i64,
     pub memory: i64,
 }
@@ -308,21 +437,15 @@ impl Trial {
 
     /// Starts over from the node as it is.
     pub fn reset(&mut self, n: &NodeState) {
-        self.free.clear();
-        self.free.extend_from_slice(&n.free);
+        self.free.clone_from(&n.free);
         self.cpu = n.cpu_free;
         self.memory = n.memory_free;
     }
 
     /// Gives back (`sign` = 1) or takes again (`sign` = -1) a pod's charges, CPU and memory.
     pub fn release(&mut self, charges: &[Charge], cpu: i64, memory: i64, sign: i8) {
-        for Charge { device, milli } in charges {
-            let free = &mut self.free[usize::from(*device)];
-            *free = if sign > 0 {
-                free.saturating_add(*milli)
-            } else {
-                free.saturating_sub(*milli)
-            };
+        for c in charges {
+            self.free.apply(*c, sign);
         }
         self.cpu += i64::from(sign) * cpu;
         self.memory += i64::from(sign) * memory;
@@ -349,11 +472,11 @@ pub(crate) fn device_sets(
     sets
 }
 
-/// The lowest-numbered devices of `free` that fit each of `gpus`, into `out`. False when one
-/// does not fit.
+/// The lowest-numbered devices of `free` that fit each of `gpus`, into `out` (units that may
+/// share a device fill it before the next). False when one does not fit.
 fn lowest_fitting(
     layout: &[PoolLayout],
-    free: &[u16],
+    free: &DeviceFree,
     gpus: &[ResolvedGpu],
     out: &mut Vec<Charge>,
 ) -> bool {
@@ -361,17 +484,27 @@ fn lowest_fitting(
         let Some(pool) = layout.iter().find(|p| p.resource == g.resource) else {
             return false;
         };
+        let cost = unit_cost(pool, g);
         let mut wanted = g.count;
         for d in pool.start..pool.start + pool.len {
-            if wanted == 0 {
-                break;
-            }
-            if free[usize::from(d)] >= g.milli {
+            let i = usize::from(d);
+            let (mut milli, mut memory, mut slots) = (free.milli[i], free.memory[i], free.slots[i]);
+            while wanted > 0 && milli >= cost.milli && memory >= cost.memory_mib && slots > 0 {
                 out.push(Charge {
                     device: d,
-                    milli: g.milli,
+                    milli: cost.milli,
+                    memory_mib: cost.memory_mib,
                 });
                 wanted -= 1;
+                if !cost.may_repeat {
+                    break;
+                }
+                milli -= cost.milli;
+                memory -= cost.memory_mib;
+                slots -= 1;
+            }
+            if wanted == 0 {
+                break;
             }
         }
         if wanted > 0 {
@@ -381,12 +514,35 @@ fn lowest_fitting(
     true
 }
 
+/// How many units of `gpu` the pool's devices could take now.
+fn units_fitting(pool: &PoolLayout, free: &DeviceFree, gpu: &ResolvedGpu) -> usize {
+    let cost = unit_cost(pool, gpu);
+    pool.devices()
+        .map(|d| {
+            if !free.fits(d, cost) {
+                return 0;
+            }
+            if !cost.may_repeat {
+                return 1;
+            }
+            let by_milli = free.milli[d] / cost.milli.max(1);
+            let by_memory = free.memory[d]
+                .checked_div(cost.memory_mib)
+                .unwrap_or(u32::MAX);
+            usize::from(by_milli.min(free.slots[d]))
+                .min(usize::try_from(by_memory).unwrap_or(usize::MAX))
+        })
+        .sum()
+}
+
 /// A node's state: as it is, or as it would be after a placement.
 #[derive(Clone, Copy, Debug)]
 pub struct NodeView<'a> {
     pub(crate) node: &'a Node,
     pub(crate) layout: &'a [PoolLayout],
     pub(crate) free: &'a [u16],
+    /// Free memory of every device, MiB (`u32::MAX` where unknown).
+    pub(crate) free_memory: &'a [u32],
     pub(crate) cpu_free: i64,
     pub(crate) memory_free: i64,
     pub(crate) model: Option<ModelId>,
@@ -400,6 +556,11 @@ impl NodeView<'_> {
     /// Free milli of every device, all resources, in device order.
     pub fn gpu_free(&self) -> &[u16] {
         self.free
+    }
+
+    /// Free memory of every device, MiB, in device order (`u32::MAX` where unknown).
+    pub fn gpu_free_memory(&self) -> &[u32] {
+        self.free_memory
     }
 
     /// Free GPU capacity, milli.
@@ -531,10 +692,18 @@ impl<'a> Request<'a> {
         {
             return false;
         }
-        let enough_devices = self
-            .gpus
-            .iter()
-            .all(|g| n.pool(g.resource).is_some_and(|p| p.len >= g.count));
+        let enough_devices = self.gpus.iter().all(|g| {
+            n.pool(g.resource).is_some_and(|p| {
+                let cost = unit_cost(p, g);
+                let units = if cost.may_repeat {
+                    u32::from(p.len) * p.sharing.units_per_device()
+                } else {
+                    u32::from(p.len)
+                };
+                let memory_fits = p.memory_mib.is_none_or(|m| u64::from(cost.memory_mib) <= m);
+                units >= u32::from(g.count) && memory_fits
+            })
+        });
         enough_devices
             && self
                 .pod
@@ -547,7 +716,7 @@ impl<'a> Request<'a> {
     pub fn has_room(
         &self,
         layout: &[PoolLayout],
-        free: &[u16],
+        free: &DeviceFree,
         cpu_free: i64,
         memory_free: i64,
     ) -> bool {
@@ -558,10 +727,7 @@ impl<'a> Request<'a> {
             layout
                 .iter()
                 .find(|p| p.resource == g.resource)
-                .is_some_and(|pool| {
-                    let devices = &free[pool.devices()];
-                    devices.iter().filter(|f| **f >= g.milli).count() >= usize::from(g.count)
-                })
+                .is_some_and(|pool| units_fitting(pool, free, g) >= usize::from(g.count))
         })
     }
 
@@ -571,6 +737,7 @@ impl<'a> Request<'a> {
             return None;
         }
         n.pool(self.gpus[0].resource)
+            .filter(|p| p.sharing == Sharing::Exclusive)
     }
 
     /// The charges of placing the request on `n`: on `shared` for a shared request, else on
@@ -583,17 +750,22 @@ impl<'a> Request<'a> {
     pub fn charges_in(
         &self,
         layout: &[PoolLayout],
-        free: &[u16],
+        free: &DeviceFree,
         shared: Option<u16>,
         out: &mut Vec<Charge>,
     ) -> bool {
         out.clear();
         if let Some(device) = shared {
+            let Some(pool) = layout.iter().find(|p| p.holds(device)) else {
+                return false;
+            };
+            let cost = unit_cost(pool, &self.gpus[0]);
             out.push(Charge {
                 device,
-                milli: self.shared_milli,
+                milli: cost.milli,
+                memory_mib: cost.memory_mib,
             });
-            return free[usize::from(device)] >= self.shared_milli;
+            return free.fits(usize::from(device), cost);
         }
         lowest_fitting(layout, free, &self.gpus, out)
     }

@@ -394,6 +394,7 @@ mod tests {
             start: 0,
             len: 3,
             memory_mib: None,
+            sharing: crate::model::Sharing::Exclusive,
         }];
         let f = index.node_fragmentation(None, 8000, &layout, &free);
         assert!(
@@ -416,6 +417,7 @@ mod tests {
             start: 0,
             len,
             memory_mib: None,
+            sharing: crate::model::Sharing::Exclusive,
         }];
         (index, layout)
     }

@@ -39,6 +39,11 @@ pub struct ResourceUsage {
     pub memory_mib: u64,
     /// The queue's cap on GPU memory of this resource, MiB.
     pub memory_cap_mib: Option<u64>,
+    /// GPU compute held by admitted pods, milli of a device (a time-sliced replica holds
+    /// `1000/replicas`: a shared device counts once).
+    pub cores_milli: u64,
+    /// The queue's cap on GPU compute of this resource, milli of a device.
+    pub cores_cap_milli: Option<u64>,
     /// Whether the queue's spec lists this resource (pods may use resources it does not).
     pub in_spec: bool,
 }
@@ -140,6 +145,8 @@ impl QueueState {
                 pending: Milli::ZERO,
                 memory_mib: 0,
                 memory_cap_mib: q.gpu_memory_mib,
+                cores_milli: 0,
+                cores_cap_milli: q.gpu_cores_milli,
                 in_spec: true,
             })
             .collect();
@@ -207,6 +214,8 @@ impl QueueState {
                         pending: Milli::ZERO,
                         memory_mib: 0,
                         memory_cap_mib: None,
+                        cores_milli: 0,
+                        cores_cap_milli: None,
                         in_spec: false,
                     },
                 );

@@ -134,10 +134,25 @@ impl From<&str> for ResourceName {
     }
 }
 
-/// Whether the core manages this extended resource: whole NVIDIA GPUs, NVIDIA MIG profiles
-/// and AMD GPUs. Other extended resources (hugepages, NICs) are left to kube-scheduler.
+/// Whether the core manages this extended resource: whole NVIDIA GPUs (shared under
+/// `nvidia.com/gpu.shared` too), NVIDIA MIG profiles and AMD GPUs. Other extended resources
+/// (hugepages, NICs) are left to kube-scheduler.
 pub fn is_gpu_resource(name: &str) -> bool {
-    name == gpuqueue_api::NVIDIA_GPU || name.starts_with("nvidia.com/mig-") || name == "amd.com/gpu"
+    name == gpuqueue_api::NVIDIA_GPU
+        || name == gpuqueue_api::NVIDIA_GPU_SHARED
+        || name.starts_with("nvidia.com/mig-")
+        || name == "amd.com/gpu"
+}
+
+/// Whether this resource asks for a part of each `nvidia.com/gpu` device (HAMi's memory and
+/// compute): not a device of its own, but never to be ignored.
+pub fn is_device_part(name: &str) -> bool {
+    matches!(
+        name,
+        gpuqueue_api::hami::GPU_MEMORY
+            | gpuqueue_api::hami::GPU_MEMORY_PERCENTAGE
+            | gpuqueue_api::hami::GPU_CORES
+    )
 }
 
 /// A Kubernetes quantity string that could not be read.

@@ -132,9 +132,8 @@ fn invalid_requests_and_devices_are_refused_with_the_rule() {
         .add_pod(task(
             "x",
             GpuRequest {
-                resource: GPU.into(),
-                count: 2,
                 milli_per_device: 500,
+                ..GpuRequest::devices(GPU, 2)
             },
         ))
         .unwrap_err();

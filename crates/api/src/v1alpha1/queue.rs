@@ -5,7 +5,7 @@
 //! GpuQueue
 //! ├── spec (owned by admins / GitOps; the operator never writes it)
 //! │   ├── namespaces, namespaceSelector   which pods belong to the queue
-//! │   ├── resources[name]                 guaranteed / burstable / lendingLimit / gpuMemory
+//! │   ├── resources[name]                 guaranteed / burstable / lendingLimit / gpuMemory / gpuCores
 //! │   ├── weight                          share of idle capacity among borrowers
 //! │   └── reclaim                         budget, checkpoint driver, victim grace, anti-thrash
 //! └── status (owned by the operator, through the status subresource)
@@ -200,6 +200,14 @@ pub struct ResourceQuota {
     // exceeds it by a factor of 1.007 across 16 resources and the CRD is refused).
     #[schemars(length(max = 32))]
     pub gpu_memory: Option<String>,
+
+    /// gpuCores: optional cap on the GPU compute held by this queue's pods of this resource,
+    /// in percent of one device summed over devices (HAMi's `nvidia.com/gpucores` unit): 250 is
+    /// two and a half GPUs. A whole device holds 100, a time-sliced replica 100/replicas, a HAMi
+    /// pod its `nvidia.com/gpucores` (or 100/split when it asks none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000_000))]
+    pub gpu_cores: Option<i32>,
 }
 
 /// How GPUs are taken back.

@@ -8,16 +8,18 @@ mod node;
 mod pod;
 mod queue;
 pub mod selector;
+mod sharing;
 
 pub use claim::{Claim, claim_of};
 pub use converted::Converted;
 pub use namespace::Namespace;
 pub use node::{GpuPool, HOSTNAME_LABEL, MAX_DEVICES_PER_POOL, Node, NodeError};
 pub use pod::{
-    AdmittedAs, Assignment, DeviceSet, GpuRequest, Pod, PodError, PodKey, PodState, ReclaimMark,
-    ReclaimRole, Requests, gate_index, is_gated, is_gpu_pod,
+    AdmittedAs, Assignment, DeviceMemory, DeviceSet, GpuRequest, Pod, PodError, PodKey, PodState,
+    ReclaimMark, ReclaimRole, Requests, gate_index, is_gated, is_gpu_pod,
 };
 pub use queue::{
     CheckpointSettings, FieldError, MAX_BUDGET, MAX_MIN_BORROW, Queue, QueueError, ReclaimSettings,
     ResourceQuota, format_duration,
 };
+pub use sharing::{HamiDevice, MAX_SHARES_PER_DEVICE, ReplicaStrategy, Sharing};

@@ -1,11 +1,13 @@
 //! A node as the policy sees it: host CPU and memory, and its GPU devices grouped in pools (one
-//! per resource name: whole GPUs, each MIG profile) with the GPU model and memory per device.
+//! per resource name: whole GPUs, each MIG profile, shared GPUs) with the GPU model, memory per
+//! device and how the devices are shared (see [`Sharing`]).
 
 use k8s_openapi::api::core::v1 as k8s;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::converted::Converted;
 use super::selector::{Labels, Taint};
+use super::sharing::{HamiDevice, Sharing, hami_devices};
 use crate::quantity::{
     ResourceName, is_gpu_resource, parse_bytes, parse_device_count, parse_milli,
 };
@@ -33,13 +35,34 @@ pub struct Node {
     pub pools: Vec<GpuPool>,
 }
 
-/// The devices of one GPU resource on a node.
+/// The devices of one GPU resource on a node: what a node supplies, and what a DRA
+/// ResourceSlice maps onto (devices of a resource, memory per device).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct GpuPool {
     pub resource: ResourceName,
+    /// Physical devices (or MIG slices); a shared device is one device here.
     pub devices: u32,
     /// Memory of one device in MiB, when known.
     pub memory_mib: Option<u64>,
+    pub sharing: Sharing,
+}
+
+impl GpuPool {
+    /// `devices` unshared devices of `resource`, their memory from a MIG profile name.
+    pub fn exclusive(resource: impl Into<ResourceName>, devices: u32) -> Self {
+        let resource = resource.into();
+        Self {
+            memory_mib: resource.profile_memory_mib(),
+            resource,
+            devices,
+            sharing: Sharing::Exclusive,
+        }
+    }
+
+    /// Units kube-scheduler counts in allocatable: devices × replicas (or HAMi's split).
+    pub fn schedulable(&self) -> u64 {
+        u64::from(self.devices) * u64::from(self.sharing.units_per_device())
+    }
 }
 
 /// A node that cannot be modelled.
@@ -91,13 +114,14 @@ impl Node {
     /// Adds `devices` devices of `resource`; their memory comes from a MIG profile name.
     #[must_use]
     pub fn gpus(mut self, resource: impl Into<ResourceName>, devices: u32) -> Self {
-        let resource = resource.into();
-        let memory_mib = resource.profile_memory_mib();
-        self.pools.push(GpuPool {
-            resource,
-            devices,
-            memory_mib,
-        });
+        self.pools.push(GpuPool::exclusive(resource, devices));
+        self
+    }
+
+    /// Adds a pool as given (shared devices, memory per device).
+    #[must_use]
+    pub fn pool(mut self, pool: GpuPool) -> Self {
+        self.pools.push(pool);
         self
     }
 
@@ -142,8 +166,16 @@ impl Node {
             None => u64::MAX,
         };
         let whole_gpu_memory = whole_gpu_memory(&name, &labels, &mut warnings);
-        let pools =
-            gpu_pools(&resources, whole_gpu_memory).map_err(|(field, rule)| err(&field, rule))?;
+        let replicas = Sharing::from_labels(&labels).map_err(|(field, rule)| err(&field, rule))?;
+        let hami = hami_devices(node.metadata.annotations.as_ref())
+            .map_err(|(field, rule)| err(&field, rule))?;
+        let mut pools = gpu_pools(&resources, whole_gpu_memory, replicas, &name, &mut warnings)
+            .map_err(|(field, rule)| err(&field, rule))?;
+        if let Some(devices) = hami {
+            pools.retain(|p| p.resource.as_str() != gpuqueue_api::NVIDIA_GPU);
+            pools.extend(hami_pool(&devices));
+            pools.sort_by(|a, b| a.resource.cmp(&b.resource));
+        }
         let taints = node
             .spec
             .as_ref()
@@ -196,22 +228,38 @@ fn whole_gpu_memory(name: &str, labels: &Labels, warnings: &mut Vec<String>) -> 
     }
 }
 
-/// One pool per GPU resource the node has devices of; an error names the field and the rule.
+/// One pool per GPU resource the node has devices of, whole GPUs shared as `sharing` says; an
+/// error names the field and the rule.
 fn gpu_pools(
     resources: &std::collections::BTreeMap<String, Quantity>,
     whole_gpu_memory: Option<u64>,
+    sharing: Sharing,
+    node: &str,
+    warnings: &mut Vec<String>,
 ) -> Result<Vec<GpuPool>, (String, String)> {
     let mut pools = Vec::new();
     for (resource, quantity) in resources {
         if !is_gpu_resource(resource) {
             continue;
         }
-        let devices =
+        let mut units =
             parse_device_count(&quantity.0).map_err(|e| (allocatable(resource), e.to_string()))?;
-        if devices == 0 {
+        if units == 0 {
             continue;
         }
-        let devices = u32::try_from(devices)
+        let whole = is_whole_gpu(resource);
+        let sharing = if whole { sharing } else { Sharing::Exclusive };
+        let per_device = u64::from(sharing.units_per_device());
+        if units % per_device != 0 {
+            warnings.push(format!(
+                "node {node}: {} {units} is not a multiple of {}={per_device}; counted as {} shared devices",
+                allocatable(resource),
+                gpuqueue_api::node_labels::GPU_REPLICAS,
+                units.div_ceil(per_device)
+            ));
+        }
+        units = units.div_ceil(per_device);
+        let devices = u32::try_from(units)
             .ok()
             .filter(|d| *d <= MAX_DEVICES_PER_POOL)
             .ok_or_else(|| {
@@ -222,22 +270,34 @@ fn gpu_pools(
                     ),
                 )
             })?;
-        let resource = ResourceName::new(resource);
-        let memory_mib =
-            resource
-                .profile_memory_mib()
-                .or(if resource.as_str() == gpuqueue_api::NVIDIA_GPU {
-                    whole_gpu_memory
-                } else {
-                    None
-                });
-        pools.push(GpuPool {
-            resource,
-            devices,
-            memory_mib,
-        });
+        let mut pool = GpuPool::exclusive(resource.as_str(), devices);
+        if whole {
+            pool.memory_mib = whole_gpu_memory;
+        }
+        pool.sharing = sharing;
+        pools.push(pool);
     }
     Ok(pools)
+}
+
+/// Whole NVIDIA GPUs, shared or not (`nvidia.com/gpu`, or `nvidia.com/gpu.shared` renamed).
+fn is_whole_gpu(resource: &str) -> bool {
+    resource == gpuqueue_api::NVIDIA_GPU || resource == gpuqueue_api::NVIDIA_GPU_SHARED
+}
+
+/// The `nvidia.com/gpu` pool of a node HAMi manages, from its registered healthy devices: the
+/// smallest memory and split among them (a pool's devices are alike).
+fn hami_pool(devices: &[HamiDevice]) -> Option<GpuPool> {
+    let healthy: Vec<&HamiDevice> = devices.iter().filter(|d| d.healthy).collect();
+    let count = u32::try_from(healthy.len()).ok().filter(|c| *c > 0)?;
+    Some(GpuPool {
+        resource: ResourceName::nvidia_gpu(),
+        devices: count.min(MAX_DEVICES_PER_POOL),
+        memory_mib: healthy.iter().map(|d| d.memory_mib).min(),
+        sharing: Sharing::Hami {
+            split: healthy.iter().map(|d| d.split).min().unwrap_or(1),
+        },
+    })
 }
 
 /// Ready and not cordoned.

@@ -11,8 +11,8 @@ use super::converted::Converted;
 use super::node::HOSTNAME_LABEL;
 use super::selector::{NodeRules, Operator};
 use crate::quantity::{
-    MILLI_PER_DEVICE, Milli, ResourceName, is_gpu_resource, parse_bytes, parse_device_count,
-    parse_milli,
+    MILLI_PER_DEVICE, Milli, ResourceName, is_device_part, is_gpu_resource, parse_bytes,
+    parse_device_count, parse_milli,
 };
 
 /// `namespace/name` of a pod: unique in a snapshot, and the last tie-breaker of every ordering.
@@ -37,15 +37,35 @@ impl fmt::Display for PodKey {
     }
 }
 
-/// A request for devices of one GPU resource.
+/// How much memory of each device a request takes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DeviceMemory {
+    /// What the device gives with the unit asked for: all of a whole device or MIG slice,
+    /// `milli/1000` of a fractional share, `1/replicas` of a time-sliced replica, all of a HAMi
+    /// device (HAMi's default when no memory is asked).
+    #[default]
+    Share,
+    /// This many MiB (HAMi's `nvidia.com/gpumem`; a DRA claim's memory capacity request).
+    Mib(u64),
+    /// This percentage of the device's memory (HAMi's `nvidia.com/gpumem-percentage`).
+    Percent(u32),
+}
+
+/// A request for devices of one GPU resource: the pod demand that whole GPUs, MIG slices,
+/// shared replicas, HAMi virtual GPUs and DRA claims (mapped to a quota resource) all map onto.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GpuRequest {
     pub resource: ResourceName,
-    /// Number of devices.
+    /// Number of devices (schedulable units: replicas of a shared GPU, HAMi virtual GPUs).
     pub count: u32,
     /// Milli-units used on each device: 1000 for whole devices, less for a shared GPU (only
     /// with `count == 1`).
     pub milli_per_device: u32,
+    /// Memory taken on each device.
+    pub memory: DeviceMemory,
+    /// Compute taken on each device, percent (HAMi's `nvidia.com/gpucores`); `None`: the
+    /// unit's own share of the device.
+    pub cores_percent: Option<u32>,
 }
 
 impl GpuRequest {
@@ -55,16 +75,31 @@ impl GpuRequest {
             resource: resource.into(),
             count,
             milli_per_device: MILLI_PER_DEVICE,
+            memory: DeviceMemory::Share,
+            cores_percent: None,
         }
     }
 
     /// A share of one device (`milli` < 1000), as GPU-sharing tasks of the Alibaba trace use.
     pub fn shared(resource: impl Into<ResourceName>, milli: u32) -> Self {
         Self {
-            resource: resource.into(),
-            count: 1,
             milli_per_device: milli,
+            ..Self::devices(resource, 1)
         }
+    }
+
+    /// The same request with this memory on each device.
+    #[must_use]
+    pub fn with_memory(mut self, memory: DeviceMemory) -> Self {
+        self.memory = memory;
+        self
+    }
+
+    /// The same request with this compute on each device, percent.
+    #[must_use]
+    pub fn with_cores(mut self, percent: u32) -> Self {
+        self.cores_percent = Some(percent);
+        self
     }
 
     /// The quota this request is charged: devices × milli per device.
@@ -450,12 +485,46 @@ fn gpu_models_of(rules: &NodeRules) -> Vec<String> {
     models
 }
 
-/// Amounts of one container's resources: (cpu milli, memory bytes, GPU devices by name).
+/// What a container asks of each `nvidia.com/gpu` device it gets (HAMi's resources).
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+struct DevicePart {
+    memory: DeviceMemory,
+    cores: Option<u32>,
+}
+
+impl DevicePart {
+    /// The larger ask of two containers (a pod's devices are alike: each must fit both).
+    fn max(self, other: Self, field: &str) -> Result<Self, (String, String)> {
+        let memory = match (self.memory, other.memory) {
+            (DeviceMemory::Share, m) | (m, DeviceMemory::Share) => m,
+            (DeviceMemory::Mib(a), DeviceMemory::Mib(b)) => DeviceMemory::Mib(a.max(b)),
+            (DeviceMemory::Percent(a), DeviceMemory::Percent(b)) => DeviceMemory::Percent(a.max(b)),
+            _ => {
+                return Err((
+                    field.to_string(),
+                    format!(
+                        "containers ask for device memory both in MiB ({}) and in percent ({}); use one of them in every container",
+                        gpuqueue_api::hami::GPU_MEMORY,
+                        gpuqueue_api::hami::GPU_MEMORY_PERCENTAGE
+                    ),
+                ));
+            }
+        };
+        Ok(Self {
+            memory,
+            cores: self.cores.max(other.cores),
+        })
+    }
+}
+
+/// Amounts of one container's resources: (cpu milli, memory bytes, GPU devices by name, and
+/// what it asks of each `nvidia.com/gpu` device).
 #[derive(Default, Clone)]
 struct Amounts {
     cpu: u64,
     memory: u64,
     gpus: Vec<(String, u64)>,
+    part: DevicePart,
 }
 
 impl Amounts {
@@ -482,6 +551,34 @@ impl Amounts {
     }
 }
 
+/// Reads HAMi's `nvidia.com/gpumem`, `nvidia.com/gpumem-percentage` or `nvidia.com/gpucores`
+/// into `part`: whole numbers, percentages at most 100.
+fn read_part(name: &str, value: &str, part: &mut DevicePart) -> Result<(), String> {
+    use gpuqueue_api::hami;
+    let n = parse_device_count(value).map_err(|e| e.to_string())?;
+    let percent = |what: &str| {
+        u32::try_from(n)
+            .ok()
+            .filter(|p| (1..=100).contains(p))
+            .ok_or_else(|| format!("{n} is not a percentage of the device's {what} from 1 to 100"))
+    };
+    match name {
+        hami::GPU_MEMORY if n == 0 => {
+            return Err(format!(
+                "0 MiB of device memory; leave {name} out to take the whole device's memory"
+            ));
+        }
+        hami::GPU_MEMORY => part.memory = DeviceMemory::Mib(n),
+        hami::GPU_MEMORY_PERCENTAGE => part.memory = DeviceMemory::Percent(percent("memory")?),
+        _ => {
+            part.cores = Some(u32::try_from(n).ok().filter(|p| *p <= 100).ok_or_else(|| {
+                format!("{n} is not a percentage of the device's compute from 0 to 100")
+            })?);
+        }
+    }
+    Ok(())
+}
+
 fn container_amounts(c: &k8s::Container, field: &str) -> Result<Amounts, (String, String)> {
     let resources = c.resources.as_ref();
     let requests = resources.and_then(|r| r.requests.as_ref());
@@ -494,6 +591,7 @@ fn container_amounts(c: &k8s::Container, field: &str) -> Result<Amounts, (String
     names.sort();
     names.dedup();
     let mut amounts = Amounts::default();
+    let mut part_names = Vec::new();
     for name in names {
         // Kubernetes defaults a missing request to the limit.
         let Some(q) = requests
@@ -512,23 +610,64 @@ fn container_amounts(c: &k8s::Container, field: &str) -> Result<Amounts, (String
                     amounts.gpus.push((gpu.to_string(), n));
                 }
             }
+            part if is_device_part(part) => {
+                read_part(part, &q.0, &mut amounts.part).map_err(|rule| (f(), rule))?;
+                part_names.push(part.to_string());
+            }
             _ => {}
         }
     }
+    check_part(&amounts, &part_names, field)?;
     Ok(amounts)
+}
+
+/// HAMi's memory and compute apply to the container's `nvidia.com/gpu` devices: without
+/// them they could not be counted, and asking for memory twice is ambiguous.
+fn check_part(amounts: &Amounts, names: &[String], field: &str) -> Result<(), (String, String)> {
+    use gpuqueue_api::{NVIDIA_GPU, hami};
+    let Some(first) = names.first() else {
+        return Ok(());
+    };
+    let f = |name: &str| format!("{field}.resources.requests[{name}]");
+    if !amounts.gpus.iter().any(|(name, _)| name == NVIDIA_GPU) {
+        return Err((
+            f(first),
+            format!(
+                "asks for a part of each {NVIDIA_GPU} device, but the container requests no {NVIDIA_GPU}; add {NVIDIA_GPU}: 1 (the number of devices the part is taken on)"
+            ),
+        ));
+    }
+    let both = [hami::GPU_MEMORY, hami::GPU_MEMORY_PERCENTAGE];
+    if both.iter().all(|b| names.iter().any(|n| n == b)) {
+        return Err((
+            f(hami::GPU_MEMORY_PERCENTAGE),
+            format!(
+                "{} and {} both set the device memory; keep one of them",
+                hami::GPU_MEMORY,
+                hami::GPU_MEMORY_PERCENTAGE
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The pod's effective requests as kube-scheduler computes them: the sum over containers (and
 /// sidecars), at least the largest init container, plus the pod overhead.
 fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)> {
     let mut total = Amounts::default();
+    let mut part = DevicePart::default();
     for (i, c) in spec.containers.iter().enumerate() {
-        total.add(&container_amounts(c, &format!("spec.containers[{i}]"))?);
+        let field = format!("spec.containers[{i}]");
+        let amounts = container_amounts(c, &field)?;
+        part = part.max(amounts.part, &field)?;
+        total.add(&amounts);
     }
     let mut sidecars = Amounts::default();
     let mut init_peak = Amounts::default();
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
-        let amounts = container_amounts(c, &format!("spec.initContainers[{i}]"))?;
+        let field = format!("spec.initContainers[{i}]");
+        let amounts = container_amounts(c, &field)?;
+        part = part.max(amounts.part, &field)?;
         if c.restart_policy.as_deref() == Some("Always") {
             sidecars.add(&amounts);
         } else {
@@ -563,7 +702,12 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)>
                 format!("{count} devices is more than any node has"),
             )
         })?;
-        gpus.push(GpuRequest::devices(name, count));
+        let mut gpu = GpuRequest::devices(name.as_str(), count);
+        if name == gpuqueue_api::NVIDIA_GPU {
+            gpu.memory = part.memory;
+            gpu.cores_percent = part.cores;
+        }
+        gpus.push(gpu);
     }
     gpus.sort();
     Ok(Requests {

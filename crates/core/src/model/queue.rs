@@ -47,6 +47,8 @@ pub struct ResourceQuota {
     pub lending_limit: Option<Milli>,
     /// Cap on the GPU memory this queue's pods of this resource hold, in MiB.
     pub gpu_memory_mib: Option<u64>,
+    /// Cap on the GPU compute this queue's pods of this resource hold, milli of a device.
+    pub gpu_cores_milli: Option<u64>,
 }
 
 impl ResourceQuota {
@@ -58,6 +60,7 @@ impl ResourceQuota {
             burstable: Milli::devices(burstable),
             lending_limit: None,
             gpu_memory_mib: None,
+            gpu_cores_milli: None,
         }
     }
 
@@ -347,6 +350,10 @@ fn quotas(spec: &GpuQueueSpec, problems: &mut Problems) -> Vec<ResourceQuota> {
             burstable,
             lending_limit,
             gpu_memory_mib,
+            gpu_cores_milli: r
+                .gpu_cores
+                .and_then(|c| u64::try_from(c).ok())
+                .map(|c| c * 10),
         });
     }
     quotas.sort_by(|a, b| a.resource.cmp(&b.resource));

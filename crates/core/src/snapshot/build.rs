@@ -265,9 +265,11 @@ impl Snapshot {
                 start,
                 len,
                 memory_mib: pool.memory_mib,
+                sharing: pool.sharing,
             });
             start += len;
-            self.capacity[resource.index()] += Milli::devices(u64::from(len));
+            // Quota counts what kube-scheduler counts: each replica of a shared device.
+            self.capacity[resource.index()] += Milli::devices(pool.schedulable());
         }
         Ok(layout)
     }
@@ -302,11 +304,13 @@ impl Snapshot {
         let mut amounts = Vec::new();
         for g in &requests.gpus {
             let resource = self.intern_resource(&g.resource);
-            gpus.push(ResolvedGpu {
+            gpus.push(ResolvedGpu::new(resource, g).unwrap_or(ResolvedGpu {
                 resource,
-                count: u16::try_from(g.count).unwrap_or(u16::MAX),
-                milli: u16::try_from(g.milli_per_device).unwrap_or(u16::MAX),
-            });
+                count: u16::MAX,
+                milli: u16::MAX,
+                memory: g.memory,
+                cores: g.cores_percent,
+            }));
             amounts.push((resource, g.total()));
         }
         (gpus, amounts)
@@ -400,9 +404,7 @@ impl Snapshot {
             if set.devices.len() != usize::from(gpu.count) {
                 return Err(bad());
             }
-            let named = n
-                .named_charges(resource, &set.devices, gpu.milli)
-                .ok_or_else(bad)?;
+            let named = n.named_charges(gpu, &set.devices).ok_or_else(bad)?;
             charges.extend(named);
         }
         if charges.len()

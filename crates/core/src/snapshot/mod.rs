@@ -453,11 +453,7 @@ impl Snapshot {
         devices::validate_requests(&pod.requests).ok()?;
         let mut gpus = Vec::new();
         for g in &pod.requests.gpus {
-            gpus.push(ResolvedGpu {
-                resource: self.resource_id(&g.resource)?,
-                count: u16::try_from(g.count).ok()?,
-                milli: u16::try_from(g.milli_per_device).ok()?,
-            });
+            gpus.push(ResolvedGpu::new(self.resource_id(&g.resource)?, g)?);
         }
         let models = (!pod.gpu_models.is_empty()).then(|| {
             let mut allowed = vec![false; self.models.len()];

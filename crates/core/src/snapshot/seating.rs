@@ -2,11 +2,10 @@
 //! step as a pod is charged, seated on devices (or pinned as a node's deficit) and unseated.
 
 use super::{Attribution, Snapshot};
-use crate::devices::{Charge, Seat, host_amount};
+use crate::devices::{Charge, Seat, host_amount, unit_cost};
 use crate::ids::{NodeId, PodId, ResourceId};
 use crate::ledger::{Protection, signed_add};
 use crate::model::{Assignment, Pod, PodState, ReclaimMark, ReclaimRole};
-use crate::quantity::MILLI_PER_DEVICE;
 
 /// How `Snapshot::seat` places a pod's device charges.
 pub(super) enum SeatMode {
@@ -98,31 +97,37 @@ impl Snapshot {
         true
     }
 
-    /// Adds or removes the GPU memory a seated pod holds on its node to its queue's ledger.
+    /// Adds or removes the GPU memory and compute a seated pod holds on its node to its
+    /// queue's ledger (what its units take of the node's devices: see `devices::unit_cost`).
     fn add_memory(&mut self, id: PodId, sign: i8) {
         let Some(slot) = self.slot(id) else { return };
         let (Attribution::Queue(q), Some(seat)) = (&slot.attribution, &slot.seat) else {
             return;
         };
         let n = &self.nodes[seat.node.index()];
-        let mut held: Vec<(ResourceId, u64)> = Vec::new();
-        for gpu in &slot.gpus {
-            if let Some(memory) = n.pool(gpu.resource).and_then(|p| p.memory_mib) {
-                held.push((
+        let held: Vec<(ResourceId, u64, u64)> = slot
+            .gpus
+            .iter()
+            .filter_map(|gpu| {
+                let cost = unit_cost(n.pool(gpu.resource)?, gpu);
+                let units = u64::from(gpu.count);
+                Some((
                     gpu.resource,
-                    memory * u64::from(gpu.milli) * u64::from(gpu.count)
-                        / u64::from(MILLI_PER_DEVICE),
-                ));
-            }
-        }
+                    u64::from(cost.memory_mib) * units,
+                    u64::from(cost.milli) * units,
+                ))
+            })
+            .collect();
         let q = *q;
-        for (resource, mib) in held {
+        for (resource, mib, milli) in held {
             let usage = self.queues[q.index()].usage_mut(resource);
-            usage.memory_mib = if sign > 0 {
-                usage.memory_mib + mib
+            if sign > 0 {
+                usage.memory_mib += mib;
+                usage.cores_milli += milli;
             } else {
-                usage.memory_mib.saturating_sub(mib)
-            };
+                usage.memory_mib = usage.memory_mib.saturating_sub(mib);
+                usage.cores_milli = usage.cores_milli.saturating_sub(milli);
+            }
         }
     }
 

@@ -100,9 +100,9 @@ pub fn tasks(variant: &str) -> Vec<Task> {
                 })
                 .unwrap_or_default();
             let gpu = (count > 0 && per > 0).then(|| GpuRequest {
-                resource: "nvidia.com/gpu".into(),
                 count,
                 milli_per_device: per,
+                ..GpuRequest::devices("nvidia.com/gpu", count)
             });
             Task {
                 shape: TaskShape {

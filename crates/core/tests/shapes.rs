@@ -1,0 +1,435 @@
+//! GPU shapes: time-sliced replicas, HAMi memory and compute, MIG slices. How each is read from
+//! Kubernetes objects, counted against a queue (devices, `gpuMemory`, `gpuCores`) and placed on
+//! the devices with room.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::world::{GPU, at, build, queue};
+use gpuqueue_core::Policy;
+use gpuqueue_core::Snapshot;
+use gpuqueue_core::admission::{Decision, admission_cycle, decide};
+use gpuqueue_core::model::{
+    Assignment, DeviceMemory, DeviceSet, GpuPool, GpuRequest, Node, Pod, PodKey, PodState,
+    ReplicaStrategy, Requests, Sharing,
+};
+use gpuqueue_core::quantity::Milli;
+use k8s_openapi::api::core::v1 as k8s;
+use proptest::prelude::*;
+
+fn gpu_node(name: &str, pool: GpuPool) -> Node {
+    Node::new(name)
+        .cpu_milli(128_000)
+        .memory_bytes(1 << 40)
+        .pool(pool)
+}
+
+fn time_sliced(devices: u32, replicas: u32) -> GpuPool {
+    GpuPool {
+        memory_mib: Some(16_384),
+        sharing: Sharing::Replicas {
+            replicas,
+            strategy: ReplicaStrategy::TimeSlicing,
+        },
+        ..GpuPool::exclusive(GPU, devices)
+    }
+}
+
+fn hami(devices: u32, memory_mib: u64) -> GpuPool {
+    GpuPool {
+        memory_mib: Some(memory_mib),
+        sharing: Sharing::Hami { split: 10 },
+        ..GpuPool::exclusive(GPU, devices)
+    }
+}
+
+fn pod_asking(key: &str, gpu: GpuRequest, created: i64) -> Pod {
+    let (ns, name) = key.split_once('/').unwrap();
+    Pod::new(
+        PodKey::new(ns, name),
+        Requests {
+            cpu_milli: 100,
+            memory_bytes: 1 << 20,
+            gpus: vec![gpu],
+        },
+        at(created),
+    )
+}
+
+fn memory_pod(key: &str, mib: u64, created: i64) -> Pod {
+    pod_asking(
+        key,
+        GpuRequest::devices(GPU, 1).with_memory(DeviceMemory::Mib(mib)),
+        created,
+    )
+}
+
+fn on(mut pod: Pod, node: &str) -> Pod {
+    pod.state = PodState::Admitted(Assignment {
+        node: Some(node.into()),
+        bound: true,
+        terminating: false,
+    });
+    pod.admitted_at = Some(pod.created_at);
+    pod
+}
+
+fn admitted_nodes(decisions: &[Decision]) -> Vec<String> {
+    decisions
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Admit(a) => Some(a.placement.node_name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn usage(snapshot: &Snapshot, queue: &str) -> gpuqueue_core::ledger::ResourceUsage {
+    let q = snapshot.queue_id(queue).unwrap();
+    let gpu = snapshot.resource_id(&GPU.into()).unwrap();
+    snapshot.usage_of(q, gpu).cloned().unwrap()
+}
+
+#[test]
+fn a_time_sliced_node_takes_its_replicas_and_no_more() {
+    // One GPU advertised 4 times: 4 sharing pods fit, the fifth waits.
+    let pods = (0..5)
+        .map(|i| pod_asking(&format!("a/p{i}"), GpuRequest::devices(GPU, 1), i))
+        .collect();
+    let mut snapshot = build(
+        vec![queue("a", 8, 0)],
+        vec![gpu_node("ts", time_sliced(1, 4))],
+        pods,
+    );
+    assert_eq!(
+        snapshot.capacity(snapshot.resource_id(&GPU.into()).unwrap()),
+        Milli::devices(4),
+        "quota counts what kube-scheduler counts: each replica"
+    );
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(100));
+    assert_eq!(admitted_nodes(&decisions), vec!["ts"; 4], "{decisions:?}");
+    let u = usage(&snapshot, "a");
+    assert_eq!(u.allocated, Milli::devices(4));
+    assert_eq!(
+        u.cores_milli, 1000,
+        "four replicas are one device of compute"
+    );
+    assert_eq!(u.memory_mib, 16_384, "and one device of memory");
+}
+
+#[test]
+fn a_memory_request_goes_to_a_device_with_that_much_free() {
+    // split: two 16 GiB devices with 6 GiB used on each (10 + 10 free); roomy: one 24 GiB.
+    let build_with = |roomy: bool| {
+        let mut nodes = vec![gpu_node("split", hami(2, 16_384))];
+        if roomy {
+            nodes.push(gpu_node("roomy", hami(1, 24_576)));
+        }
+        let on_device = |pod: Pod, device: u16| {
+            let mut pod = on(pod, "split");
+            pod.devices = vec![DeviceSet {
+                resource: GPU.into(),
+                devices: vec![device],
+            }];
+            pod
+        };
+        let pods = vec![
+            on_device(memory_pod("a/x0", 6_144, 0), 0),
+            on_device(memory_pod("a/x1", 6_144, 1), 1),
+            memory_pod("a/big", 18_432, 5),
+        ];
+        build(vec![queue("a", 8, 0)], nodes, pods)
+    };
+    let snapshot = build_with(true);
+    let split = snapshot.node_id("split").unwrap();
+    assert_eq!(
+        snapshot.node_view(split).gpu_free_memory(),
+        &[10_240, 10_240],
+        "the running pods sit one per device"
+    );
+    let big = snapshot.pod_id(&PodKey::new("a", "big")).unwrap();
+    match decide(&snapshot, big, &Policy::default(), at(10)) {
+        Decision::Admit(a) => assert_eq!(a.placement.node_name, "roomy"),
+        other => panic!("{other:?}"),
+    }
+    let snapshot = build_with(false);
+    let big = snapshot.pod_id(&PodKey::new("a", "big")).unwrap();
+    assert!(
+        matches!(
+            decide(&snapshot, big, &Policy::default(), at(10)),
+            Decision::Wait(_)
+        ),
+        "20 GiB free split 10 + 10 never takes an 18 GiB request"
+    );
+}
+
+#[test]
+fn a_memory_request_over_the_queue_memory_cap_waits_naming_memory() {
+    let mut a = queue("a", 8, 0);
+    a.quotas[0].gpu_memory_mib = Some(16_384);
+    let snapshot = build(
+        vec![a],
+        vec![gpu_node("h", hami(2, 40_960))],
+        vec![
+            on(memory_pod("a/x", 10_240, 0), "h"),
+            memory_pod("a/p", 8_192, 5),
+        ],
+    );
+    let p = snapshot.pod_id(&PodKey::new("a", "p")).unwrap();
+    let Decision::Wait(wait) = decide(&snapshot, p, &Policy::default(), at(10)) else {
+        panic!("must wait");
+    };
+    assert_eq!(wait.reason.code(), "GpuMemoryCap");
+    let text = wait.reason.to_string();
+    assert!(
+        text.contains("GPU memory in use is 10240 MiB of its cap of 16384 MiB"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_compute_request_over_the_queue_cores_cap_waits_naming_compute() {
+    let mut a = queue("a", 8, 0);
+    a.quotas[0].gpu_cores_milli = Some(500);
+    let cores = |key: &str, percent: u32, t: i64| {
+        pod_asking(key, GpuRequest::devices(GPU, 1).with_cores(percent), t)
+    };
+    let snapshot = build(
+        vec![a],
+        vec![gpu_node("h", hami(2, 40_960))],
+        vec![on(cores("a/x", 30, 0), "h"), cores("a/p", 30, 5)],
+    );
+    let p = snapshot.pod_id(&PodKey::new("a", "p")).unwrap();
+    let Decision::Wait(wait) = decide(&snapshot, p, &Policy::default(), at(10)) else {
+        panic!("must wait");
+    };
+    assert_eq!(wait.reason.code(), "GpuCoresCap");
+    assert!(
+        wait.reason
+            .to_string()
+            .contains("30% of its gpuCores cap of 50%")
+    );
+}
+
+#[test]
+fn a_mig_slice_counts_its_profile_memory() {
+    let mig = "nvidia.com/mig-3g.40gb";
+    let mut a = gpuqueue_core::model::Queue::new("a")
+        .namespace("a")
+        .quota(gpuqueue_core::model::ResourceQuota::devices(mig, 4, 0));
+    a.quotas[0].gpu_memory_mib = Some(100 * 1024);
+    let mut snapshot = build(
+        vec![a],
+        vec![Node::new("m").gpus(mig, 4)],
+        (0..3)
+            .map(|i| pod_asking(&format!("a/m{i}"), GpuRequest::devices(mig, 1), i))
+            .collect(),
+    );
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(10));
+    assert_eq!(
+        admitted_nodes(&decisions).len(),
+        2,
+        "two 40 GiB slices fit 100 GiB"
+    );
+}
+
+// ---- reading Kubernetes objects ----------------------------------------------------------
+
+fn k8s_node(
+    allocatable: &[(&str, &str)],
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> k8s::Node {
+    let map = |kv: &[(&str, &str)]| {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect::<BTreeMap<_, _>>()
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "n", "labels": map(labels), "annotations": map(annotations)},
+        "status": {
+            "allocatable": map(allocatable),
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_time_sliced_node_shows_its_physical_devices() {
+    let node = Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu", "32")],
+        &[
+            ("nvidia.com/gpu.replicas", "4"),
+            ("nvidia.com/gpu.sharing-strategy", "time-slicing"),
+            ("nvidia.com/gpu.memory", "81920"),
+        ],
+        &[],
+    ))
+    .unwrap()
+    .value;
+    let pool = &node.pools[0];
+    assert_eq!((pool.devices, pool.schedulable()), (8, 32));
+    assert_eq!(pool.memory_mib, Some(81_920));
+    assert!(matches!(
+        pool.sharing,
+        Sharing::Replicas { replicas: 4, .. }
+    ));
+
+    let renamed = Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu.shared", "20")],
+        &[
+            ("nvidia.com/gpu.replicas", "10"),
+            ("nvidia.com/gpu.sharing-strategy", "mps"),
+        ],
+        &[],
+    ))
+    .unwrap()
+    .value;
+    assert_eq!(renamed.pools[0].resource.as_str(), "nvidia.com/gpu.shared");
+    assert_eq!(renamed.pools[0].devices, 2);
+
+    let err = Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu", "8")],
+        &[("nvidia.com/gpu.sharing-strategy", "time-slicing")],
+        &[],
+    ))
+    .unwrap_err();
+    assert_eq!(err.field, "metadata.labels[nvidia.com/gpu.replicas]");
+}
+
+#[test]
+fn a_hami_node_shows_its_registered_devices() {
+    let node = Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu", "20")],
+        &[],
+        &[(
+            "hami.io/node-nvidia-register",
+            "GPU-a,10,32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,true:GPU-b,10,32768,100,NVIDIA-Tesla V100-PCIE-32GB,0,true:",
+        )],
+    ))
+    .unwrap()
+    .value;
+    let pool = &node.pools[0];
+    assert_eq!((pool.devices, pool.schedulable()), (2, 20));
+    assert_eq!(pool.memory_mib, Some(32_768));
+    assert_eq!(pool.sharing, Sharing::Hami { split: 10 });
+
+    let err = Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu", "20")],
+        &[],
+        &[("hami.io/node-nvidia-register", "GPU-a,ten,32768")],
+    ))
+    .unwrap_err();
+    assert!(err.rule.contains("is not `uuid,split count"), "{err}");
+}
+
+fn k8s_pod(limits: &[(&str, &str)]) -> k8s::Pod {
+    let limits: BTreeMap<_, _> = limits.iter().map(|(k, v)| (*k, *v)).collect();
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "namespace": "a", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
+    }))
+    .unwrap()
+}
+
+#[test]
+fn hami_requests_are_read_per_device_and_never_ignored() {
+    let pod = Pod::from_k8s(&k8s_pod(&[
+        ("nvidia.com/gpu", "1"),
+        ("nvidia.com/gpumem", "18432"),
+        ("nvidia.com/gpucores", "30"),
+    ]))
+    .unwrap()
+    .unwrap()
+    .value;
+    let gpu = &pod.requests.gpus[0];
+    assert_eq!(gpu.memory, DeviceMemory::Mib(18_432));
+    assert_eq!(gpu.cores_percent, Some(30));
+    let percent = Pod::from_k8s(&k8s_pod(&[
+        ("nvidia.com/gpu", "2"),
+        ("nvidia.com/gpumem-percentage", "50"),
+    ]))
+    .unwrap()
+    .unwrap()
+    .value;
+    assert_eq!(percent.requests.gpus[0].memory, DeviceMemory::Percent(50));
+
+    // Memory without a device cannot be counted: refused with the field and what to do.
+    let alone = k8s_pod(&[("nvidia.com/gpumem", "4096")]);
+    let err = Pod::from_k8s(&alone).unwrap_err();
+    assert_eq!(
+        err.field,
+        "spec.containers[0].resources.requests[nvidia.com/gpumem]"
+    );
+    assert!(err.rule.contains("add nvidia.com/gpu: 1"), "{err}");
+    assert!(
+        gpuqueue_core::model::is_gpu_pod(&alone),
+        "kept, so that it waits with the reason"
+    );
+
+    let both = Pod::from_k8s(&k8s_pod(&[
+        ("nvidia.com/gpu", "1"),
+        ("nvidia.com/gpumem", "4096"),
+        ("nvidia.com/gpumem-percentage", "50"),
+    ]))
+    .unwrap_err();
+    assert!(both.rule.contains("keep one of them"), "{both}");
+    let over = Pod::from_k8s(&k8s_pod(&[
+        ("nvidia.com/gpu", "1"),
+        ("nvidia.com/gpucores", "150"),
+    ]))
+    .unwrap_err();
+    assert!(over.rule.contains("from 0 to 100"), "{over}");
+}
+
+// ---- properties ---------------------------------------------------------------------------
+
+proptest! {
+    /// Whatever HAMi pods arrive, no device is given more memory or compute than it has, nor
+    /// more pods than its split; every admitted pod's memory is charged to its queue.
+    #[test]
+    fn hami_devices_are_never_overcommitted(
+        asks in prop::collection::vec((1u64..20_000, prop::option::of(1u32..=100)), 1..40),
+    ) {
+        let pods: Vec<Pod> = asks
+            .iter()
+            .enumerate()
+            .map(|(i, (mib, cores))| {
+                let mut gpu = GpuRequest::devices(GPU, 1).with_memory(DeviceMemory::Mib(*mib));
+                gpu.cores_percent = *cores;
+                pod_asking(&format!("a/p{i:02}"), gpu, i64::try_from(i).unwrap())
+            })
+            .collect();
+        let mut snapshot = build(
+            vec![queue("a", 100, 0)],
+            vec![gpu_node("h", hami(4, 24_576))],
+            pods.clone(),
+        );
+        let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(1000));
+        let mut memory = [0u64; 4];
+        let mut compute = [0u32; 4];
+        let mut count = [0u32; 4];
+        let mut charged = 0;
+        for d in &decisions {
+            let Decision::Admit(a) = d else { continue };
+            let pod = pods.iter().find(|p| p.key == a.key).unwrap();
+            let gpu = &pod.requests.gpus[0];
+            let DeviceMemory::Mib(mib) = gpu.memory else { unreachable!() };
+            let device = usize::from(a.placement.devices[0].devices[0]);
+            memory[device] += mib;
+            compute[device] += gpu.cores_percent.unwrap_or(10);
+            count[device] += 1;
+            charged += mib;
+        }
+        for d in 0..4 {
+            prop_assert!(memory[d] <= 24_576, "device {d}: {memory:?}");
+            prop_assert!(compute[d] <= 100, "device {d}: {compute:?}");
+            prop_assert!(count[d] <= 10, "device {d}: {count:?}");
+        }
+        prop_assert_eq!(usage(&snapshot, "a").memory_mib, charged);
+    }
+}
