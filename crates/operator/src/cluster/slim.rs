@@ -1,7 +1,7 @@
 //! What the stores keep of each object: only what some reader here uses. At 10,000 pods the
 //! pod store is most of the operator's memory, and most of a pod's bytes (its containers'
-//! environment, probes and mounts, its volumes and tolerations, its container statuses) are
-//! never read: the core reads requests, placement rules, the gate, phase and conditions; the
+//! environment, probes and mounts, its volumes, its container statuses) are never read:
+//! the core reads requests, placement rules and tolerations, the gate, phase and conditions; the
 //! executor the pod's addresses, owners and grace period; the writes patch only the gate, the
 //! node selector and annotations (JSON patches of those paths, never a whole object).
 
@@ -21,13 +21,13 @@ pub fn strip_metadata<K: Resource>(object: &mut K) {
 }
 
 /// A pod as the pod store keeps it: its metadata stripped, and of its spec and status only
-/// what is read (resources and restart policy of each container, placement rules, gate,
-/// priority, grace period, host network; phase, conditions, start time and addresses).
+/// what is read (resources and restart policy of each container, placement rules and
+/// tolerations, gate, priority, grace period, host network; phase, conditions, start time and
+/// addresses).
 pub fn slim_pod(pod: &mut Pod) {
     strip_metadata(pod);
     if let Some(spec) = pod.spec.as_mut() {
         spec.volumes = None;
-        spec.tolerations = None;
         spec.ephemeral_containers = None;
         spec.security_context = None;
         spec.image_pull_secrets = None;
@@ -125,6 +125,7 @@ mod tests {
         let (spec, status) = (pod.spec.as_ref().unwrap(), pod.status.as_ref().unwrap());
         assert_eq!(spec.termination_grace_period_seconds, Some(45));
         assert_eq!(spec.host_network, Some(false));
+        assert_eq!(spec.tolerations.as_ref().map(Vec::len), Some(1));
         assert!(spec.scheduling_gates.is_some() && spec.node_selector.is_some());
         assert_eq!(status.pod_ip.as_deref(), Some("10.0.0.7"));
         assert_eq!(status.host_ip.as_deref(), Some("10.0.1.1"));
