@@ -161,6 +161,10 @@ demo-down: ## Stop the demo's fake vLLM, its operator and its cluster (make demo
 bench-peers: ## gpuqueue and Kueue side by side: reclaim (50), burst 2 -> 24, admission (1,000 pods, 100 nodes), quota honesty; builds Kueue once (--peers); writes e2e/results/peers.{json,md}
 	bin=$$($(E2E_TOOLS) --peers | tail -n1) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench peers
 
+.PHONY: bench-scale
+bench-scale: ## The operator at 1,000 nodes x 8 GPUs, 50 queues, 10,000 pods: RSS, admission-pass p50/p99, cold start, reclaim plan, API requests at rest (BENCH_SCALE_* knobs in e2e/benches/scale.rs); writes e2e/results/scale.{json,md}
+	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench scale
+
 .PHONY: bench-admission
 bench-admission: ## Pods/s to Bound with gpuqueue vs kube-scheduler alone (100 nodes x 8 GPUs, 1,000 pods); writes e2e/results/admission.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench admission

@@ -529,7 +529,7 @@ mod tests {
             &stores.stores,
             &mut crate::sync::lock(assumed),
             &mut creation,
-            &mut observe::PodModels::default(),
+            &mut observe::Models::default(),
             now,
         );
         let observation = observe::snapshot(observed, &stores.stores, [], now);

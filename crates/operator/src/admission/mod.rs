@@ -69,7 +69,7 @@ use crate::{
 use apply::{ReclaimStart, admitted_at_creation, apply, begin_reclaims};
 use at_creation::{AtCreation, RESERVATION_TTL};
 use context::{RETRY_AFTER, Shared};
-use observe::{Observation, PodModels};
+use observe::{Models, Observation};
 use report::report;
 use waiting::WaitingSince;
 
@@ -347,7 +347,7 @@ fn observe_pass(
         &context.stores,
         &mut shared.assumed(),
         creation,
-        &mut carried.pod_models,
+        &mut carried.models,
         now,
     );
     for settled in settled {
@@ -372,7 +372,7 @@ fn observe_pass(
 #[derive(Debug, Default)]
 struct PassMemory {
     waiting_since: WaitingSince,
-    pod_models: PodModels,
+    models: Models,
     enforce: enforce::EnforceMemory,
 }
 

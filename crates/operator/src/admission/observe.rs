@@ -8,11 +8,11 @@ use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
     Snapshot,
     fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
-    model::{self, Converted, FieldError, PodError, QueueError},
+    model::{self, Converted, FieldError, NodeError, PodError, QueueError},
     pins::{self, Released, UNBINDABLE_AFTER},
 };
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
 use super::at_creation::{Arrival, Pass};
@@ -50,24 +50,41 @@ pub struct Observed {
 /// What reading one pod gave.
 type PodModel = Result<Option<Converted<model::Pod>>, PodError>;
 
-/// Pods as the core models them, kept from pass to pass: every pass reads every pod, but in a
-/// burst each pass finds only a few changed, and converting them all again was most of a
-/// pass's time. An entry is reused while the store holds the very same object (the reflector
-/// stores a new one for every change); pods seen through [`Assumed`] are converted afresh.
-#[derive(Debug, Default)]
-pub struct PodModels(HashMap<String, (Arc<Pod>, PodModel)>);
+/// What reading one node gave.
+type NodeModel = Result<Converted<model::Node>, NodeError>;
 
-impl PodModels {
+/// Pods and nodes as the core models them, kept from pass to pass: every pass reads every pod
+/// and node, but in a burst each pass finds only a few changed, and converting them all again
+/// was most of a pass's time. An entry is reused while the store holds the very same object
+/// (the reflector stores a new one for every change); pods seen through [`Assumed`] are
+/// converted afresh.
+#[derive(Debug, Default)]
+pub struct Models {
+    pods: Conversions<Pod, PodModel>,
+    nodes: Conversions<Node, NodeModel>,
+}
+
+/// The last pass's conversion of each object, by uid.
+#[derive(Debug)]
+struct Conversions<K, M>(HashMap<String, (Arc<K>, M)>);
+
+impl<K, M> Default for Conversions<K, M> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<K: kube::Resource, M: Clone> Conversions<K, M> {
     /// Reads `stored` as `view` shows it, from the last pass's entry when it is the same object.
     /// `next` collects the entries the next pass may reuse.
-    fn read(&mut self, next: &mut Self, stored: &Arc<Pod>, view: &Pod) -> PodModel {
+    fn read(&mut self, next: &mut Self, stored: &Arc<K>, view: &K, convert: fn(&K) -> M) -> M {
         let same_object = std::ptr::eq(view, stored.as_ref());
-        let Some(uid) = stored.metadata.uid.clone().filter(|_| same_object) else {
-            return model::Pod::from_k8s(view);
+        let Some(uid) = stored.meta().uid.clone().filter(|_| same_object) else {
+            return convert(view);
         };
         let entry = match self.0.remove(&uid) {
             Some(entry) if Arc::ptr_eq(&entry.0, stored) => entry,
-            _ => (stored.clone(), model::Pod::from_k8s(stored)),
+            _ => (stored.clone(), convert(stored)),
         };
         let model = entry.1.clone();
         next.0.insert(uid, entry);
@@ -84,7 +101,7 @@ impl Observed {
         stores: &Stores,
         pods: &[Arc<Pod>],
         assumed: &Assumed,
-        models: &mut PodModels,
+        models: &mut Models,
     ) -> Self {
         let mut observed = Self::default();
         for stored in stores.queues.state() {
@@ -107,8 +124,12 @@ impl Observed {
             .iter()
             .map(|namespace| model::Namespace::from_k8s(namespace))
             .collect();
+        let mut next = Models::default();
         for node in stores.nodes.state() {
-            match model::Node::from_k8s(&node) {
+            match models
+                .nodes
+                .read(&mut next.nodes, &node, &node, model::Node::from_k8s)
+            {
                 Ok(converted) => {
                     observed.problems.extend(converted.warnings);
                     observed.nodes.push(converted.value);
@@ -116,9 +137,12 @@ impl Observed {
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
-        let mut next = PodModels::default();
         for stored in pods {
-            match models.read(&mut next, stored, assumed.view(stored)) {
+            let view = assumed.view(stored);
+            match models
+                .pods
+                .read(&mut next.pods, stored, view, model::Pod::from_k8s)
+            {
                 Ok(Some(converted)) => {
                     observed.problems.extend(converted.warnings);
                     observed.pods.push(converted.value);
@@ -171,7 +195,7 @@ pub fn read(
     stores: &Stores,
     assumed: &mut Assumed,
     creation: &mut Pass<'_>,
-    models: &mut PodModels,
+    models: &mut Models,
     now: Timestamp,
 ) -> (Observed, Vec<Arrival>) {
     let pods = stores.pods.state();
@@ -283,32 +307,33 @@ mod tests {
                 .clone()
         };
         let first = Arc::new(pod("batch", Some(1)));
-        let mut models = PodModels::default();
-        let mut next = PodModels::default();
-        let read = models.read(&mut next, &first, &first);
+        let convert: fn(&Pod) -> PodModel = model::Pod::from_k8s;
+        let mut models = Conversions::default();
+        let mut next = Conversions::default();
+        let read = models.read(&mut next, &first, &first, convert);
         assert_eq!(read, model::Pod::from_k8s(&first));
         models = next;
 
         // The same object: the entry is reused (shown by planting a different one).
         let planted = model::Pod::from_k8s(&pod("batch", Some(3)));
         models.0.get_mut("u").unwrap().1 = planted.clone();
-        let mut next = PodModels::default();
+        let mut next = Conversions::default();
         assert_eq!(
-            gpus(&models.read(&mut next, &first, &first)),
+            gpus(&models.read(&mut next, &first, &first, convert)),
             gpus(&planted)
         );
         models = next;
 
         // A new object for the same pod (the store saw a change): converted again.
         let changed = Arc::new(pod("batch", Some(2)));
-        let mut next = PodModels::default();
-        let read = models.read(&mut next, &changed, &changed);
+        let mut next = Conversions::default();
+        let read = models.read(&mut next, &changed, &changed, convert);
         assert_eq!(read, model::Pod::from_k8s(&changed));
         // Seen through an assumed admission: the view is read, and nothing is kept.
-        let mut kept = PodModels::default();
+        let mut kept = Conversions::default();
         let view = pod("batch", Some(4));
         assert_eq!(
-            models.read(&mut kept, &changed, &view),
+            models.read(&mut kept, &changed, &view, convert),
             model::Pod::from_k8s(&view)
         );
         assert!(kept.0.is_empty());
@@ -337,7 +362,7 @@ mod tests {
             &stores.stores,
             &stores.stores.pods.state(),
             &Assumed::default(),
-            &mut PodModels::default(),
+            &mut Models::default(),
         );
         assert_eq!(observed.nodes.len(), 1);
         assert_eq!(observed.queues.len(), 3);

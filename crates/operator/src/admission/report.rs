@@ -445,7 +445,7 @@ mod tests {
             &stores.stores,
             &mut crate::sync::lock(&assumed),
             &mut at_creation.pass(),
-            &mut observe::PodModels::default(),
+            &mut observe::Models::default(),
             now,
         );
         let observation = observe::snapshot(observed, &stores.stores, [], now);

@@ -4,6 +4,7 @@
 pub mod assumed;
 pub mod debounce;
 pub mod metrics;
+mod slim;
 pub mod stores;
 #[cfg(test)]
 pub(crate) mod testing;

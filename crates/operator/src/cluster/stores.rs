@@ -11,8 +11,9 @@
 //!   `DeserializeGuard`: an object the operator cannot read is kept in the store as an error
 //!   (so its status can say why) instead of failing the whole list.
 //! - **Memory.** `managedFields`, the `last-applied-configuration` annotation and node image
-//!   lists are dropped before objects are stored; terminal pods are filtered out by the API
-//!   server (they hold no GPU); pods the pod filter rejects (no GPU request) are not kept.
+//!   lists are dropped before objects are stored, and pods keep only what is read (see
+//!   [`slim`](super::slim)); terminal pods are filtered out by the API server (they hold no
+//!   GPU); pods the pod filter rejects (no GPU request) are not kept.
 //! - **Watch errors** are retried with kube's default backoff (800 ms to 30 s), counted in
 //!   `gpuqueue_watch_errors_total` and logged; the stores keep their last state meanwhile.
 
@@ -43,9 +44,7 @@ use tracing::Instrument;
 use gpuqueue_core::model::is_gated;
 
 use super::metrics::WatchMetrics;
-
-/// The annotation `kubectl apply` writes: a full copy of the object, never read here.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+use super::slim::{slim_pod, strip_metadata};
 
 /// Pods in these phases hold no GPU; the API server leaves them out of the watch.
 const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
@@ -242,7 +241,7 @@ fn pod_events(
         watcher::Config::default().fields(LIVE_PODS),
     )
     .default_backoff()
-    .modify(strip_metadata)
+    .modify(slim_pod)
     .try_filter_map(move |event| future::ready(Ok(keep_pods(event, keep_pod.as_ref()))))
 }
 
@@ -330,15 +329,6 @@ where
     Box::pin(task.instrument(tracing::info_span!("watch", resource)))
 }
 
-/// Drops the parts of an object's metadata the operator never reads.
-fn strip_metadata<K: Resource>(object: &mut K) {
-    let meta = object.meta_mut();
-    meta.managed_fields = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.remove(LAST_APPLIED);
-    }
-}
-
 /// Keeps the pods `keep` wants. A pod that stops qualifying is deleted from the store rather
 /// than left behind with its old content.
 fn keep_pods(
@@ -373,7 +363,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
     use serde_json::json;
 
-    use super::super::metrics::WatchMetrics;
+    use super::super::{metrics::WatchMetrics, slim::LAST_APPLIED};
     use super::*;
     use crate::metrics;
 
