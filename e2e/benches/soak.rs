@@ -234,7 +234,7 @@ async fn main() {
     }
     // Quiet: let the last handovers finish before the records are read.
     background_until!(Instant::now() + SETTLE);
-    let relists = relists_in_logs(&replicas);
+    let relists = relists_in_logs(&cluster);
     let (calls, fleet_tally) = fleet.finish();
     let report = checker.finish(&calls, Duration::from_secs(2)).await;
     pod_watch.abort();
@@ -282,7 +282,8 @@ async fn inject(
             let struck = Instant::now();
             if kind == FaultKind::KillLeader {
                 replicas.kill_and_restart(cluster, index).await;
-                let next = Replicas::new_holder(cluster, None, LEASE * 4).await;
+                // Down until another identity holds the Lease (the dead one's expires first).
+                let next = Replicas::new_holder(cluster, Some(&leader), LEASE * 4).await;
                 (
                     ms(struck.elapsed()),
                     format!("{leader} killed; leader now {next:?}"),
@@ -344,16 +345,18 @@ fn collect_records(queues: &Store<GpuQueue>, records: &mut BTreeMap<String, Hand
     }
 }
 
-/// Watch answers "too old resource version" (410) in the operators' logs: relists.
-fn relists_in_logs(replicas: &Replicas) -> usize {
-    replicas
-        .operators
-        .iter()
-        .map(|o| {
-            o.process
-                .log()
-                .lines()
-                .filter(|l| l.contains("too old resource version") || l.contains("410"))
+/// Watch answers "too old resource version" (410) in every operator log of the run: relists.
+fn relists_in_logs(cluster: &ControlPlane) -> usize {
+    let Ok(entries) = std::fs::read_dir(cluster.log_dir()) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("operator-"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|log| {
+            log.lines()
+                .filter(|l| l.contains("too old resource version"))
                 .count()
         })
         .sum()

@@ -36,7 +36,7 @@ pub fn queue_yaml(tenant: &TenantSpec, namespace: &str) -> String {
     let timeout: Duration = tenant.reclaim.checkpoint_timeout.into();
     let checkpoint = if tenant.batch.is_some() {
         format!(
-            "      checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: {}ms}}\n",
+            "    checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: {}ms}}\n",
             timeout.as_millis()
         )
     } else {

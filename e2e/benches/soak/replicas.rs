@@ -88,11 +88,19 @@ impl Replicas {
         self.operators.iter().position(|o| o.identity == identity)
     }
 
-    /// SIGKILL, then the same replica again (its process, not its state: it relists).
+    /// SIGKILL, then a new replica in its place under a new identity, as a Deployment's new
+    /// pod would be: it lists everything afresh and must win the Lease like any other.
     pub async fn kill_and_restart(&mut self, cluster: &ControlPlane, index: usize) {
         self.operators[index].process.kill();
-        self.operators[index] = Operator::start(cluster, self.options[index].clone()).await;
         self.restarts += 1;
+        let base = self.options[index]
+            .identity
+            .split('-')
+            .next()
+            .unwrap_or("x")
+            .to_owned();
+        self.options[index].identity = format!("{base}-{}", self.restarts);
+        self.operators[index] = Operator::start(cluster, self.options[index].clone()).await;
     }
 
     /// Restarts any replica that exited on its own, noting it.

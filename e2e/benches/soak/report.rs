@@ -15,6 +15,9 @@ use super::{Injected, Knobs};
 /// Handovers by how they ended (owner records, one per reclaim id).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Handovers {
+    /// Finished by a leader that took over mid-way (the record lacks the early phases):
+    /// judged by the checker's rules (nothing done twice), not by the budget.
+    pub completed_resumed: usize,
     pub completed_within_budget: usize,
     pub completed_over_budget: usize,
     /// Outcomes other than Completed, by outcome.
@@ -25,7 +28,10 @@ pub struct Handovers {
 pub fn handovers(records: &BTreeMap<String, HandoverRecord>) -> Handovers {
     let mut out = Handovers::default();
     for record in records.values() {
-        if record.outcome == "Completed" {
+        let resumed = record.phases.first().is_none_or(|p| p.phase != "plan");
+        if record.outcome == "Completed" && resumed {
+            out.completed_resumed += 1;
+        } else if record.outcome == "Completed" {
             if record.total_millis <= record.budget_millis {
                 out.completed_within_budget += 1;
             } else {
@@ -114,7 +120,7 @@ fn markdown(soak: &Soak) -> String {
     let _ = writeln!(
         md,
         "## Outcomes\n\n| | |\n| --- | ---: |\n| handovers completed within budget | {} |\n\
-         | handovers completed over budget | {} |\n| handovers not completed | {} |\n\
+         | handovers completed over budget | {} |\n| handovers resumed by a new leader and completed | {} |\n| handovers not completed | {} |\n\
          | evictions (accepted, by the operator) | {} |\n| checkpoint calls | {} |\n\
          | **invariant violations** | **{}** |\n| operator restarts | {} |\n\
          | unexpected operator exits | {} |\n| leader changes | {} |\n\
@@ -122,6 +128,7 @@ fn markdown(soak: &Soak) -> String {
          | API requests of the load refused during faults | {} |\n",
         h.completed_within_budget,
         h.completed_over_budget,
+        h.completed_resumed,
         h.not_completed.values().sum::<usize>(),
         soak.invariants.tally.evictions,
         soak.invariants.tally.checkpoint_calls,
