@@ -150,7 +150,7 @@ async fn main() {
     let (queues, queue_watch) = reflect::<GpuQueue>(&client);
     let _ = tokio::join!(pods.wait_until_ready(), queues.wait_until_ready());
 
-    let mut load = load::Load::new(
+    let load = load::Load::new(
         client.clone(),
         &scenario,
         tenants
@@ -163,8 +163,9 @@ async fn main() {
         Duration::from_secs(knobs.day_seconds),
         knobs.seed,
     );
-    load.start().await;
-    let mut fleet = fleet::Fleet::new(knobs.seed);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let load = load.spawn(stopped.clone());
+    let fleet = fleet::Fleet::new(knobs.seed).spawn(pods.clone(), batch_namespaces, stopped);
     let mut records: BTreeMap<String, HandoverRecord> = BTreeMap::new();
     let mut leader_changes = 0usize;
     let mut last_holder = Replicas::holder(&cluster).await;
@@ -182,8 +183,6 @@ async fn main() {
         ($until:expr) => {{
             let until = $until;
             loop {
-                load.step().await;
-                fleet.sync(&pods.state(), &batch_namespaces).await;
                 collect_records(&queues, &mut records);
                 if Instant::now() >= next_rss {
                     replicas.sample_rss();
@@ -235,7 +234,9 @@ async fn main() {
     // Quiet: let the last handovers finish before the records are read.
     background_until!(Instant::now() + SETTLE);
     let relists = relists_in_logs(&cluster);
-    let (calls, fleet_tally) = fleet.finish();
+    let _ = stop.send(true);
+    let load_tally = load.await.unwrap();
+    let (calls, fleet_tally) = fleet.await.unwrap();
     let report = checker.finish(&calls, Duration::from_secs(2)).await;
     pod_watch.abort();
     queue_watch.abort();
@@ -249,7 +250,7 @@ async fn main() {
         operator_restarts: replicas.restarts,
         unexpected_exits: replicas.unexpected_exits.clone(),
         leader_changes,
-        load: load.tally.clone(),
+        load: load_tally,
         fleet: fleet_tally,
         rss: replicas.rss.clone(),
     };

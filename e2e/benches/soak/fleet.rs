@@ -48,7 +48,7 @@ impl Fleet {
 
     /// Serves every running batch pod in `pods` that has none yet; retires the servers of pods
     /// that are gone (or whose address a new pod took).
-    pub async fn sync(&mut self, pods: &[std::sync::Arc<Pod>], batch_namespaces: &[String]) {
+    async fn sync(&mut self, pods: &[std::sync::Arc<Pod>], batch_namespaces: &[String]) {
         let live: HashMap<String, (String, IpAddr)> = pods
             .iter()
             .filter(|p| {
@@ -141,8 +141,28 @@ impl Fleet {
             );
     }
 
+    /// Keeps the servers in step with `pods` in its own task (through every fault) until
+    /// `stop`; then stops them all and returns every `/pause` call logged.
+    pub fn spawn(
+        mut self,
+        pods: kube::runtime::reflector::Store<Pod>,
+        batch_namespaces: Vec<String>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<(Vec<CheckpointCall>, FleetTally)> {
+        tokio::spawn(async move {
+            while !*stop.borrow() {
+                self.sync(&pods.state(), &batch_namespaces).await;
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+            self.finish()
+        })
+    }
+
     /// Stops every server; returns every `/pause` call logged.
-    pub fn finish(mut self) -> (Vec<CheckpointCall>, FleetTally) {
+    fn finish(mut self) -> (Vec<CheckpointCall>, FleetTally) {
         let uids: Vec<String> = self.by_uid.keys().cloned().collect();
         for uid in uids {
             self.retire(&uid);

@@ -135,13 +135,27 @@ impl Load {
         (self.started.elapsed().as_secs_f64() * self.hours_per_second()) % 24.0
     }
 
-    /// Creates the online Deployments at their current target.
-    pub async fn start(&mut self) {
-        self.scale_online(true).await;
+    /// Creates the online Deployments at their current target, then runs in its own task
+    /// (through every fault) until `stop`; returns what it did.
+    pub fn spawn(
+        mut self,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<LoadTally> {
+        tokio::spawn(async move {
+            self.scale_online(true).await;
+            while !*stop.borrow() {
+                self.step().await;
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+            self.tally
+        })
     }
 
     /// One step: scale online tenants when due, start arrived batch pods, end finished ones.
-    pub async fn step(&mut self) {
+    async fn step(&mut self) {
         let now = Instant::now();
         if now >= self.next_scale {
             self.scale_online(false).await;
@@ -154,15 +168,18 @@ impl Load {
                 continue;
             };
             let rate = batch.jobs_per_hour * self.hours_per_second();
-            let due = *self.next_arrival.entry(index).or_insert(now);
-            if now < due {
-                continue;
+            // Every arrival that is due, however late the step (a busy API server).
+            loop {
+                let due = *self.next_arrival.entry(index).or_insert(now);
+                if now < due {
+                    break;
+                }
+                let gap = -self.rng.random_range(f64::EPSILON..1.0).ln() / rate;
+                self.next_arrival
+                    .insert(index, due + Duration::from_secs_f64(gap));
+                let run = self.run_time(&batch.duration);
+                self.create_batch(index, run).await;
             }
-            let gap = -self.rng.random_range(f64::EPSILON..1.0).ln() / rate;
-            self.next_arrival
-                .insert(index, now + Duration::from_secs_f64(gap));
-            let run = self.run_time(&batch.duration);
-            self.create_batch(index, run).await;
         }
         let (over, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.ends)
             .into_iter()

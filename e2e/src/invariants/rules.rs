@@ -40,6 +40,17 @@ pub enum Rule {
     HandoverOverdue,
 }
 
+impl Rule {
+    /// A safety rule holds at every moment, whatever the machine's load; a liveness rule bounds
+    /// a duration, so a loaded machine can break it without a bug (tests assert safety only).
+    pub fn is_safety(self) -> bool {
+        !matches!(
+            self,
+            Self::BelowGuarantee | Self::GatedWithoutReason | Self::HandoverOverdue
+        )
+    }
+}
+
 /// One violation, with when it began and the objects involved.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct InvariantViolation {
