@@ -145,6 +145,10 @@ bench-sim: ## Placement study on every openb trace and quota studies of examples
 bench-handover: ## Handover latency on nodes that behave like kubelets: 50 single reclaims with a 1.2 s vLLM checkpoint and 50 without, then bursts of 22 and 12 owner pods (5 rounds each; BENCH_* knobs in e2e/benches/handover.rs); writes e2e/results/handover.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench handover
 
+.PHONY: soak
+soak: ## gpuqueue under faults for SOAK_MINUTES (default 20; SOAK_SEED, SOAK_DAY_SECONDS, SOAK_GAP_SECONDS, SOAK_OPERATOR_BUILD=debug): two replicas, day/night tenants, leader kills and freezes, API server, etcd restarts, relists; writes e2e/results/soak.{json,md}; not in CI
+	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench soak
+
 .PHONY: test
 test: fmt-check lint verify unit e2e ## Everything CI runs: format, lint, verify, all tests, end to end
 

@@ -192,6 +192,7 @@ impl ControlPlane {
 
         let token = write_credentials(&pki)?;
         write_webhook_client(&pki)?;
+        write(&pki.join(AUDIT_POLICY), AUDIT_POLICY_YAML)?;
         let apiserver_started = Instant::now();
         let client = launcher
             .start_apiserver(&pki, &etcd_url, api_port, &api_server, &kubeconfig, &token)
@@ -265,6 +266,28 @@ impl ControlPlane {
     /// Where component logs (and logs of processes from [`Self::spawn`]) are written.
     pub fn log_dir(&self) -> &Path {
         &self.log_dir
+    }
+
+    /// etcd's client URL (`http://127.0.0.1:<port>`), for faults such as a compaction.
+    pub fn etcd_url(&self) -> String {
+        let state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state
+            .processes
+            .iter()
+            .filter(|record| record.name == "etcd")
+            .flat_map(|record| &record.argv)
+            .find_map(|arg| arg.strip_prefix("--listen-client-urls="))
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// kube-apiserver's audit log: one JSON line (level `Metadata`) per eviction and per pod
+    /// deletion, whoever asked, with its answer; what the invariant checker counts evictions from.
+    pub fn audit_log_path(&self) -> PathBuf {
+        self.log_dir.join(AUDIT_LOG)
     }
 
     /// The component processes (etcd, kube-apiserver, kube-scheduler, …), for benchmarks that
@@ -1016,6 +1039,12 @@ impl Launcher<'_> {
                     "--admission-control-config-file={}",
                     pki.join(ADMISSION_CONFIG).display()
                 ),
+                // Evictions and pod deletions, one JSON line each, for the invariant checker.
+                format!("--audit-policy-file={}", pki.join(AUDIT_POLICY).display()),
+                format!(
+                    "--audit-log-path={}",
+                    self.log_dir.join(AUDIT_LOG).display()
+                ),
                 "--v=1".into(),
             ],
         )?;
@@ -1180,6 +1209,17 @@ fn write_credentials(pki: &Path) -> Result<String> {
 
 /// The admission configuration kube-apiserver reads, in the PKI folder.
 const ADMISSION_CONFIG: &str = "admission.yaml";
+
+/// The audit policy (in the PKI folder) and the audit log (in the log folder, kept).
+const AUDIT_POLICY: &str = "audit-policy.yaml";
+const AUDIT_LOG: &str = "kube-apiserver-audit.log";
+/// Only evictions and pod deletions, once each when answered: a few lines per handover, so
+/// the audit log costs nothing measurable elsewhere.
+const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
+    omitStages: [RequestReceived, ResponseStarted, Panic]\nrules:\n\
+    - level: Metadata\n  verbs: [create]\n  resources: [{group: \"\", resources: [pods/eviction]}]\n\
+    - level: Metadata\n  verbs: [delete]\n  resources: [{group: \"\", resources: [pods]}]\n\
+    - level: None\n";
 
 fn webhook_client_ca(pki: &Path) -> PathBuf {
     pki.join("webhook-client-ca.crt")

@@ -20,6 +20,7 @@ mod apply;
 mod binaries;
 mod control_plane;
 mod error;
+mod faults;
 mod invariants;
 mod kueue;
 mod namespace;
@@ -41,7 +42,12 @@ pub use control_plane::{
     CONTROLLERS, Component, ControlPlane, ControlPlaneConfig, DetachedCluster, UserAccess,
 };
 pub use error::{Error, Result};
-pub use invariants::{QuotaReport, QuotaSampler, SAMPLE_INTERVAL, TenantQuota, Violation};
+pub use faults::{FaultKind, FaultSchedule, compact_etcd};
+pub use invariants::{
+    Allowances, CheckerConfig, CheckpointCall, InvariantChecker, InvariantReport,
+    InvariantViolation, QuotaReport, QuotaSampler, Rule, SAMPLE_INTERVAL, TenantQuota, Violation,
+    wall_clock_ms,
+};
 pub use kueue::{KUEUE_GATE, KUEUE_NAMESPACE, Kueue, KueueConfig, KueueTenant, QUEUE_NAME_LABEL};
 pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
 pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};

@@ -14,11 +14,14 @@ use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use common::{Operator, Options, all_running, apply_queue, free_port, install, queue_status};
+use common::{
+    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, Operator, Options, all_running, apply_queue, free_port,
+    install, queue_status,
+};
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod,
-    pod_condition, wait_for,
+    Allowances, CheckerConfig, CheckpointCall, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT,
+    GpuNode, InvariantChecker, apply_yaml, describe_pod, pod_condition, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -193,6 +196,8 @@ async fn a_burst_of_owners_is_handed_over_with_disjoint_minimal_victims_each_wit
     let webhook_port = free_port();
     install(&cluster, webhook_port).await;
     let operator = Operator::start(&cluster, Options::new("first", webhook_port)).await;
+    // The invariant checker watches the whole burst (a smoke test of it on a real handover).
+    let checker = InvariantChecker::start(&client, checker_config(&cluster));
     let online = cluster.namespace("online").await.unwrap();
     let batch = cluster.namespace("batch").await.unwrap();
     let capacity = GPUS * NODES;
@@ -263,6 +268,7 @@ async fn a_burst_of_owners_is_handed_over_with_disjoint_minimal_victims_each_wit
     let records = owner_records(&client, &burst).await;
     let expected = (OWNERS_AFTER - OWNERS_BEFORE) as usize;
     assert_eq!(records.len(), expected, "one handover per new owner");
+    no_violations(checker, &borrowers, &servers, expected).await;
 
     whole_and_within_budget(&records);
     let victims = disjoint_and_minimal(&records, &bound);
@@ -270,6 +276,44 @@ async fn a_burst_of_owners_is_handed_over_with_disjoint_minimal_victims_each_wit
     report(&records);
     let started = operator.metric("gpuqueue_reclaims_started_total").await;
     assert_eq!(started, Some(f64::from(OWNERS_AFTER - OWNERS_BEFORE)));
+}
+
+fn checker_config(cluster: &ControlPlane) -> CheckerConfig {
+    CheckerConfig {
+        audit_log: Some(cluster.audit_log_path()),
+        operator_user: format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}"),
+        allowances: Allowances::default(),
+    }
+}
+
+/// The invariant checker saw no safety violation, and each handover's one eviction and
+/// checkpoint.
+async fn no_violations(
+    checker: InvariantChecker,
+    borrowers: &[Pod],
+    servers: &HashMap<String, FakeVllm>,
+    handovers: usize,
+) {
+    let calls: Vec<CheckpointCall> = borrowers
+        .iter()
+        .flat_map(|pod| {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let calls = servers[&key(pod)].calls_to("/pause");
+            calls.into_iter().map(move |call| CheckpointCall {
+                pod: key(pod),
+                uid: uid.clone(),
+                at_ms: call.unix_ms,
+            })
+        })
+        .collect();
+    let report = checker.finish(&calls, Duration::from_secs(1)).await;
+    // Liveness rules bound durations, which a loaded machine stretches: reported, not asserted.
+    let (safety, liveness): (Vec<_>, Vec<_>) =
+        report.violations.iter().partition(|v| v.rule.is_safety());
+    eprintln!("liveness findings (not asserted): {liveness:#?}");
+    assert!(safety.is_empty(), "{safety:#?}");
+    assert_eq!(report.tally.evictions, handovers, "{report:?}");
+    assert_eq!(report.tally.checkpoint_calls, handovers, "{report:?}");
 }
 
 /// Every record keeps its seven phases in order and ends within its own budget.

@@ -20,6 +20,8 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::time::Instant;
 
+use super::world::gpus_of;
+
 /// How often the sampler looks.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -226,22 +228,6 @@ fn usage(pods: &[Arc<Pod>], namespace: &str) -> (u64, u64) {
         }
     }
     (held, asked)
-}
-
-/// `nvidia.com/gpu` the pod's containers ask for (limits; requests default to them).
-fn gpus_of(pod: &Pod) -> u64 {
-    pod.spec
-        .iter()
-        .flat_map(|s| &s.containers)
-        .filter_map(|c| {
-            c.resources
-                .as_ref()?
-                .limits
-                .as_ref()?
-                .get(gpuqueue_api::NVIDIA_GPU)
-        })
-        .filter_map(|q| q.0.parse::<u64>().ok())
-        .sum()
 }
 
 #[cfg(test)]
