@@ -15,7 +15,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::at_creation::{Arrival, Pass};
+use super::{
+    at_creation::{Arrival, Pass},
+    device_claims,
+};
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
     reclaim::VICTIM,
@@ -117,10 +120,15 @@ impl Observed {
             }
         }
         let mut next = PodModels::default();
+        let mut claiming = Vec::new();
         for stored in pods {
-            match models.read(&mut next, stored, assumed.view(stored)) {
+            let view = assumed.view(stored);
+            match models.read(&mut next, stored, view) {
                 Ok(Some(converted)) => {
                     observed.problems.extend(converted.warnings);
+                    if view.spec.as_ref().is_some_and(model::uses_resource_claims) {
+                        claiming.push((observed.pods.len(), stored.clone()));
+                    }
                     observed.pods.push(converted.value);
                 }
                 Ok(None) => {}
@@ -130,6 +138,13 @@ impl Observed {
             }
         }
         *models = next;
+        device_claims::charge(
+            &mut observed.pods,
+            claiming,
+            &observed.nodes,
+            &stores.devices,
+            (&mut observed.unreadable_pods, &mut observed.problems),
+        );
         observed
     }
 }

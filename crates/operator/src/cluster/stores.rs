@@ -42,7 +42,7 @@ use tracing::Instrument;
 
 use gpuqueue_core::model::is_gated;
 
-use super::metrics::WatchMetrics;
+use super::{devices::DeviceStores, metrics::WatchMetrics};
 
 /// The annotation `kubectl apply` writes: a full copy of the object, never read here.
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -63,6 +63,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
+    /// ResourceClaims, DeviceClasses and ResourceSlices (DRA).
+    pub devices: DeviceStores,
     pub(super) changes: watch::Receiver<u64>,
     pub(super) urgent_changes: watch::Receiver<u64>,
 }
@@ -103,8 +105,11 @@ impl fmt::Debug for Stores {
 
 /// The watches that fill the stores; run them (each forever) with [`Watches::run`].
 pub struct Watches {
-    tasks: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    tasks: Vec<Task>,
 }
+
+/// One watch feeding its store, run forever.
+pub(super) type Task = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl fmt::Debug for Watches {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -131,7 +136,8 @@ impl Stores {
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
 
-        let tasks = vec![
+        let (devices, device_tasks) = DeviceStores::new(client, &signals, metrics);
+        let mut tasks = vec![
             reflect(
                 "gpuqueues",
                 queue_writer,
@@ -168,11 +174,13 @@ impl Stores {
                 || {},
             ),
         ];
+        tasks.extend(device_tasks);
         let stores = Self {
             queues,
             pods,
             nodes,
             namespaces,
+            devices,
             changes,
             urgent_changes,
         };
@@ -185,6 +193,7 @@ impl Stores {
         self.pods.wait_until_ready().await?;
         self.nodes.wait_until_ready().await?;
         self.namespaces.wait_until_ready().await?;
+        self.devices.synced().await?;
         Ok(())
     }
 
@@ -286,14 +295,14 @@ fn count_invalid_queues(
 
 /// Feeds one watch into its store; bumps the signals after each applied change (the urgent
 /// one when `urgent` says so of the event, asked before the store applies it).
-fn reflect<K, S, U>(
+pub(super) fn reflect<K, S, U>(
     resource: &'static str,
     writer: Writer<K>,
     events: S,
     (signals, urgent): (Signals, U),
     metrics: &WatchMetrics,
     after_change: impl Fn() + Send + 'static,
-) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+) -> Task
 where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,
@@ -331,7 +340,7 @@ where
 }
 
 /// Drops the parts of an object's metadata the operator never reads.
-fn strip_metadata<K: Resource>(object: &mut K) {
+pub(super) fn strip_metadata<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
