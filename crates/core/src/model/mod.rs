@@ -3,6 +3,7 @@
 
 mod claim;
 mod converted;
+pub mod device_slices;
 pub mod dra;
 mod namespace;
 mod node;
