@@ -21,6 +21,9 @@ use serde_json::json;
 /// The only node: 4 GPUs, shown both as `nvidia.com/gpu` and in the driver's ResourceSlice.
 const NODE: &str = "gpu-node-0";
 
+/// A node whose GPUs only the DRA driver shows (no `nvidia.com/gpu` in allocatable).
+const DRA_ONLY_NODE: &str = "dra-node-0";
+
 /// A cluster with `examples/dra/device-classes.yaml`, the node's ResourceSlice, the operator,
 /// and a namespace `team` that queue `team` claims with `guaranteed` GPUs and no burst.
 struct World {
@@ -32,17 +35,23 @@ struct World {
 
 impl World {
     async fn start(name: &str, guaranteed: u32) -> Self {
-        let cluster = ControlPlane::start(
-            ControlPlaneConfig::new(name).with_nodes(vec![GpuNode::whole_gpus(NODE, 4)]),
-        )
-        .await
-        .unwrap();
+        Self::with_node(name, guaranteed, GpuNode::whole_gpus(NODE, 4), 4).await
+    }
+
+    /// The same world with `node` instead, whose slice has `gpus` devices.
+    async fn with_node(name: &str, guaranteed: u32, node: GpuNode, gpus: u32) -> Self {
+        let node_name = node.name.clone();
+        let cluster = ControlPlane::start(ControlPlaneConfig::new(name).with_nodes(vec![node]))
+            .await
+            .unwrap();
         eprintln!("{name}: control plane up ({})", cluster.startup_summary());
         let admin = cluster.client();
         apply_file(&admin, &examples("device-classes.yaml"), None)
             .await
             .unwrap();
-        apply_yaml(&admin, &slice(NODE, 4), None).await.unwrap();
+        apply_yaml(&admin, &slice(&node_name, gpus), None)
+            .await
+            .unwrap();
         let webhook_port = free_port();
         install(&cluster, webhook_port).await;
         let operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
@@ -307,4 +316,26 @@ async fn a_claim_that_cannot_be_counted_waits_saying_why() {
         .tenant_applies(&claim("later", "gpu.nvidia.com", 1))
         .await;
     bound(&pods, "early").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_counts_and_places_nvidia_gpu_requests_on_a_dra_only_node() {
+    let mut node = GpuNode::whole_gpus(DRA_ONLY_NODE, 2);
+    node.resources.clear();
+    let world = World::with_node("dra_bridge", 4, node, 2).await;
+    let pods = world.pods();
+    // The example, and one more: the node's 2 GPUs, known only from its ResourceSlice.
+    world
+        .tenant_applies(&std::fs::read_to_string(examples("bridge-workload.yaml")).unwrap())
+        .await;
+    create(&pods, &gpu_pod("second", NVIDIA_GPU, 1)).await;
+    for name in ["bridged-inference", "second"] {
+        let pod = bound(&pods, name).await;
+        assert_eq!(pod.spec.unwrap().node_name.unwrap(), DRA_ONLY_NODE);
+    }
+    // The queue has room for 2 more, the node none: the third waits for capacity, not quota.
+    create(&pods, &gpu_pod("third", NVIDIA_GPU, 1)).await;
+    let reason = waiting_reason(&pods, "third").await;
+    assert!(!reason.starts_with("OverCeiling"), "{reason}");
+    assert!(common::is_gated(&pods.get("third").await.unwrap()));
 }

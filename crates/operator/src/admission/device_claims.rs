@@ -127,3 +127,87 @@ fn most_devices(nodes: &[model::Node]) -> BTreeMap<ResourceName, u32> {
     }
     most
 }
+
+#[cfg(test)]
+mod tests {
+    use gpuqueue_core::model::{Assignment, GpuRequest, PodKey, PodState, Requests};
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    use super::*;
+    use crate::cluster::testing::TestStores;
+
+    fn k8s_pod(name: &str, claim: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "team"},
+                "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn stores() -> TestStores {
+        let mut stores = TestStores::new();
+        let class = serde_json::from_value(json!({"metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu"}}))
+        .unwrap();
+        stores
+            .devices
+            .classes
+            .apply_watcher_event(&watcher::Event::Apply(class));
+        let claim = serde_json::from_value(json!({"metadata": {"name": "shared", "namespace": "team"},
+            "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}))
+        .unwrap();
+        stores
+            .devices
+            .claims
+            .apply_watcher_event(&watcher::Event::Apply(claim));
+        stores
+    }
+
+    #[test]
+    fn a_shared_claim_is_charged_to_its_admitted_user_and_a_missing_one_waits() {
+        let stores = stores();
+        let model = |name: &str, admitted: bool| {
+            let mut pod = model::Pod::new(
+                PodKey::new("team", name),
+                Requests::default(),
+                jiff::Timestamp::UNIX_EPOCH,
+            );
+            if admitted {
+                pod.state = PodState::Admitted(Assignment::default());
+            }
+            pod
+        };
+        let mut pods = vec![model("a", false), model("b", true), model("c", false)];
+        let claiming = vec![
+            (0, k8s_pod("a", "shared")),
+            (1, k8s_pod("b", "shared")),
+            (2, k8s_pod("c", "missing")),
+        ];
+        let (mut unreadable, mut problems) = (Vec::new(), Vec::new());
+        charge(
+            &mut pods,
+            claiming,
+            &[],
+            &stores.stores.devices,
+            (&mut unreadable, &mut problems),
+        );
+        assert_eq!(pods.len(), 2);
+        assert_eq!(pods[0].requests.gpus, Vec::<GpuRequest>::new());
+        assert_eq!(
+            pods[1].requests.gpus,
+            vec![GpuRequest::devices("nvidia.com/gpu", 2)]
+        );
+        assert_eq!(unreadable.len(), 1);
+        assert!(
+            unreadable[0]
+                .1
+                .contains("ResourceClaim missing does not exist yet"),
+            "{}",
+            unreadable[0].1
+        );
+        assert!(problems.is_empty());
+    }
+}
