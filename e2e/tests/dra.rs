@@ -7,7 +7,8 @@
 mod common;
 
 use common::{
-    Operator, Options, apply_queue, bound, create, free_port, install, queue_yaml, waiting_reason,
+    Operator, Options, apply_queue, bound, create, free_port, install, queue_status, queue_yaml,
+    waiting_reason,
 };
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
@@ -143,6 +144,13 @@ fn claiming_pod(name: &str, claims: &serde_json::Value) -> String {
         },
     })
     .to_string()
+}
+
+/// [`claiming_pod`] with a 1-second grace period, for a victim that should go quickly.
+fn quick_claiming_pod(name: &str, claims: &serde_json::Value) -> String {
+    let mut pod: serde_json::Value = serde_json::from_str(&claiming_pod(name, claims)).unwrap();
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(1);
+    pod.to_string()
 }
 
 /// A claim of `count` devices of `class`, under `name`.
@@ -338,4 +346,76 @@ async fn the_bridge_counts_and_places_nvidia_gpu_requests_on_a_dra_only_node() {
     let reason = waiting_reason(&pods, "third").await;
     assert!(!reason.starts_with("OverCeiling"), "{reason}");
     assert!(common::is_gated(&pods.get("third").await.unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
+    // `team` owns the node's 4 GPUs; `borrowers` borrows all 4 through a claim.
+    let world = World::start("dra_reclaim", 4).await;
+    let admin = world.cluster.client();
+    let borrowers = world.cluster.namespace("borrowers").await.unwrap();
+    apply_queue(&admin, &queue_yaml("borrowers", &[borrowers.name()], 0, 4)).await;
+    let in_borrowers = |yaml: String| {
+        let admin = admin.clone();
+        let namespace = borrowers.name().to_owned();
+        async move { apply_yaml(&admin, &yaml, Some(&namespace)).await.unwrap() }
+    };
+    in_borrowers(claim("borrowed", "gpu.nvidia.com", 4)).await;
+    let borrowed = json!([{"name": "gpus", "resourceClaimName": "borrowed"}]);
+    in_borrowers(quick_claiming_pod("borrower", &borrowed)).await;
+    let borrower_pods: Api<Pod> = Api::namespaced(admin.clone(), borrowers.name());
+    bound(&borrower_pods, "borrower").await;
+    let borrower_claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), borrowers.name());
+    allocated_pools(&borrower_claims, "borrowed").await;
+
+    // The owner's claim takes the same 4 devices: kube-scheduler can allocate it only once
+    // kube-controller-manager has released the borrower's.
+    world
+        .tenant_applies(&claim("owned", "gpu.nvidia.com", 4))
+        .await;
+    let owned = json!([{"name": "gpus", "resourceClaimName": "owned"}]);
+    world.tenant_applies(&claiming_pod("owner", &owned)).await;
+    assert_eq!(
+        bound(&world.pods(), "owner")
+            .await
+            .spec
+            .unwrap()
+            .node_name
+            .unwrap(),
+        NODE
+    );
+    let owner = format!("{}/owner", world.namespace.name());
+    let queue = queue_status(&admin, "team", "the handover's record", |q| {
+        q.status.as_ref().is_some_and(|s| {
+            s.last_handovers
+                .iter()
+                .any(|r| r.owner_pod == owner && r.phases.iter().any(|p| p.phase == "ownerBound"))
+        })
+    })
+    .await;
+    let record = queue
+        .status
+        .unwrap()
+        .last_handovers
+        .into_iter()
+        .find(|r| r.owner_pod == owner)
+        .unwrap();
+    let at = |phase: &str| {
+        record
+            .phases
+            .iter()
+            .find(|p| p.phase == phase)
+            .map(|p| p.at_millis)
+            .unwrap_or_else(|| panic!("no phase {phase} in {:?}", record.phases))
+    };
+    // Released after the victim is gone, and the handover is not over before.
+    assert!(
+        at("claimsFreed") >= at("victimsGone"),
+        "{:?}",
+        record.phases
+    );
+    eprintln!("dra_reclaim: phases {:?}", record.phases);
+    let released = borrower_claims.get("borrowed").await.unwrap();
+    let status = released.status.unwrap_or_default();
+    assert!(status.allocation.is_none(), "{status:?}");
 }

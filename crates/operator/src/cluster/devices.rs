@@ -1,25 +1,14 @@
 //! The DRA objects quota reads, in reflector stores beside the others: ResourceClaims (what a
 //! pod's `spec.resourceClaims` charge), DeviceClasses (which quota resource each class is
-//! charged as) and ResourceSlices (the devices DRA drivers publish per node). Every change is
-//! urgent: a claim kube-controller-manager generates for a gated pod is what lets it be counted.
+//! charged as) and ResourceSlices (the devices DRA drivers publish per node). The watches are
+//! [`super::stores`]'s; every change is urgent: a claim kube-controller-manager generates for a
+//! gated pod is what lets it be counted.
 //!
 //! ResourceClaimTemplates are not watched: a template's claim is counted only once generated
 //! (see `gpuqueue_core::model::dra`).
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::{
-    Api, Client,
-    runtime::{
-        WatchStreamExt,
-        reflector::{self, Store},
-        watcher,
-    },
-};
-
-use super::{
-    metrics::WatchMetrics,
-    stores::{Signals, Task, reflect, strip_metadata},
-};
+use kube::runtime::reflector::{self, Store};
 
 /// Readers of the DRA stores.
 #[derive(Clone)]
@@ -40,51 +29,6 @@ impl std::fmt::Debug for DeviceStores {
 }
 
 impl DeviceStores {
-    /// The stores and the watches that fill them, bumping `signals` after every change.
-    pub(super) fn new(
-        client: &Client,
-        signals: &Signals,
-        metrics: &WatchMetrics,
-    ) -> (Self, [Task; 3]) {
-        let (claims, claim_writer) = reflector::store();
-        let (classes, class_writer) = reflector::store();
-        let (slices, slice_writer) = reflector::store();
-        let tasks = [
-            reflect(
-                "resourceclaims",
-                claim_writer,
-                events::<ResourceClaim>(client),
-                (signals.clone(), |_: &_| true),
-                metrics,
-                || {},
-            ),
-            reflect(
-                "deviceclasses",
-                class_writer,
-                events::<DeviceClass>(client),
-                (signals.clone(), |_: &_| true),
-                metrics,
-                || {},
-            ),
-            reflect(
-                "resourceslices",
-                slice_writer,
-                events::<ResourceSlice>(client),
-                (signals.clone(), |_: &_| true),
-                metrics,
-                || {},
-            ),
-        ];
-        (
-            Self {
-                claims,
-                classes,
-                slices,
-            },
-            tasks,
-        )
-    }
-
     /// Resolves once every DRA store holds its initial list.
     pub(super) async fn synced(&self) -> Result<(), reflector::store::WriterDropped> {
         self.claims.wait_until_ready().await?;
@@ -121,17 +65,4 @@ pub(crate) struct DeviceWriters {
     pub claims: reflector::store::Writer<ResourceClaim>,
     pub classes: reflector::store::Writer<DeviceClass>,
     pub slices: reflector::store::Writer<ResourceSlice>,
-}
-
-/// The watch of every object of one DRA kind, in every namespace.
-fn events<K>(
-    client: &Client,
-) -> impl futures::Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    K::DynamicType: Default,
-{
-    watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(strip_metadata)
 }

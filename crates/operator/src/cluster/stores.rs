@@ -27,7 +27,10 @@ use std::{
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
 use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
+};
 use kube::{
     Api, Client, Resource,
     core::DeserializeGuard,
@@ -109,7 +112,7 @@ pub struct Watches {
 }
 
 /// One watch feeding its store, run forever.
-pub(super) type Task = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+type Task = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl fmt::Debug for Watches {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -136,7 +139,7 @@ impl Stores {
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
 
-        let (devices, device_tasks) = DeviceStores::new(client, &signals, metrics);
+        let (devices, device_tasks) = device_stores(client, &signals, metrics);
         let mut tasks = vec![
             reflect(
                 "gpuqueues",
@@ -278,6 +281,62 @@ fn namespace_events(
         .modify(strip_metadata)
 }
 
+/// The DRA stores ([`DeviceStores`]) and their watches; every change is urgent.
+fn device_stores(
+    client: &Client,
+    signals: &Signals,
+    metrics: &WatchMetrics,
+) -> (DeviceStores, [Task; 3]) {
+    let (claims, claim_writer) = reflector::store();
+    let (classes, class_writer) = reflector::store();
+    let (slices, slice_writer) = reflector::store();
+    let tasks = [
+        reflect(
+            "resourceclaims",
+            claim_writer,
+            all_events::<ResourceClaim>(client),
+            (signals.clone(), |_: &_| true),
+            metrics,
+            || {},
+        ),
+        reflect(
+            "deviceclasses",
+            class_writer,
+            all_events::<DeviceClass>(client),
+            (signals.clone(), |_: &_| true),
+            metrics,
+            || {},
+        ),
+        reflect(
+            "resourceslices",
+            slice_writer,
+            all_events::<ResourceSlice>(client),
+            (signals.clone(), |_: &_| true),
+            metrics,
+            || {},
+        ),
+    ];
+    let stores = DeviceStores {
+        claims,
+        classes,
+        slices,
+    };
+    (stores, tasks)
+}
+
+/// The watch of every object of one kind, in every namespace.
+fn all_events<K>(
+    client: &Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
+where
+    K: Resource + Clone + fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(strip_metadata)
+}
+
 /// After each queue change: sets the gauge of queue objects the operator cannot read.
 fn count_invalid_queues(
     queues: Store<StoredQueue>,
@@ -295,7 +354,7 @@ fn count_invalid_queues(
 
 /// Feeds one watch into its store; bumps the signals after each applied change (the urgent
 /// one when `urgent` says so of the event, asked before the store applies it).
-pub(super) fn reflect<K, S, U>(
+fn reflect<K, S, U>(
     resource: &'static str,
     writer: Writer<K>,
     events: S,
@@ -340,7 +399,7 @@ where
 }
 
 /// Drops the parts of an object's metadata the operator never reads.
-pub(super) fn strip_metadata<K: Resource>(object: &mut K) {
+fn strip_metadata<K: Resource>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(annotations) = meta.annotations.as_mut() {
