@@ -180,12 +180,13 @@ mod tests {
     }
 
     fn slice(node: &str, devices: serde_json::Value) -> dra::ResourceSlice {
-        serde_json::from_value(json!({
+        let mut slice = json!({
             "metadata": {"name": node},
             "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
-        }))
-        .unwrap()
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}},
+        });
+        slice["spec"]["devices"] = devices;
+        serde_json::from_value(slice).unwrap()
     }
 
     #[test]

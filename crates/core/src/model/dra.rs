@@ -348,11 +348,12 @@ mod tests {
     }
 
     fn claim(requests: serde_json::Value) -> dra::ResourceClaim {
-        serde_json::from_value(json!({
+        let mut claim = json!({
             "metadata": {"name": "c", "namespace": "t"},
-            "spec": {"devices": {"requests": requests}},
-        }))
-        .unwrap()
+            "spec": {"devices": {}},
+        });
+        claim["spec"]["devices"]["requests"] = requests;
+        serde_json::from_value(claim).unwrap()
     }
 
     fn eight(_: &ResourceName) -> u32 {
