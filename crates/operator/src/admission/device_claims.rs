@@ -26,11 +26,14 @@ use crate::cluster::devices::DeviceStores;
 /// A modelled pod that uses claims: its index in the model's pods, and its object.
 pub type ClaimingPod = (usize, Arc<Pod>);
 
-/// What the claims of one pod charge, by claim name.
+/// What each claim of a pod charges, by claim name.
+type ByClaim = HashMap<String, Vec<model::GpuRequest>>;
+
+/// What the claims of one pod charge.
 struct Charges {
     index: usize,
     names: Vec<String>,
-    by_claim: HashMap<String, Vec<model::GpuRequest>>,
+    by_claim: ByClaim,
 }
 
 /// Charges `claiming` pods (indices into `pods`) for their claims, each shared claim once.
@@ -100,7 +103,7 @@ fn charges_of(
     stores: &DeviceStores,
     classes: &DeviceClasses,
     most_devices: &dyn Fn(&ResourceName) -> u32,
-) -> Result<(Vec<String>, HashMap<String, Vec<model::GpuRequest>>), Uncounted> {
+) -> Result<(Vec<String>, ByClaim), Uncounted> {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     let names = claim_names(pod)?;
     let mut by_claim = HashMap::new();
