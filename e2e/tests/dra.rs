@@ -373,8 +373,10 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
     world
         .tenant_applies(&claim("owned", "gpu.nvidia.com", 4))
         .await;
-    let owned = json!([{"name": "gpus", "resourceClaimName": "owned"}]);
-    world.tenant_applies(&claiming_pod("owner", &owned)).await;
+    let owner_claims = json!([{"name": "gpus", "resourceClaimName": "owned"}]);
+    world
+        .tenant_applies(&claiming_pod("owner", &owner_claims))
+        .await;
     assert_eq!(
         bound(&world.pods(), "owner")
             .await
@@ -401,12 +403,10 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
         .find(|r| r.owner_pod == owner)
         .unwrap();
     let at = |phase: &str| {
-        record
-            .phases
-            .iter()
-            .find(|p| p.phase == phase)
-            .map(|p| p.at_millis)
-            .unwrap_or_else(|| panic!("no phase {phase} in {:?}", record.phases))
+        record.phases.iter().find(|p| p.phase == phase).map_or_else(
+            || panic!("no phase {phase} in {:?}", record.phases),
+            |p| p.at_millis,
+        )
     };
     // Released after the victim is gone, and the handover is not over before.
     assert!(
