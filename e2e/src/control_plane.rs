@@ -53,6 +53,9 @@ pub const CONTROLLERS: &[&str] = &[
     "replicaset-controller",
     "job-controller",
     "disruption-controller",
+    // DRA: creates the claims of ResourceClaimTemplates and deallocates a claim once no pod
+    // uses it.
+    "resourceclaim-controller",
 ];
 
 /// What to start.

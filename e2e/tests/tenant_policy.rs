@@ -383,7 +383,8 @@ async fn a_tenant_cannot_forge_or_change_the_operators_annotations() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_cannot_take_gpus_through_dra_claims_in_a_claimed_namespace() {
-    // Case 10: `edit` may create ResourceClaimTemplates; their pods are refused.
+    // Case 10 (issue 17): `edit` may create ResourceClaimTemplates; their pods wait at the gate
+    // until their claims are counted, and are refused without it (the webhook down).
     let mut world = World::start("tenant_dra", 8).await;
     apply_yaml(
         &world.tenant.client,
@@ -393,18 +394,18 @@ async fn a_tenant_cannot_take_gpus_through_dra_claims_in_a_claimed_namespace() {
     .await
     .unwrap();
     let pods = world.pods();
+    // No extended resource at all: the webhook is sent the pod for its claims, and gates it.
+    create(&pods, &with_resource_claim("dra")).await;
+    assert!(is_gated(&pods.get("dra").await.unwrap()));
+    world.stop_operator();
     let expected = format!(
-        "gpuqueue: spec.resourceClaims is refused in namespace {}, which GpuQueue team claims: \
-         gpuqueue does not count DRA ResourceClaims yet, so their devices would escape the \
-         queue's quota. Request GPUs as an extended resource (resources.limits, e.g. \
-         nvidia.com/gpu: 1) instead.",
+        "gpuqueue: a pod with spec.resourceClaims in namespace {}, which GpuQueue team claims, \
+         must wait at the scheduling gate gpuqueue.io/admission until its claims are counted, \
+         and the gpuqueue webhook that adds the gate did not answer. Retry when the operator is \
+         up, or add the gate (spec.schedulingGates: [{{name: gpuqueue.io/admission}}]) yourself.",
         world.namespace.name()
     );
-    // No extended resource at all: the webhook is sent the pod for its claims, and refuses it.
-    let message = refused_creation(&pods, &with_resource_claim("dra"), &expected).await;
-    assert!(message.contains("admission webhook"), "{message}");
-    world.stop_operator();
-    let message = refused_creation(&pods, &with_resource_claim("dra"), &expected).await;
+    let message = refused_creation(&pods, &with_resource_claim("dra-2"), &expected).await;
     assert!(
         message.contains("ValidatingAdmissionPolicy 'gpuqueue-pod-creations'"),
         "{message}"

@@ -48,6 +48,9 @@ pub mod annotations {
     /// "queue": "…"}]`, so that a leader resuming the handover knows every victim even once
     /// some are gone.
     pub const RECLAIM_VICTIMS: &str = "gpuqueue.io/reclaim-victims";
+    /// On a DeviceClass (admin-owned): the GPU resource its devices are charged as, for a
+    /// class with no `spec.extendedResourceName`, such as one per MIG profile.
+    pub const QUOTA_RESOURCE: &str = "gpuqueue.io/quota-resource";
 }
 
 /// Node labels written by NVIDIA GPU feature discovery, which placement reads.

@@ -494,7 +494,8 @@ pub struct HandoverRecord {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct PhaseTiming {
-    /// phase: plan, intent, reserve, checkpoint, evictAccepted, victimsGone or ownerBound.
+    /// phase: plan, intent, reserve, checkpoint, evictAccepted, victimsGone, claimsFreed (DRA
+    /// victims only) or ownerBound.
     pub phase: String,
     /// atMillis: milliseconds from the start of the handover.
     pub at_millis: i64,

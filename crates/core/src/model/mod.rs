@@ -3,6 +3,8 @@
 
 mod claim;
 mod converted;
+pub mod device_slices;
+pub mod dra;
 mod namespace;
 mod node;
 mod pod;
@@ -16,7 +18,7 @@ pub use namespace::Namespace;
 pub use node::{GpuPool, HOSTNAME_LABEL, MAX_DEVICES_PER_POOL, Node, NodeError};
 pub use pod::{
     AdmittedAs, Assignment, DeviceMemory, DeviceSet, GpuRequest, Pod, PodError, PodKey, PodState,
-    ReclaimMark, ReclaimRole, Requests, gate_index, is_gated, is_gpu_pod,
+    ReclaimMark, ReclaimRole, Requests, gate_index, is_gated, is_gpu_pod, uses_resource_claims,
 };
 pub use queue::{
     CheckpointSettings, FieldError, MAX_BUDGET, MAX_MIN_BORROW, Queue, QueueError, ReclaimSettings,

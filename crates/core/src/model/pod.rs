@@ -321,7 +321,9 @@ impl Pod {
             return Err(err("spec", "must be set".into()));
         };
         let requests = effective_requests(spec).map_err(|(field, rule)| err(&field, rule))?;
-        if requests.gpus.is_empty() {
+        // A pod with DRA claims is kept even without an extended-resource request: what its
+        // claims charge is added by [`super::dra`] once the claims are read.
+        if requests.gpus.is_empty() && !uses_resource_claims(spec) {
             return Ok(None);
         }
 
@@ -378,6 +380,11 @@ impl Pod {
             warnings,
         }))
     }
+}
+
+/// Whether the pod uses DRA ResourceClaims (`spec.resourceClaims`).
+pub fn uses_resource_claims(spec: &k8s::PodSpec) -> bool {
+    spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
 }
 
 /// When kube-scheduler last said it cannot bind the pod, if that is what it says now.

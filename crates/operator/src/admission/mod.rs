@@ -37,6 +37,7 @@
 mod apply;
 pub mod at_creation;
 mod context;
+mod device_claims;
 mod enforce;
 pub mod metrics;
 pub mod observe;

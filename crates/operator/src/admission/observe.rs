@@ -15,7 +15,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
-use super::at_creation::{Arrival, Pass};
+use super::{
+    at_creation::{Arrival, Pass},
+    device_claims,
+};
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
     reclaim::VICTIM,
@@ -124,19 +127,29 @@ impl Observed {
             .iter()
             .map(|namespace| model::Namespace::from_k8s(namespace))
             .collect();
+        let slices = stores.devices.slices.state();
+        let classes = stores.devices.classes.state();
+        let dra_pools = model::device_slices::slice_pools(
+            slices.iter().map(AsRef::as_ref),
+            classes.iter().map(AsRef::as_ref),
+        );
         let mut next = Models::default();
         for node in stores.nodes.state() {
             match models
                 .nodes
                 .read(&mut next.nodes, &node, &node, model::Node::from_k8s)
             {
-                Ok(converted) => {
+                Ok(mut converted) => {
                     observed.problems.extend(converted.warnings);
+                    if let Some(pools) = dra_pools.get(&converted.value.name) {
+                        model::device_slices::add_slice_pools(&mut converted.value, pools);
+                    }
                     observed.nodes.push(converted.value);
                 }
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
+        let mut claiming = Vec::new();
         for stored in pods {
             let view = assumed.view(stored);
             match models
@@ -145,6 +158,9 @@ impl Observed {
             {
                 Ok(Some(converted)) => {
                     observed.problems.extend(converted.warnings);
+                    if view.spec.as_ref().is_some_and(model::uses_resource_claims) {
+                        claiming.push((observed.pods.len(), stored.clone()));
+                    }
                     observed.pods.push(converted.value);
                 }
                 Ok(None) => {}
@@ -154,6 +170,13 @@ impl Observed {
             }
         }
         *models = next;
+        device_claims::charge(
+            &mut observed.pods,
+            claiming,
+            &observed.nodes,
+            &stores.devices,
+            (&mut observed.unreadable_pods, &mut observed.problems),
+        );
         observed
     }
 }
@@ -339,6 +362,43 @@ mod tests {
         assert!(kept.0.is_empty());
         // Only the pods of this pass are carried to the next.
         assert_eq!(next.0.len(), 1);
+    }
+
+    #[test]
+    fn a_node_showing_gpus_only_through_dra_gets_them_from_its_slices() {
+        use kube::runtime::watcher::Event;
+        let mut stores = stores();
+        stores.add_node(json!({
+            "metadata": {"name": "dra-node-0", "labels": {"kubernetes.io/hostname": "dra-node-0"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi"}},
+        }));
+        let class = serde_json::from_value(json!({"metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu", "selectors": [{"cel":
+                {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}))
+        .unwrap();
+        stores
+            .devices
+            .classes
+            .apply_watcher_event(&Event::Apply(class));
+        let slice = serde_json::from_value(json!({"metadata": {"name": "dra-node-0"},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "dra-node-0",
+                "pool": {"name": "dra-node-0", "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0"}, {"name": "gpu-1"}]}}))
+        .unwrap();
+        stores
+            .devices
+            .slices
+            .apply_watcher_event(&Event::Apply(slice));
+        let observed = Observed::read(
+            &stores.stores,
+            &[],
+            &Assumed::default(),
+            &mut Models::default(),
+        );
+        let node = &observed.nodes[0];
+        assert_eq!(node.pools.len(), 1);
+        assert_eq!(node.pools[0].resource, "nvidia.com/gpu".into());
+        assert_eq!(node.pools[0].devices, 2);
     }
 
     #[test]

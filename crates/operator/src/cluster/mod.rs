@@ -3,6 +3,7 @@
 
 pub mod assumed;
 pub mod debounce;
+pub mod devices;
 pub mod metrics;
 mod slim;
 pub mod stores;

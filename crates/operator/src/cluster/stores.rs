@@ -28,7 +28,10 @@ use std::{
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
 use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
+};
 use kube::{
     Api, Client, Resource,
     core::DeserializeGuard,
@@ -43,8 +46,8 @@ use tracing::Instrument;
 
 use gpuqueue_core::model::is_gated;
 
-use super::metrics::WatchMetrics;
 use super::slim::{slim_pod, strip_metadata};
+use super::{devices::DeviceStores, metrics::WatchMetrics};
 
 /// Pods in these phases hold no GPU; the API server leaves them out of the watch.
 const LIVE_PODS: &str = "status.phase!=Succeeded,status.phase!=Failed";
@@ -62,6 +65,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
+    /// ResourceClaims, DeviceClasses and ResourceSlices (DRA).
+    pub devices: DeviceStores,
     pub(super) changes: watch::Receiver<u64>,
     pub(super) urgent_changes: watch::Receiver<u64>,
 }
@@ -102,8 +107,11 @@ impl fmt::Debug for Stores {
 
 /// The watches that fill the stores; run them (each forever) with [`Watches::run`].
 pub struct Watches {
-    tasks: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    tasks: Vec<Task>,
 }
+
+/// One watch feeding its store, run forever.
+type Task = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl fmt::Debug for Watches {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,7 +138,8 @@ impl Stores {
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
 
-        let tasks = vec![
+        let (devices, device_tasks) = device_stores(client, &signals, metrics);
+        let mut tasks = vec![
             reflect(
                 "gpuqueues",
                 queue_writer,
@@ -167,11 +176,13 @@ impl Stores {
                 || {},
             ),
         ];
+        tasks.extend(device_tasks);
         let stores = Self {
             queues,
             pods,
             nodes,
             namespaces,
+            devices,
             changes,
             urgent_changes,
         };
@@ -184,6 +195,7 @@ impl Stores {
         self.pods.wait_until_ready().await?;
         self.nodes.wait_until_ready().await?;
         self.namespaces.wait_until_ready().await?;
+        self.devices.synced().await?;
         Ok(())
     }
 
@@ -268,6 +280,62 @@ fn namespace_events(
         .modify(strip_metadata)
 }
 
+/// The DRA stores ([`DeviceStores`]) and their watches; every change is urgent.
+fn device_stores(
+    client: &Client,
+    signals: &Signals,
+    metrics: &WatchMetrics,
+) -> (DeviceStores, [Task; 3]) {
+    let (claims, claim_writer) = reflector::store();
+    let (classes, class_writer) = reflector::store();
+    let (slices, slice_writer) = reflector::store();
+    let tasks = [
+        reflect(
+            "resourceclaims",
+            claim_writer,
+            all_events::<ResourceClaim>(client),
+            (signals.clone(), |_: &_| true),
+            metrics,
+            || {},
+        ),
+        reflect(
+            "deviceclasses",
+            class_writer,
+            all_events::<DeviceClass>(client),
+            (signals.clone(), |_: &_| true),
+            metrics,
+            || {},
+        ),
+        reflect(
+            "resourceslices",
+            slice_writer,
+            all_events::<ResourceSlice>(client),
+            (signals.clone(), |_: &_| true),
+            metrics,
+            || {},
+        ),
+    ];
+    let stores = DeviceStores {
+        claims,
+        classes,
+        slices,
+    };
+    (stores, tasks)
+}
+
+/// The watch of every object of one kind, in every namespace.
+fn all_events<K>(
+    client: &Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
+where
+    K: Resource + Clone + fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(strip_metadata)
+}
+
 /// After each queue change: sets the gauge of queue objects the operator cannot read.
 fn count_invalid_queues(
     queues: Store<StoredQueue>,
@@ -292,7 +360,7 @@ fn reflect<K, S, U>(
     (signals, urgent): (Signals, U),
     metrics: &WatchMetrics,
     after_change: impl Fn() + Send + 'static,
-) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>
+) -> Task
 where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone + Default + Send + Sync,

@@ -8,6 +8,7 @@ use kube::runtime::{
 
 use serde_json::json;
 
+use super::devices::{DeviceStores, DeviceWriters};
 use super::stores::{Signals, StoredQueue, Stores};
 
 /// Stores with their writers; `add_*` puts an object in as a watch event would.
@@ -17,6 +18,7 @@ pub(crate) struct TestStores {
     pods: Writer<Pod>,
     nodes: Writer<Node>,
     namespaces: Writer<Namespace>,
+    pub devices: DeviceWriters,
     _signals: Signals,
 }
 
@@ -27,12 +29,14 @@ impl TestStores {
         let (pods, pod_writer) = reflector::store();
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
+        let (devices, device_writers) = DeviceStores::for_tests();
         Self {
             stores: Stores {
                 queues,
                 pods,
                 nodes,
                 namespaces,
+                devices,
                 changes,
                 urgent_changes,
             },
@@ -40,6 +44,7 @@ impl TestStores {
             pods: pod_writer,
             nodes: node_writer,
             namespaces: namespace_writer,
+            devices: device_writers,
             _signals: signals,
         }
     }

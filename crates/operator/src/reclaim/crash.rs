@@ -37,7 +37,11 @@ impl CrashPoint {
 
     fn parse(value: &str) -> Result<Self, BadCrashPoint> {
         match Phase::parse(value) {
-            Some(phase) if !matches!(phase, Phase::Plan | Phase::OwnerBound) => Ok(Self(phase)),
+            Some(phase)
+                if !matches!(phase, Phase::Plan | Phase::ClaimsFreed | Phase::OwnerBound) =>
+            {
+                Ok(Self(phase))
+            }
             _ => Err(BadCrashPoint(value.to_owned())),
         }
     }
@@ -69,7 +73,7 @@ mod tests {
             CrashPoint::parse("evictAccepted").unwrap(),
             CrashPoint(Phase::EvictAccepted)
         );
-        for bad in ["plan", "ownerBound", "evicted", "INTENT"] {
+        for bad in ["plan", "claimsFreed", "ownerBound", "evicted", "INTENT"] {
             let error = CrashPoint::parse(bad).unwrap_err().to_string();
             assert!(error.contains(ENV) && error.contains(bad), "{error}");
         }

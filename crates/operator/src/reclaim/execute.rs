@@ -251,6 +251,7 @@ impl Reclaimer {
         let mut term_watch = term.clone();
         let mut crashed_checked = false;
         let mut gone_at = vec![None; handover.victims.len()];
+        let mut held_claims = false;
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
@@ -259,9 +260,17 @@ impl Reclaimer {
                     *at = Some(now);
                 }
             }
-            let gone = gone_at.iter().all(Option::is_some);
+            let victims_gone = gone_at.iter().all(Option::is_some);
+            let holding = self.victims_hold_claims(handover);
+            held_claims |= holding;
+            // A victim's DRA devices are free only once its claims are released, after it is
+            // gone: the handover is not done before.
+            let gone = victims_gone && !holding;
+            if held_claims && gone {
+                handover.timeline.end(Phase::ClaimsFreed, now);
+            }
             // Without victims of its own, the room it waits for is free when it is bound.
-            if gone && !handover.victims.is_empty() {
+            if victims_gone && !handover.victims.is_empty() {
                 handover.timeline.end(Phase::VictimsGone, now);
                 if !crashed_checked {
                     crashed_checked = true;

@@ -13,8 +13,12 @@ use kube::{
 };
 
 use super::{
-    handover::HandoverPod, metrics::ReclaimMetrics, planned::PlannedBudgets, record::RecordWriter,
-    terminations::ObservedTerminations, timeline::Phase,
+    handover::{Handover, HandoverPod},
+    metrics::ReclaimMetrics,
+    planned::PlannedBudgets,
+    record::RecordWriter,
+    terminations::ObservedTerminations,
+    timeline::Phase,
 };
 use crate::{
     checkpoint::CheckpointClient,
@@ -98,6 +102,25 @@ impl Reclaimer {
             .pods
             .get(&ObjectRef::new(&target.key.name).within(&target.key.namespace))
             .filter(|pod| pod.metadata.uid.as_deref() == Some(target.uid.as_str()))
+    }
+
+    /// Whether a ResourceClaim is still reserved for one of the handover's victims: its
+    /// devices are not free until kube-controller-manager releases it.
+    pub(super) fn victims_hold_claims(&self, handover: &Handover) -> bool {
+        self.stores.devices.claims.state().iter().any(|claim| {
+            claim
+                .status
+                .as_ref()
+                .and_then(|status| status.reserved_for.as_ref())
+                .is_some_and(|users| {
+                    users.iter().any(|user| {
+                        handover
+                            .victims
+                            .iter()
+                            .any(|victim| victim.target.uid == user.uid)
+                    })
+                })
+        })
     }
 
     pub(super) fn stored_uid_is(&self, target: &HandoverPod) -> bool {

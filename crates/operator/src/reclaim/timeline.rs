@@ -23,18 +23,23 @@ pub enum Phase {
     EvictAccepted,
     /// The operator's watch shows every victim gone.
     VictimsGone,
+    /// Every DRA claim a victim held is released (kube-controller-manager removed the victim
+    /// from its `status.reservedFor` and deallocated it, or deleted it); recorded only for
+    /// handovers whose victims held claims.
+    ClaimsFreed,
     /// The operator's watch shows the owner bound to a node.
     OwnerBound,
 }
 
 impl Phase {
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Plan,
         Self::Intent,
         Self::Reserve,
         Self::Checkpoint,
         Self::EvictAccepted,
         Self::VictimsGone,
+        Self::ClaimsFreed,
         Self::OwnerBound,
     ];
 
@@ -47,6 +52,7 @@ impl Phase {
             Self::Checkpoint => "checkpoint",
             Self::EvictAccepted => "evictAccepted",
             Self::VictimsGone => "victimsGone",
+            Self::ClaimsFreed => "claimsFreed",
             Self::OwnerBound => "ownerBound",
         }
     }
@@ -177,6 +183,7 @@ mod tests {
                 "checkpoint",
                 "evictAccepted",
                 "victimsGone",
+                "claimsFreed",
                 "ownerBound"
             ]
         );

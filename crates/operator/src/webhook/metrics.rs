@@ -21,7 +21,7 @@ pub enum WebhookResult {
     /// No queue manages the pod; it passes unchanged.
     NotManaged,
     /// The pod was refused: a queue claims its namespace but could not count it (a GPU pod
-    /// with `spec.nodeName`, or a pod with `spec.resourceClaims`).
+    /// with `spec.nodeName`).
     Refused,
     /// The request could not be read; it was answered without a change.
     Invalid,

@@ -17,15 +17,19 @@
 //! PriorityClass gets a pod nowhere anyway: it cannot leave the gate (the policy in
 //! `config/policy/` refuses its removal) and is released pinned to a node with room.
 //!
-//! Two kinds of pod are refused in a claimed namespace, because the queue could not count
-//! them: a GPU pod created with `spec.nodeName` (it skips the scheduler and the gate), and any
-//! pod with `spec.resourceClaims` (DRA devices, not counted yet). The ValidatingAdmissionPolicy
-//! in `config/policy/` refuses the same pods with the same messages while the webhook is down.
+//! A GPU pod created with `spec.nodeName` is refused in a claimed namespace: it skips the
+//! scheduler and the gate, so the queue could not count it. The ValidatingAdmissionPolicy in
+//! `config/policy/` refuses it with the same message while the webhook is down.
+//!
+//! A pod with `spec.resourceClaims` (DRA devices) is always gated, never admitted at creation:
+//! what its claims charge is read from the claim objects by the admission pass, and a
+//! template's claim does not exist yet when the pod is created. The policy refuses such a pod
+//! without the gate (so while the webhook is down).
 
 use std::collections::BTreeMap;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations};
-use gpuqueue_core::model::{is_gated, is_gpu_pod};
+use gpuqueue_core::model::{is_gated, is_gpu_pod, uses_resource_claims};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
     DynamicObject,
@@ -131,7 +135,8 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
         WebhookResult::AlreadyGated
     } else {
         // A dry run creates nothing, so it must reserve nothing: it sees the gate.
-        let at_creation = if request.dry_run {
+        let claims_devices = pod.spec.as_ref().is_some_and(uses_resource_claims);
+        let at_creation = if request.dry_run || claims_devices {
             Err(Gate::Declined)
         } else {
             policy.admit_at_creation(&pod)
@@ -183,10 +188,6 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
 fn refusal(pod: &Pod, policy: &dyn GatePolicy) -> Option<(String, String)> {
     let spec = pod.spec.as_ref()?;
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
-    if spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty()) {
-        let queue = policy.claiming_queue(pod)?;
-        return Some((resource_claims_refused(namespace, &queue), queue));
-    }
     if spec.node_name.is_some() && is_gpu_pod(pod) {
         let queue = policy.managing_queue(pod)?;
         return Some((node_name_refused(namespace, &queue), queue));
@@ -201,16 +202,6 @@ fn node_name_refused(namespace: &str, queue: &str) -> String {
          {queue} claims: a pod bound at creation skips the queue's admission. Leave spec.nodeName \
          unset (choose nodes with a nodeSelector or node affinity); the queue admits the pod and \
          kube-scheduler binds it."
-    )
-}
-
-/// The refusal of a pod with DRA claims (the policy in `config/policy/` says the same).
-fn resource_claims_refused(namespace: &str, queue: &str) -> String {
-    format!(
-        "gpuqueue: spec.resourceClaims is refused in namespace {namespace}, which GpuQueue \
-         {queue} claims: gpuqueue does not count DRA ResourceClaims yet, so their devices would \
-         escape the queue's quota. Request GPUs as an extended resource (resources.limits, e.g. \
-         nvidia.com/gpu: 1) instead."
     )
 }
 
@@ -286,7 +277,7 @@ mod tests {
                         .as_ref()
                         .and_then(|r| r.limits.as_ref())
                         .is_some_and(|limits| limits.contains_key("nvidia.com/gpu"))
-                })
+                }) || uses_resource_claims(spec)
             });
             (in_tenant && wants_gpu).then(|| "tenant-queue".to_owned())
         }
@@ -520,25 +511,19 @@ mod tests {
     }
 
     #[test]
-    fn any_pod_with_resource_claims_in_a_claimed_namespace_is_refused() {
+    fn any_pod_with_resource_claims_in_a_claimed_namespace_is_gated_never_admitted_at_once() {
         let claims = json!([{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]);
         let mut cpu = json!({"containers": [{"name": "web", "image": "nginx"}]});
         cpu["resourceClaims"] = claims.clone();
         let mut gpu = gpu_spec(None);
         gpu["resourceClaims"] = claims;
         for spec in [&cpu, &gpu] {
-            let answer = review(&review_body("CREATE", "tenant", spec), &TenantPolicy).unwrap();
-            let message = refusal_of(&answer);
+            let answer = review(&review_body("CREATE", "tenant", spec), &AdmittingPolicy).unwrap();
+            assert_eq!(answer.result, WebhookResult::Gated);
+            let patch = patch_of(&answer).unwrap();
             assert!(
-                message.starts_with(
-                    "gpuqueue: spec.resourceClaims is refused in namespace tenant, which GpuQueue \
-                     tenant-queue claims: gpuqueue does not count DRA ResourceClaims yet"
-                ),
-                "{message}"
-            );
-            assert!(
-                message.contains("Request GPUs as an extended resource"),
-                "{message}"
+                patch.to_string().contains("gpuqueue.io/admission"),
+                "{patch}"
             );
         }
         let answer = review(&review_body("CREATE", "other", &cpu), &TenantPolicy).unwrap();

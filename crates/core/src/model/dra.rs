@@ -1,0 +1,512 @@
+//! DRA claims as quota: which DeviceClasses hold GPUs and under which quota resource, and what
+//! a pod's ResourceClaims charge, so that a pod asking for devices through
+//! `spec.resourceClaims` is counted like one asking through `resources.limits`.
+//!
+//! The mapping lives on the DeviceClass, a cluster-scoped object only an administrator writes
+//! (a tenant with `edit` cannot): its `spec.extendedResourceName` when that names a GPU
+//! resource (the 1.36 extended-resource bridge says the class *is* that resource), else the
+//! `gpuqueue.io/quota-resource` annotation (one class per MIG profile, as NVIDIA's driver
+//! demos ship them). A class that looks like a GPU class but maps to nothing cannot be counted,
+//! and its pods wait saying so; a class of other devices (NICs, FPGAs) is not charged.
+//!
+//! Claims are counted from the ResourceClaim object only, never from its template: a template
+//! can be edited after the pod is admitted, the claim kube-controller-manager generated from
+//! it cannot (claim specs are immutable).
+
+use std::collections::BTreeMap;
+
+use gpuqueue_api::annotations;
+use k8s_openapi::api::{core::v1 as core, resource::v1 as dra};
+
+use super::pod::{GpuRequest, PodKey};
+use crate::quantity::{ResourceName, is_gpu_resource};
+
+/// What `allocationMode: All` is charged when no node shows how many devices it could take:
+/// the most devices one claim may be allocated (`AllocationResultsMaxSize`), as ResourceQuota
+/// charges it.
+pub const ALLOCATION_RESULTS_MAX: u32 = 32;
+
+/// Names in a class that mark it as one of GPUs (driver domains and KAI's own rule, a name
+/// containing "gpu"), so that an unmapped one is refused rather than left uncounted.
+const GPU_MARKERS: &[&str] = &["gpu", "mig"];
+
+/// How a DeviceClass is charged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClassRole {
+    /// Its devices are charged as this GPU resource, one device each.
+    Counted(ResourceName),
+    /// Not GPUs: left to kube-scheduler, charged nothing.
+    NotGpu,
+    /// A GPU class with no quota resource: its claims cannot be counted.
+    Unmapped,
+}
+
+/// The cluster's DeviceClasses, by name, as quota sees them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceClasses(BTreeMap<String, ClassRole>);
+
+impl DeviceClasses {
+    pub fn from_k8s<'a>(classes: impl IntoIterator<Item = &'a dra::DeviceClass>) -> Self {
+        Self(
+            classes
+                .into_iter()
+                .map(|class| {
+                    (
+                        class.metadata.name.clone().unwrap_or_default(),
+                        role_of(class),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// Adds one class (tests and the simulator build catalogues by hand).
+    #[must_use]
+    pub fn with(mut self, name: impl Into<String>, role: ClassRole) -> Self {
+        self.0.insert(name.into(), role);
+        self
+    }
+
+    pub fn role(&self, name: &str) -> Option<&ClassRole> {
+        self.0.get(name)
+    }
+}
+
+/// How `class` is charged: its bridge resource, else its annotation, else by its look.
+pub fn role_of(class: &dra::DeviceClass) -> ClassRole {
+    let bridged = class
+        .spec
+        .extended_resource_name
+        .as_deref()
+        .filter(|name| is_gpu_resource(name));
+    let annotated = class
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|notes| notes.get(annotations::QUOTA_RESOURCE));
+    if let Some(resource) = bridged.or(annotated.map(String::as_str)) {
+        return ClassRole::Counted(ResourceName::new(resource));
+    }
+    let name = class.metadata.name.as_deref().unwrap_or_default();
+    let expressions = class
+        .spec
+        .selectors
+        .iter()
+        .flatten()
+        .filter_map(|selector| selector.cel.as_ref().map(|cel| cel.expression.as_str()));
+    let looks_like_gpu = std::iter::once(name)
+        .chain(expressions)
+        .any(|text| GPU_MARKERS.iter().any(|marker| text.contains(marker)));
+    if looks_like_gpu {
+        ClassRole::Unmapped
+    } else {
+        ClassRole::NotGpu
+    }
+}
+
+/// Why a pod's claims cannot be counted (it waits at the gate, saying so).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {rule}")]
+pub struct Uncounted {
+    pub field: String,
+    pub rule: String,
+}
+
+fn uncounted(field: impl Into<String>, rule: impl Into<String>) -> Uncounted {
+    Uncounted {
+        field: field.into(),
+        rule: rule.into(),
+    }
+}
+
+/// The ResourceClaims a pod uses, by the names of the claim objects in its namespace:
+/// `resourceClaimName`, or for a template the claim kube-controller-manager generated (from
+/// `status.resourceClaimStatuses`). A claim it uses from no template and no name is skipped
+/// (the API server refuses that). Fails while a template's claim is not generated yet.
+pub fn claim_names(pod: &core::Pod) -> Result<Vec<String>, Uncounted> {
+    let Some(claims) = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()) else {
+        return Ok(Vec::new());
+    };
+    let generated = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.as_ref());
+    let mut names = Vec::new();
+    for (i, claim) in claims.iter().enumerate() {
+        if let Some(name) = &claim.resource_claim_name {
+            names.push(name.clone());
+        } else if let Some(template) = &claim.resource_claim_template_name {
+            let made = generated
+                .and_then(|statuses| statuses.iter().find(|s| s.name == claim.name))
+                .and_then(|s| s.resource_claim_name.clone());
+            names.push(made.ok_or_else(|| {
+                uncounted(
+                    format!("spec.resourceClaims[{i}]"),
+                    format!(
+                        "the claim from ResourceClaimTemplate {template} is not created yet; \
+                         the pod waits until kube-controller-manager creates it"
+                    ),
+                )
+            })?);
+        }
+    }
+    Ok(names)
+}
+
+/// What one claim charges: one request per GPU resource, sorted, devices summed. `most_devices`
+/// says how many devices of a resource one node has at most (what `allocationMode: All` may
+/// take). `firstAvailable` is charged at its largest alternative.
+pub fn claim_requests(
+    claim: &dra::ResourceClaim,
+    classes: &DeviceClasses,
+    most_devices: &dyn Fn(&ResourceName) -> u32,
+) -> Result<Vec<GpuRequest>, Uncounted> {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let requests = claim
+        .spec
+        .devices
+        .iter()
+        .flat_map(|d| d.requests.iter().flatten());
+    let mut charged: BTreeMap<ResourceName, u32> = BTreeMap::new();
+    for (i, request) in requests.enumerate() {
+        let field = format!("ResourceClaim {name}: spec.devices.requests[{i}]");
+        let charge = if let Some(exactly) = &request.exactly {
+            let shape = Shape::exact(exactly);
+            charge_of(&shape, classes, most_devices).map_err(|rule| uncounted(&field, rule))?
+        } else if let Some(alternatives) = &request.first_available {
+            let mut largest: Option<(ResourceName, u32)> = None;
+            for (j, sub) in alternatives.iter().enumerate() {
+                let shape = Shape::sub(sub);
+                let charge = charge_of(&shape, classes, most_devices)
+                    .map_err(|rule| uncounted(format!("{field}.firstAvailable[{j}]"), rule))?;
+                if charge.as_ref().map(|c| c.1) > largest.as_ref().map(|c| c.1) {
+                    largest = charge;
+                }
+            }
+            largest
+        } else {
+            return Err(uncounted(field, "names neither exactly nor firstAvailable"));
+        };
+        if let Some((resource, count)) = charge {
+            let total = charged.entry(resource).or_default();
+            *total = total.saturating_add(count);
+        }
+    }
+    Ok(charged
+        .into_iter()
+        .map(|(resource, count)| GpuRequest::devices(resource, count))
+        .collect())
+}
+
+/// The fields of a request that decide its charge (`exactly` and a `firstAvailable` entry
+/// share them).
+struct Shape<'a> {
+    class: &'a str,
+    mode: Option<&'a str>,
+    count: Option<i64>,
+    admin_access: bool,
+}
+
+impl<'a> Shape<'a> {
+    fn exact(request: &'a dra::ExactDeviceRequest) -> Self {
+        Self {
+            class: &request.device_class_name,
+            mode: request.allocation_mode.as_deref(),
+            count: request.count,
+            admin_access: request.admin_access == Some(true),
+        }
+    }
+
+    fn sub(request: &'a dra::DeviceSubRequest) -> Self {
+        Self {
+            class: &request.device_class_name,
+            mode: request.allocation_mode.as_deref(),
+            count: request.count,
+            admin_access: false,
+        }
+    }
+}
+
+/// The devices one request charges, `None` when it is not a GPU request (or only watches
+/// devices with admin access, which allocates none), or why it cannot be counted.
+fn charge_of(
+    shape: &Shape<'_>,
+    classes: &DeviceClasses,
+    most_devices: &dyn Fn(&ResourceName) -> u32,
+) -> Result<Option<(ResourceName, u32)>, String> {
+    let resource = match classes.role(shape.class) {
+        None => {
+            return Err(format!(
+                "DeviceClass {} does not exist, so its devices cannot be counted; create it \
+                 (or fix deviceClassName)",
+                shape.class
+            ));
+        }
+        Some(ClassRole::NotGpu) => return Ok(None),
+        Some(ClassRole::Unmapped) => {
+            return Err(format!(
+                "DeviceClass {} looks like a GPU class but maps to no quota resource; an \
+                 administrator sets spec.extendedResourceName or the annotation {} on it",
+                shape.class,
+                annotations::QUOTA_RESOURCE
+            ));
+        }
+        Some(ClassRole::Counted(resource)) => resource.clone(),
+    };
+    if shape.admin_access {
+        return Ok(None);
+    }
+    let count = match shape.mode {
+        Some("All") => most_devices(&resource),
+        None | Some("ExactCount") => {
+            let count = shape.count.unwrap_or(1);
+            u32::try_from(count)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("count {count} must be a positive number of devices"))?
+        }
+        Some(other) => {
+            return Err(format!(
+                "allocationMode {other:?} is not one gpuqueue counts (ExactCount or All)"
+            ));
+        }
+    };
+    Ok(Some((resource, count)))
+}
+
+/// Adds `extra` to `into`, keeping one request per resource, sorted by resource name.
+pub fn add_requests(into: &mut Vec<GpuRequest>, extra: &[GpuRequest]) {
+    for request in extra {
+        match into.iter_mut().find(|r| r.resource == request.resource) {
+            Some(r) => r.count = r.count.saturating_add(request.count),
+            None => into.push(request.clone()),
+        }
+    }
+    into.sort();
+}
+
+/// One pod's use of claims, for [`charged_claims`].
+#[derive(Clone, Debug)]
+pub struct ClaimUser<'a> {
+    pub pod: &'a PodKey,
+    pub admitted: bool,
+    /// Names of the claims it uses, in its namespace.
+    pub claims: &'a [String],
+}
+
+/// Which claims each pod is charged for (same order as `users`). A claim several pods share is
+/// charged once: to the first admitted pod using it (by key), or, while none is admitted, to
+/// every pending pod using it, so that whichever is admitted first brings its charge; the
+/// others then use it free.
+pub fn charged_claims(users: &[ClaimUser<'_>]) -> Vec<Vec<String>> {
+    let mut holders: BTreeMap<(&str, &str), &PodKey> = BTreeMap::new();
+    for user in users.iter().filter(|u| u.admitted) {
+        for claim in user.claims {
+            let holder = holders
+                .entry((user.pod.namespace.as_str(), claim.as_str()))
+                .or_insert(user.pod);
+            if user.pod < *holder {
+                *holder = user.pod;
+            }
+        }
+    }
+    users
+        .iter()
+        .map(|user| {
+            user.claims
+                .iter()
+                .filter(|claim| {
+                    holders
+                        .get(&(user.pod.namespace.as_str(), claim.as_str()))
+                        .is_none_or(|holder| *holder == user.pod)
+                })
+                .cloned()
+                .collect()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    fn classes() -> DeviceClasses {
+        DeviceClasses::default()
+            .with(
+                "gpu.nvidia.com",
+                ClassRole::Counted("nvidia.com/gpu".into()),
+            )
+            .with(
+                "mig-1g-10gb.nvidia.com",
+                ClassRole::Counted("nvidia.com/mig-1g.10gb".into()),
+            )
+            .with("nic.example.com", ClassRole::NotGpu)
+            .with("gpu.example.com", ClassRole::Unmapped)
+    }
+
+    fn claim(requests: serde_json::Value) -> dra::ResourceClaim {
+        let mut claim = json!({
+            "metadata": {"name": "c", "namespace": "t"},
+            "spec": {"devices": {}},
+        });
+        claim["spec"]["devices"]["requests"] = requests;
+        serde_json::from_value(claim).unwrap()
+    }
+
+    fn eight(_: &ResourceName) -> u32 {
+        8
+    }
+
+    #[test]
+    fn a_class_maps_by_its_bridge_name_then_its_annotation_then_its_look() {
+        let class = |value: serde_json::Value| -> dra::DeviceClass {
+            serde_json::from_value(value).unwrap()
+        };
+        let bridged = class(json!({"metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu"}}));
+        assert_eq!(
+            role_of(&bridged),
+            ClassRole::Counted("nvidia.com/gpu".into())
+        );
+        let annotated = class(json!({"metadata": {"name": "mig-1g",
+            "annotations": {"gpuqueue.io/quota-resource": "nvidia.com/mig-1g.10gb"}}, "spec": {}}));
+        assert_eq!(
+            role_of(&annotated),
+            ClassRole::Counted("nvidia.com/mig-1g.10gb".into())
+        );
+        let by_selector = class(json!({"metadata": {"name": "accelerators"}, "spec": {
+            "selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]}}));
+        assert_eq!(role_of(&by_selector), ClassRole::Unmapped);
+        let nic = class(
+            json!({"metadata": {"name": "nic"}, "spec": {"extendedResourceName":
+            "example.com/nic", "selectors": [{"cel": {"expression": "device.driver == 'nic.example.com'"}}]}}),
+        );
+        assert_eq!(role_of(&nic), ClassRole::NotGpu);
+    }
+
+    #[test]
+    fn exact_counts_all_and_first_available_are_charged() {
+        let c = claim(json!([
+            {"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}},
+            {"name": "b", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+            {"name": "c", "exactly": {"deviceClassName": "mig-1g-10gb.nvidia.com", "allocationMode": "All"}},
+            {"name": "d", "firstAvailable": [
+                {"name": "one", "deviceClassName": "gpu.nvidia.com", "count": 1},
+                {"name": "three", "deviceClassName": "mig-1g-10gb.nvidia.com", "count": 3}]},
+            {"name": "e", "exactly": {"deviceClassName": "nic.example.com", "count": 4}},
+            {"name": "f", "exactly": {"deviceClassName": "gpu.nvidia.com", "adminAccess": true}},
+        ]));
+        assert_eq!(
+            claim_requests(&c, &classes(), &eight).unwrap(),
+            vec![
+                GpuRequest::devices("nvidia.com/gpu", 3),
+                GpuRequest::devices("nvidia.com/mig-1g.10gb", 11),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_claim_that_cannot_be_counted_says_which_request_and_why() {
+        let unknown = claim(json!([{"name": "a", "exactly": {"deviceClassName": "nope"}}]));
+        let error = claim_requests(&unknown, &classes(), &eight).unwrap_err();
+        assert_eq!(error.field, "ResourceClaim c: spec.devices.requests[0]");
+        assert!(
+            error.rule.contains("DeviceClass nope does not exist"),
+            "{error}"
+        );
+        let unmapped = claim(json!([{"name": "a", "firstAvailable": [
+            {"name": "x", "deviceClassName": "gpu.example.com"}]}]));
+        let error = claim_requests(&unmapped, &classes(), &eight).unwrap_err();
+        assert!(error.field.ends_with("firstAvailable[0]"), "{error}");
+        assert!(error.rule.contains("gpuqueue.io/quota-resource"), "{error}");
+        let zero = claim(
+            json!([{"name": "a", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 0}}]),
+        );
+        assert!(claim_requests(&zero, &classes(), &eight).is_err());
+    }
+
+    #[test]
+    fn template_claims_are_named_once_generated() {
+        let mut pod: core::Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "t"},
+            "spec": {"containers": [], "resourceClaims": [
+                {"name": "shared", "resourceClaimName": "team-gpus"},
+                {"name": "own", "resourceClaimTemplateName": "one-gpu"}]},
+        }))
+        .unwrap();
+        let error = claim_names(&pod).unwrap_err();
+        assert_eq!(error.field, "spec.resourceClaims[1]");
+        assert!(error.rule.contains("one-gpu"), "{error}");
+        pod.status = Some(
+            serde_json::from_value(json!({"resourceClaimStatuses": [
+                {"name": "own", "resourceClaimName": "p-own-x7k2q"}]}))
+            .unwrap(),
+        );
+        assert_eq!(claim_names(&pod).unwrap(), vec!["team-gpus", "p-own-x7k2q"]);
+    }
+
+    #[test]
+    fn a_shared_claim_is_charged_once_to_an_admitted_user() {
+        let (a, b, c) = (
+            PodKey::new("t", "a"),
+            PodKey::new("t", "b"),
+            PodKey::new("u", "c"),
+        );
+        let shared = vec!["shared".to_string()];
+        let user = |pod, admitted| ClaimUser {
+            pod,
+            admitted,
+            claims: &shared,
+        };
+        let none: Vec<String> = Vec::new();
+        // Nobody holds it yet: every pending user brings it.
+        assert_eq!(
+            charged_claims(&[user(&a, false), user(&b, false)]),
+            vec![shared.clone(), shared.clone()]
+        );
+        // Once b holds it, a uses it free; c's claim of that name is another namespace's.
+        assert_eq!(
+            charged_claims(&[user(&a, false), user(&b, true), user(&c, false)]),
+            vec![none.clone(), shared.clone(), shared.clone()]
+        );
+        assert_eq!(
+            charged_claims(&[user(&b, true), user(&a, true)]),
+            vec![none, shared]
+        );
+    }
+
+    proptest! {
+        /// Whatever the requests, every device of a counted class is charged: the charge is at
+        /// least the sum of exact counts, and exactly it when no request uses All.
+        #[test]
+        fn exact_requests_are_charged_in_full(counts in prop::collection::vec(1_i64..9, 0..6)) {
+            let requests: Vec<_> = counts.iter().enumerate().map(|(i, n)| json!({
+                "name": format!("r{i}"),
+                "exactly": {"deviceClassName": "gpu.nvidia.com", "count": n},
+            })).collect();
+            let charged = claim_requests(&claim(json!(requests)), &classes(), &eight).unwrap();
+            let total: i64 = counts.iter().sum();
+            let want = if total == 0 {
+                Vec::new()
+            } else {
+                vec![GpuRequest::devices("nvidia.com/gpu", u32::try_from(total).unwrap())]
+            };
+            prop_assert_eq!(charged, want);
+        }
+
+        /// firstAvailable is charged at its largest alternative, never less.
+        #[test]
+        fn first_available_is_charged_at_its_largest(counts in prop::collection::vec(1_i64..9, 1..5)) {
+            let subs: Vec<_> = counts.iter().enumerate().map(|(i, n)| json!({
+                "name": format!("s{i}"), "deviceClassName": "gpu.nvidia.com", "count": n,
+            })).collect();
+            let c = claim(json!([{"name": "r", "firstAvailable": subs}]));
+            let charged = claim_requests(&c, &classes(), &eight).unwrap();
+            let largest = u32::try_from(*counts.iter().max().unwrap()).unwrap();
+            prop_assert_eq!(charged, vec![GpuRequest::devices("nvidia.com/gpu", largest)]);
+        }
+    }
+}

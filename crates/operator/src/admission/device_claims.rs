@@ -1,0 +1,216 @@
+//! Stage 2 for DRA: adds what each pod's ResourceClaims charge to its requests, read from the
+//! claim and class stores by the core's rules (`gpuqueue_core::model::dra`). A pending pod whose
+//! claims cannot be counted leaves the model and waits at the gate, saying why: it is never
+//! admitted uncounted. An admitted one keeps what it holds otherwise, and the problem is logged.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use gpuqueue_core::{
+    model::{
+        self,
+        dra::{
+            ALLOCATION_RESULTS_MAX, ClaimUser, DeviceClasses, Uncounted, add_requests,
+            charged_claims, claim_names, claim_requests,
+        },
+    },
+    quantity::ResourceName,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::cluster::devices::DeviceStores;
+
+/// A modelled pod that uses claims: its index in the model's pods, and its object.
+pub type ClaimingPod = (usize, Arc<Pod>);
+
+/// What each claim of a pod charges, by claim name.
+type ByClaim = HashMap<String, Vec<model::GpuRequest>>;
+
+/// What the claims of one pod charge.
+struct Charges {
+    index: usize,
+    names: Vec<String>,
+    by_claim: ByClaim,
+}
+
+/// Charges `claiming` pods (indices into `pods`) for their claims, each shared claim once.
+/// Pending pods whose claims cannot be counted are moved from `pods` to `unreadable`; the
+/// problems of admitted ones go to `problems`.
+pub fn charge(
+    pods: &mut Vec<model::Pod>,
+    claiming: Vec<ClaimingPod>,
+    nodes: &[model::Node],
+    stores: &DeviceStores,
+    (unreadable, problems): (&mut Vec<(Arc<Pod>, String)>, &mut Vec<String>),
+) {
+    if claiming.is_empty() {
+        return;
+    }
+    let classes = DeviceClasses::from_k8s(stores.classes.state().iter().map(AsRef::as_ref));
+    let most = most_devices(nodes);
+    let most_devices = |resource: &ResourceName| {
+        most.get(resource)
+            .copied()
+            .unwrap_or(ALLOCATION_RESULTS_MAX)
+    };
+    let mut read = Vec::new();
+    let mut uncounted = Vec::new();
+    for (index, pod) in claiming {
+        match charges_of(&pod, stores, &classes, &most_devices) {
+            Ok((names, by_claim)) => read.push(Charges {
+                index,
+                names,
+                by_claim,
+            }),
+            Err(error) => {
+                let reason = format!("pod {}: {error}", pods[index].key);
+                if pods[index].is_admitted() {
+                    problems.push(reason);
+                } else {
+                    unreadable.push((pod, reason));
+                    uncounted.push(index);
+                }
+            }
+        }
+    }
+    let users: Vec<ClaimUser<'_>> = read
+        .iter()
+        .map(|charges| ClaimUser {
+            pod: &pods[charges.index].key,
+            admitted: pods[charges.index].is_admitted(),
+            claims: &charges.names,
+        })
+        .collect();
+    let charged = charged_claims(&users);
+    for (charges, claims) in read.iter().zip(charged) {
+        let requests = &mut pods[charges.index].requests.gpus;
+        for claim in claims {
+            add_requests(requests, &charges.by_claim[&claim]);
+        }
+    }
+    uncounted.sort_unstable();
+    for index in uncounted.into_iter().rev() {
+        pods.remove(index);
+    }
+}
+
+/// The claims `pod` uses and what each charges, or why they cannot be counted.
+fn charges_of(
+    pod: &Pod,
+    stores: &DeviceStores,
+    classes: &DeviceClasses,
+    most_devices: &dyn Fn(&ResourceName) -> u32,
+) -> Result<(Vec<String>, ByClaim), Uncounted> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let names = claim_names(pod)?;
+    let mut by_claim = HashMap::new();
+    for name in &names {
+        let Some(claim) = stores.claims.get(&ObjectRef::new(name).within(namespace)) else {
+            return Err(Uncounted {
+                field: "spec.resourceClaims".into(),
+                rule: format!(
+                    "ResourceClaim {name} does not exist yet; the pod waits until it is created"
+                ),
+            });
+        };
+        by_claim.insert(name.clone(), claim_requests(&claim, classes, most_devices)?);
+    }
+    Ok((names, by_claim))
+}
+
+/// The most devices of each GPU resource one node has: what `allocationMode: All` may take.
+fn most_devices(nodes: &[model::Node]) -> BTreeMap<ResourceName, u32> {
+    let mut most: BTreeMap<ResourceName, u32> = BTreeMap::new();
+    for pool in nodes.iter().flat_map(|node| &node.pools) {
+        let entry = most.entry(pool.resource.clone()).or_default();
+        *entry = (*entry).max(pool.devices);
+    }
+    most
+}
+
+#[cfg(test)]
+mod tests {
+    use gpuqueue_core::model::{Assignment, GpuRequest, PodKey, PodState, Requests};
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    use super::*;
+    use crate::cluster::testing::TestStores;
+
+    fn k8s_pod(name: &str, claim: &str) -> Arc<Pod> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "team"},
+                "spec": {"containers": [], "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn stores() -> TestStores {
+        let mut stores = TestStores::new();
+        let class = serde_json::from_value(json!({"metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu"}}))
+        .unwrap();
+        stores
+            .devices
+            .classes
+            .apply_watcher_event(&watcher::Event::Apply(class));
+        let claim = serde_json::from_value(json!({"metadata": {"name": "shared", "namespace": "team"},
+            "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}))
+        .unwrap();
+        stores
+            .devices
+            .claims
+            .apply_watcher_event(&watcher::Event::Apply(claim));
+        stores
+    }
+
+    #[test]
+    fn a_shared_claim_is_charged_to_its_admitted_user_and_a_missing_one_waits() {
+        let stores = stores();
+        let model = |name: &str, admitted: bool| {
+            let mut pod = model::Pod::new(
+                PodKey::new("team", name),
+                Requests::default(),
+                jiff::Timestamp::UNIX_EPOCH,
+            );
+            if admitted {
+                pod.state = PodState::Admitted(Assignment::default());
+            }
+            pod
+        };
+        let mut pods = vec![model("a", false), model("b", true), model("c", false)];
+        let claiming = vec![
+            (0, k8s_pod("a", "shared")),
+            (1, k8s_pod("b", "shared")),
+            (2, k8s_pod("c", "missing")),
+        ];
+        let (mut unreadable, mut problems) = (Vec::new(), Vec::new());
+        charge(
+            &mut pods,
+            claiming,
+            &[],
+            &stores.stores.devices,
+            (&mut unreadable, &mut problems),
+        );
+        assert_eq!(pods.len(), 2);
+        assert_eq!(pods[0].requests.gpus, Vec::<GpuRequest>::new());
+        assert_eq!(
+            pods[1].requests.gpus,
+            vec![GpuRequest::devices("nvidia.com/gpu", 2)]
+        );
+        assert_eq!(unreadable.len(), 1);
+        assert!(
+            unreadable[0]
+                .1
+                .contains("ResourceClaim missing does not exist yet"),
+            "{}",
+            unreadable[0].1
+        );
+        assert!(problems.is_empty());
+    }
+}

@@ -1,0 +1,421 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+//! DRA claims on a real control plane (issue 17): the test plays NVIDIA's DRA driver,
+//! publishing a ResourceSlice of fake GPUs (driver `gpu.nvidia.com`) for the node, and applies
+//! `examples/dra/`. kube-controller-manager creates template claims, kube-scheduler's DRA
+//! plugin allocates them; gpuqueue counts each claim against the queue of its namespace.
+
+mod common;
+
+use common::{
+    Operator, Options, apply_queue, bound, create, free_port, install, queue_status, queue_yaml,
+    waiting_reason,
+};
+use gpuqueue_api::NVIDIA_GPU;
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, UserAccess, apply_file, apply_yaml,
+    gpu_pod, wait_for,
+};
+use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
+use kube::api::Api;
+use serde_json::json;
+
+/// The only node: 4 GPUs, shown both as `nvidia.com/gpu` and in the driver's ResourceSlice.
+const NODE: &str = "gpu-node-0";
+
+/// A node whose GPUs only the DRA driver shows (no `nvidia.com/gpu` in allocatable).
+const DRA_ONLY_NODE: &str = "dra-node-0";
+
+/// A cluster with `examples/dra/device-classes.yaml`, the node's ResourceSlice, the operator,
+/// and a namespace `team` that queue `team` claims with `guaranteed` GPUs and no burst.
+struct World {
+    cluster: ControlPlane,
+    _operator: Operator,
+    namespace: gpuqueue_e2e::TempNamespace,
+    tenant: UserAccess,
+}
+
+impl World {
+    async fn start(name: &str, guaranteed: u32) -> Self {
+        Self::with_node(name, guaranteed, GpuNode::whole_gpus(NODE, 4), 4).await
+    }
+
+    /// The same world with `node` instead, whose slice has `gpus` devices.
+    async fn with_node(name: &str, guaranteed: u32, node: GpuNode, gpus: u32) -> Self {
+        let node_name = node.name.clone();
+        let cluster = ControlPlane::start(ControlPlaneConfig::new(name).with_nodes(vec![node]))
+            .await
+            .unwrap();
+        eprintln!("{name}: control plane up ({})", cluster.startup_summary());
+        let admin = cluster.client();
+        apply_file(&admin, &examples("device-classes.yaml"), None)
+            .await
+            .unwrap();
+        apply_yaml(&admin, &slice(&node_name, gpus), None)
+            .await
+            .unwrap();
+        let webhook_port = free_port();
+        install(&cluster, webhook_port).await;
+        let operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
+        let namespace = cluster.namespace("team").await.unwrap();
+        apply_queue(
+            &admin,
+            &queue_yaml("team", &[namespace.name()], guaranteed, 0),
+        )
+        .await;
+        let tenant = cluster.tenant_with_edit(namespace.name()).await.unwrap();
+        Self {
+            cluster,
+            _operator: operator,
+            namespace,
+            tenant,
+        }
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.tenant.client.clone(), self.namespace.name())
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.cluster.client(), self.namespace.name())
+    }
+
+    /// Applies `yaml` in the tenant's namespace, as the tenant.
+    async fn tenant_applies(&self, yaml: &str) {
+        apply_yaml(&self.tenant.client, yaml, Some(self.namespace.name()))
+            .await
+            .unwrap();
+    }
+}
+
+fn examples(file: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/dra")
+        .join(file)
+}
+
+/// The ResourceSlice NVIDIA's driver would publish for `node` with `gpus` whole H100s.
+fn slice(node: &str, gpus: u32) -> String {
+    let devices: Vec<_> = (0..gpus)
+        .map(|i| {
+            json!({
+                "name": format!("gpu-{i}"),
+                "attributes": {
+                    "type": {"string": "gpu"},
+                    "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                    "architecture": {"string": "Hopper"},
+                },
+                "capacity": {"memory": {"value": "80Gi"}},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    })
+    .to_string()
+}
+
+/// A pod of the tenant using the claims named (`claim` entries of `spec.resourceClaims`).
+fn claiming_pod(name: &str, claims: &serde_json::Value) -> String {
+    let refs: Vec<_> = claims
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| json!({"name": c["name"]}))
+        .collect();
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": claims,
+            "containers": [{
+                "name": "main",
+                "image": "registry.invalid/gpuqueue-e2e/fake:1",
+                "resources": {"claims": refs},
+            }],
+        },
+    })
+    .to_string()
+}
+
+/// [`claiming_pod`] with a 1-second grace period, for a victim that should go quickly.
+fn quick_claiming_pod(name: &str, claims: &serde_json::Value) -> String {
+    let mut pod: serde_json::Value = serde_json::from_str(&claiming_pod(name, claims)).unwrap();
+    pod["spec"]["terminationGracePeriodSeconds"] = json!(1);
+    pod.to_string()
+}
+
+/// A claim of `count` devices of `class`, under `name`.
+fn claim(name: &str, class: &str, count: u32) -> String {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [
+            {"name": "gpus", "exactly": {"deviceClassName": class, "count": count}},
+        ]}},
+    })
+    .to_string()
+}
+
+/// Waits until claim `name` is allocated; returns the pools (nodes) its devices come from.
+async fn allocated_pools(claims: &Api<ResourceClaim>, name: &str) -> Vec<String> {
+    wait_for(
+        format!("claim {name} to be allocated"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let claim = claims.get(name).await.map_err(|e| e.to_string())?;
+            let results = claim
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref());
+            match results {
+                Some(results) => Ok(results.iter().map(|r| r.pool.clone()).collect()),
+                None => Err(format!("status: {:?}", claim.status)),
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// The claim kube-controller-manager generated for the pod's `spec.resourceClaims` entry.
+async fn generated_claim(pods: &Api<Pod>, pod: &str, entry: &str) -> String {
+    wait_for(
+        format!("pod {pod}'s claim {entry}"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let pod = pods.get(pod).await.map_err(|e| e.to_string())?;
+            pod.status
+                .as_ref()
+                .and_then(|s| s.resource_claim_statuses.as_ref())
+                .and_then(|all| all.iter().find(|s| s.name == entry))
+                .and_then(|s| s.resource_claim_name.clone())
+                .ok_or_else(|| format!("status: {:?}", pod.status))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dra_pod_is_counted_and_waits_above_the_ceiling() {
+    let world = World::start("dra_counted", 2).await;
+    let pods = world.pods();
+    // The example: one GPU from a template; admitted, pinned, allocated on the pinned node.
+    world
+        .tenant_applies(&std::fs::read_to_string(examples("claim-template-workload.yaml")).unwrap())
+        .await;
+    let admitted = bound(&pods, "dra-inference").await;
+    let node = admitted.spec.unwrap().node_name.unwrap();
+    assert_eq!(node, NODE);
+    let generated = generated_claim(&pods, "dra-inference", "gpu").await;
+    assert_eq!(
+        allocated_pools(&world.claims(), &generated).await,
+        vec![NODE]
+    );
+    // One more GPU by a direct claim fills the queue's 2.
+    world
+        .tenant_applies(&claim("one-more", "gpu.nvidia.com", 1))
+        .await;
+    let one_more = json!([{"name": "gpu", "resourceClaimName": "one-more"}]);
+    world
+        .tenant_applies(&claiming_pod("second", &one_more))
+        .await;
+    bound(&pods, "second").await;
+    // A third, by claim or by extended resource, waits: both count against the same 2.
+    world
+        .tenant_applies(&claim("too-many", "gpu.nvidia.com", 1))
+        .await;
+    let too_many = json!([{"name": "gpu", "resourceClaimName": "too-many"}]);
+    world
+        .tenant_applies(&claiming_pod("third", &too_many))
+        .await;
+    let reason = waiting_reason(&pods, "third").await;
+    assert!(reason.starts_with("OverCeiling: queue team"), "{reason}");
+    create(&pods, &gpu_pod("plain", NVIDIA_GPU, 1)).await;
+    let reason = waiting_reason(&pods, "plain").await;
+    assert!(reason.starts_with("OverCeiling: queue team"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_shared_by_two_pods_is_charged_once() {
+    let world = World::start("dra_shared", 2).await;
+    let pods = world.pods();
+    world
+        .tenant_applies(&claim("shared", "gpu.nvidia.com", 2))
+        .await;
+    let shared = json!([{"name": "gpus", "resourceClaimName": "shared"}]);
+    world.tenant_applies(&claiming_pod("first", &shared)).await;
+    world.tenant_applies(&claiming_pod("second", &shared)).await;
+    // Both run on the claim's 2 GPUs: charged 2 once, not 4 (the queue has 2).
+    assert_eq!(
+        bound(&pods, "first").await.spec.unwrap().node_name.unwrap(),
+        NODE
+    );
+    assert_eq!(
+        bound(&pods, "second")
+            .await
+            .spec
+            .unwrap()
+            .node_name
+            .unwrap(),
+        NODE
+    );
+    assert_eq!(
+        allocated_pools(&world.claims(), "shared").await,
+        vec![NODE, NODE]
+    );
+    // And the 2 are charged: one GPU more waits.
+    create(&pods, &gpu_pod("plain", NVIDIA_GPU, 1)).await;
+    let reason = waiting_reason(&pods, "plain").await;
+    assert!(reason.starts_with("OverCeiling: queue team"), "{reason}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_cannot_be_counted_waits_saying_why() {
+    let world = World::start("dra_uncounted", 4).await;
+    let pods = world.pods();
+    // A class of GPUs with no quota resource: never admitted uncounted.
+    apply_yaml(
+        &world.cluster.client(),
+        &json!({
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": "unmapped-gpu.example.com"},
+            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+        })
+        .to_string(),
+        None,
+    )
+    .await
+    .unwrap();
+    world
+        .tenant_applies(&claim("unmapped", "unmapped-gpu.example.com", 1))
+        .await;
+    let unmapped = json!([{"name": "gpu", "resourceClaimName": "unmapped"}]);
+    world
+        .tenant_applies(&claiming_pod("unmapped", &unmapped))
+        .await;
+    let reason = waiting_reason(&pods, "unmapped").await;
+    assert!(
+        reason.contains("DeviceClass unmapped-gpu.example.com looks like a GPU class"),
+        "{reason}"
+    );
+    // A claim that does not exist yet: the pod waits for it.
+    let missing = json!([{"name": "gpu", "resourceClaimName": "later"}]);
+    world.tenant_applies(&claiming_pod("early", &missing)).await;
+    let reason = waiting_reason(&pods, "early").await;
+    assert!(
+        reason.contains("ResourceClaim later does not exist yet"),
+        "{reason}"
+    );
+    world
+        .tenant_applies(&claim("later", "gpu.nvidia.com", 1))
+        .await;
+    bound(&pods, "early").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_counts_and_places_nvidia_gpu_requests_on_a_dra_only_node() {
+    let mut node = GpuNode::whole_gpus(DRA_ONLY_NODE, 2);
+    node.resources.clear();
+    let world = World::with_node("dra_bridge", 4, node, 2).await;
+    let pods = world.pods();
+    // The example, and one more: the node's 2 GPUs, known only from its ResourceSlice.
+    world
+        .tenant_applies(&std::fs::read_to_string(examples("bridge-workload.yaml")).unwrap())
+        .await;
+    create(&pods, &gpu_pod("second", NVIDIA_GPU, 1)).await;
+    for name in ["bridged-inference", "second"] {
+        let pod = bound(&pods, name).await;
+        assert_eq!(pod.spec.unwrap().node_name.unwrap(), DRA_ONLY_NODE);
+    }
+    // The queue has room for 2 more, the node none: the third waits for capacity, not quota.
+    create(&pods, &gpu_pod("third", NVIDIA_GPU, 1)).await;
+    let reason = waiting_reason(&pods, "third").await;
+    assert!(!reason.starts_with("OverCeiling"), "{reason}");
+    assert!(common::is_gated(&pods.get("third").await.unwrap()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
+    // `team` owns the node's 4 GPUs; `borrowers` borrows all 4 through a claim.
+    let world = World::start("dra_reclaim", 4).await;
+    let admin = world.cluster.client();
+    let borrowers = world.cluster.namespace("borrowers").await.unwrap();
+    apply_queue(&admin, &queue_yaml("borrowers", &[borrowers.name()], 0, 4)).await;
+    let in_borrowers = |yaml: String| {
+        let admin = admin.clone();
+        let namespace = borrowers.name().to_owned();
+        async move { apply_yaml(&admin, &yaml, Some(&namespace)).await.unwrap() }
+    };
+    in_borrowers(claim("borrowed", "gpu.nvidia.com", 4)).await;
+    let borrowed = json!([{"name": "gpus", "resourceClaimName": "borrowed"}]);
+    in_borrowers(quick_claiming_pod("borrower", &borrowed)).await;
+    let borrower_pods: Api<Pod> = Api::namespaced(admin.clone(), borrowers.name());
+    bound(&borrower_pods, "borrower").await;
+    let borrower_claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), borrowers.name());
+    allocated_pools(&borrower_claims, "borrowed").await;
+
+    // The owner's claim takes the same 4 devices: kube-scheduler can allocate it only once
+    // kube-controller-manager has released the borrower's.
+    world
+        .tenant_applies(&claim("owned", "gpu.nvidia.com", 4))
+        .await;
+    let owner_claims = json!([{"name": "gpus", "resourceClaimName": "owned"}]);
+    world
+        .tenant_applies(&claiming_pod("owner", &owner_claims))
+        .await;
+    assert_eq!(
+        bound(&world.pods(), "owner")
+            .await
+            .spec
+            .unwrap()
+            .node_name
+            .unwrap(),
+        NODE
+    );
+    let owner = format!("{}/owner", world.namespace.name());
+    let queue = queue_status(&admin, "team", "the handover's record", |q| {
+        q.status.as_ref().is_some_and(|s| {
+            s.last_handovers
+                .iter()
+                .any(|r| r.owner_pod == owner && r.phases.iter().any(|p| p.phase == "ownerBound"))
+        })
+    })
+    .await;
+    let record = queue
+        .status
+        .unwrap()
+        .last_handovers
+        .into_iter()
+        .find(|r| r.owner_pod == owner)
+        .unwrap();
+    let at = |phase: &str| {
+        record.phases.iter().find(|p| p.phase == phase).map_or_else(
+            || panic!("no phase {phase} in {:?}", record.phases),
+            |p| p.at_millis,
+        )
+    };
+    // Released after the victim is gone, and the handover is not over before.
+    assert!(
+        at("claimsFreed") >= at("victimsGone"),
+        "{:?}",
+        record.phases
+    );
+    eprintln!("dra_reclaim: phases {:?}", record.phases);
+    let released = borrower_claims.get("borrowed").await.unwrap();
+    let status = released.status.unwrap_or_default();
+    assert!(status.allocation.is_none(), "{status:?}");
+}
