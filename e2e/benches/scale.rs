@@ -35,10 +35,10 @@ mod report;
 use std::time::Duration;
 
 use common::{Operator, Options, apply_queue, free_port, install, operator_access, queue_yaml};
-use counters::{api_requests, delta, histogram, histogram_quantile, logged_passes, percentile};
+use counters::{delta, histogram, histogram_quantile, logged_passes, percentile};
 use futures::{StreamExt, stream};
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod, wait_for};
+use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, api_requests, gpu_pod, wait_for};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::{

@@ -1,40 +1,9 @@
-//! Counters read from the processes: the API server's requests by verb and resource, the
+//! Counters read from the processes: deltas of the API server's requests (`gpuqueue_e2e::api_requests`), the
 //! operator's admission-pass histogram, and the passes its debug log records one by one.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-
-/// Every request the API server has answered so far (watches and reads included), by
-/// `VERB resource[/subresource]`, from its `apiserver_request_total`.
-pub async fn api_requests(client: &Client) -> BTreeMap<String, f64> {
-    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
-        return BTreeMap::new();
-    };
-    let text = client.request_text(request).await.unwrap_or_default();
-    let mut requests = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
-                .map_or("", |v| v.trim_end_matches('"'))
-        };
-        let mut key = format!("{} {}", label("verb"), label("resource"));
-        if !label("subresource").is_empty() {
-            key = format!("{key}/{}", label("subresource"));
-        }
-        *requests.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
-    }
-    requests
-}
 
 /// `after - before`, keeping the keys that moved.
 pub fn delta(
