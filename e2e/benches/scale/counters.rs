@@ -1,5 +1,6 @@
-//! Counters read from the processes: deltas of the API server's requests (`gpuqueue_e2e::api_requests`), the
-//! operator's admission-pass histogram, and the passes its debug log records one by one.
+//! Counters read from the processes: deltas of the API server's requests
+//! (`gpuqueue_e2e::api_requests`), the operator's admission-pass histogram, and the passes its
+//! debug log records one by one.
 
 use std::collections::BTreeMap;
 
