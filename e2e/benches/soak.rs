@@ -33,17 +33,14 @@ mod report;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use futures::StreamExt;
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, Component, ControlPlane, ControlPlaneConfig, FaultKind,
-    FaultSchedule, GpuNode, InvariantChecker, compact_etcd, repo_root,
+    FaultSchedule, GpuNode, InvariantChecker, compact_etcd, reflect, repo_root,
 };
 use gpuqueue_sim::scenario::Scenario;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
 use tokio::time::Instant;
 
 use common::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, apply_queue, free_port, install};
@@ -361,26 +358,4 @@ fn relists_in_logs(cluster: &ControlPlane) -> usize {
                 .count()
         })
         .sum()
-}
-
-/// A reflector store of every `K` and the task feeding it.
-fn reflect<K>(client: &kube::Client) -> (Store<K>, tokio::task::JoinHandle<()>)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store::<K>();
-    let api: Api<K> = Api::all(client.clone());
-    let task = tokio::spawn(
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .reflect(writer)
-            .for_each(|_| std::future::ready(())),
-    );
-    (reader, task)
 }

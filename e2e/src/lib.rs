@@ -46,7 +46,7 @@ pub use faults::{FaultKind, FaultSchedule, compact_etcd};
 pub use invariants::{
     Allowances, CheckerConfig, CheckpointCall, InvariantChecker, InvariantReport,
     InvariantViolation, QuotaReport, QuotaSampler, Rule, SAMPLE_INTERVAL, TenantQuota, Violation,
-    wall_clock_ms,
+    reflect, wall_clock_ms,
 };
 pub use kueue::{KUEUE_GATE, KUEUE_NAMESPACE, Kueue, KueueConfig, KueueTenant, QUEUE_NAME_LABEL};
 pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};

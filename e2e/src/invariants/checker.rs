@@ -134,8 +134,8 @@ impl InvariantChecker {
     }
 }
 
-/// A reflector store of every `K` and the task feeding it.
-fn reflect<K>(client: &Client) -> (Store<K>, tokio::task::JoinHandle<()>)
+/// A reflector store of every `K` in the cluster and the task feeding it.
+pub fn reflect<K>(client: &Client) -> (Store<K>, tokio::task::JoinHandle<()>)
 where
     K: Resource<DynamicType = ()>
         + Clone

@@ -12,6 +12,6 @@ mod quota;
 mod rules;
 mod world;
 
-pub use checker::{CheckerConfig, InvariantChecker, InvariantReport, wall_clock_ms};
+pub use checker::{CheckerConfig, InvariantChecker, InvariantReport, reflect, wall_clock_ms};
 pub use quota::{QuotaReport, QuotaSampler, SAMPLE_INTERVAL, TenantQuota, Violation};
 pub use rules::{Allowances, CheckpointCall, InvariantViolation, Rule};
