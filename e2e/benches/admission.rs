@@ -41,7 +41,7 @@ use common::{Operator, Options, apply_queue, free_port, install, is_gated, queue
 use futures::{StreamExt, stream};
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, GpuNode, api_writes, gpu_pod, repo_root, wait_for,
+    ControlPlane, ControlPlaneConfig, GpuNode, api_writes, env_number, gpu_pod, repo_root, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -49,13 +49,6 @@ use kube::{
     runtime::watcher,
 };
 use serde_json::json;
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// How many pods to create, how many can be bound, and by how many clients at once.
 #[derive(Debug, Clone, Copy)]

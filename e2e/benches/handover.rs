@@ -61,7 +61,8 @@ use tokio::time::Instant;
 use common::{Operator, Options, apply_queue, free_port, install};
 use gpuqueue_api::{NVIDIA_GPU, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, GpuNode, NodeBehaviour, describe_pod, gpu_pod, wait_for,
+    ControlPlane, ControlPlaneConfig, GpuNode, NodeBehaviour, describe_pod, env_number, gpu_pod,
+    wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -274,13 +275,6 @@ async fn gone(pods: &Api<Pod>, name: &str) {
     })
     .await
     .unwrap();
-}
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 /// The knobs, from the environment (small values make a quick smoke run).

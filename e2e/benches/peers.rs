@@ -46,7 +46,7 @@ mod side;
 
 use std::time::Duration;
 
-use gpuqueue_e2e::Kueue;
+use gpuqueue_e2e::{Kueue, env_number};
 
 use scenarios::ReclaimState;
 use side::{Side, System, Tenant, gpus};
@@ -66,13 +66,6 @@ const BORROWER: &str = "batch";
 const NO_CHECKPOINT: &str = "{checkpoint: {driver: none}, victimGracePeriodSeconds: 1}";
 const VLLM_CHECKPOINT: &str =
     "{checkpoint: {driver: vllm, port: 8000, timeout: 1500ms}, victimGracePeriodSeconds: 1}";
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The knobs, from the environment (small values make a quick smoke run).
 #[derive(Debug, Clone, serde::Serialize)]

@@ -39,7 +39,8 @@ use counters::{delta, histogram, histogram_quantile, logged_passes, percentile};
 use futures::{StreamExt, stream};
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, api_requests, gpu_pod, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, api_requests, env_number, gpu_pod,
+    wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -52,13 +53,6 @@ use report::{PassStats, Phase, Scale};
 use tokio::time::Instant;
 
 const PASS_HISTOGRAM: &str = "gpuqueue_admission_pass_duration_seconds";
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 #[allow(clippy::disallowed_methods)] // the benchmark's own clock, lined up with the operator's log
 fn wall_clock() -> Timestamp {

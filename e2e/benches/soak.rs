@@ -36,7 +36,7 @@ use std::time::Duration;
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, Component, ControlPlane, ControlPlaneConfig, FaultKind,
-    FaultSchedule, GpuNode, InvariantChecker, compact_etcd, reflect, repo_root,
+    FaultSchedule, GpuNode, InvariantChecker, compact_etcd, env_number, reflect, repo_root,
 };
 use gpuqueue_sim::scenario::Scenario;
 use k8s_openapi::api::core::v1::Pod;
@@ -52,13 +52,6 @@ const VLLM_PORT: u16 = 8000;
 const SETTLE: Duration = Duration::from_secs(10);
 /// The tests' operator lease (`tests/common`).
 const LEASE: Duration = Duration::from_secs(6);
-
-fn env_number(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// The knobs, from the environment.
 #[derive(Debug, Clone, serde::Serialize)]
