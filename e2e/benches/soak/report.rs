@@ -121,7 +121,7 @@ fn markdown(soak: &Soak) -> String {
         md,
         "## Outcomes\n\n| | |\n| --- | ---: |\n| handovers completed within budget | {} |\n\
          | handovers completed over budget | {} |\n| handovers resumed by a new leader and completed | {} |\n| handovers not completed | {} |\n\
-         | evictions (accepted, by the operator) | {} |\n| checkpoint calls | {} |\n\
+         | evictions (accepted, by the operator) | {} |\n| of which unbound owners requeued | {} |\n| checkpoint calls | {} |\n\
          | **invariant violations** | **{}** |\n| operator restarts | {} |\n\
          | unexpected operator exits | {} |\n| leader changes | {} |\n\
          | checker samples (excused) | {} ({}) |\n| online scalings / batch pods created / deleted by tenants | {} / {} / {} |\n\
@@ -131,6 +131,7 @@ fn markdown(soak: &Soak) -> String {
         h.completed_resumed,
         h.not_completed.values().sum::<usize>(),
         soak.invariants.tally.evictions,
+        soak.invariants.tally.requeued_owners,
         soak.invariants.tally.checkpoint_calls,
         soak.invariants.violations.len(),
         soak.operator_restarts,

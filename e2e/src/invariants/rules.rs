@@ -142,6 +142,9 @@ pub struct Tally {
     pub excused_samples: usize,
     /// Accepted evictions and operator deletions, and the checkpoint calls checked.
     pub evictions: usize,
+    /// Of those, owners a handover freed a node for and nobody bound, evicted so that their
+    /// controller creates them again (reclaim/requeue.rs): they never ran, and are no victims.
+    pub requeued_owners: usize,
     pub checkpoint_calls: usize,
 }
 
@@ -388,12 +391,20 @@ impl Rules {
         if *count > 2 {
             return;
         }
+        if victim.reclaim_owner && victim.node.is_none() {
+            self.tally.requeued_owners += 1;
+            return;
+        }
         let Some(queue) = world.queue_of(&victim.namespace) else {
             return;
         };
+        // Borrowing is a matter of quota, not of binding: the admitted pods the scheduler has
+        // not bound yet count, as they do for the operator.
         let kept: u64 = world
             .pods_of(queue)
-            .filter(|p| p.holds() && p.uid != victim.uid && !self.evicted.contains_key(&p.uid))
+            .filter(|p| {
+                p.holds_quota() && p.uid != victim.uid && !self.evicted.contains_key(&p.uid)
+            })
             .map(|p| p.gpus)
             .sum();
         if kept < queue.guarantee {
@@ -612,6 +623,65 @@ mod tests {
         rules.evicted(&evict("b/b2"), &w);
         assert_eq!(rules_of(rules.violations()), [Rule::EvictedNotBorrower]);
         assert_eq!(rules.violations()[0].objects, ["b/b2", "b"]);
+    }
+
+    /// The soak's first run reported victims of queues that held their guarantee in quota, most
+    /// of it admitted and not yet bound: such a victim is a borrower; gated pods are not quota.
+    #[test]
+    fn admitted_pods_not_yet_bound_count_toward_the_guarantee_and_gated_ones_do_not() {
+        let mut pods: Vec<PodView> = (1..=3)
+            .map(|i| pod("b", &format!("bound{i}"), Some("n")))
+            .collect();
+        pods.extend((1..=5).map(|i| pod("b", &format!("admitted{i}"), None)));
+        let w = world(pods.clone(), vec![queue("b", 7, 10)]);
+        let mut rules = run(&w, 0, false);
+        let eviction = Eviction {
+            at_ms: 1,
+            pod: "b/admitted1".to_owned(),
+            verb: "evict",
+        };
+        rules.evicted(&eviction, &w);
+        assert!(
+            rules.violations().is_empty(),
+            "8 in quota, guarantee 7: one borrows"
+        );
+
+        for pod in &mut pods[3..] {
+            pod.gated = true;
+        }
+        pods[3].gated = false;
+        let w = world(pods, vec![queue("b", 7, 10)]);
+        let mut rules = run(&w, 0, false);
+        rules.evicted(&eviction, &w);
+        assert_eq!(rules_of(rules.violations()), [Rule::EvictedNotBorrower]);
+        assert_eq!(
+            rules.violations()[0].detail,
+            "b keeps 3 GPUs without it, below its guarantee of 7"
+        );
+    }
+
+    #[test]
+    fn an_unbound_owner_evicted_to_be_planned_again_is_no_victim_and_a_bound_one_is() {
+        let mut owner = pod("o", "o1", None);
+        owner.reclaim_owner = true;
+        owner.reclaim_id = Some("r1".to_owned());
+        let w = world(vec![owner.clone()], vec![queue("o", 4, 4)]);
+        let mut rules = run(&w, 0, false);
+        let eviction = Eviction {
+            at_ms: 1,
+            pod: "o/o1".to_owned(),
+            verb: "evict",
+        };
+        rules.evicted(&eviction, &w);
+        assert!(rules.violations().is_empty());
+
+        owner.uid = "uid-o-o1-bound".to_owned();
+        owner.node = Some("n".to_owned());
+        let w = world(vec![owner], vec![queue("o", 4, 4)]);
+        let mut rules = run(&w, 0, false);
+        rules.evicted(&eviction, &w);
+        assert_eq!(rules_of(rules.violations()), [Rule::EvictedNotBorrower]);
+        assert_eq!(rules.finish().1.requeued_owners, 0);
     }
 
     #[test]

@@ -29,6 +29,8 @@ pub struct PodView {
     pub has_waiting_reason: bool,
     /// `gpuqueue.io/reclaim-id`, when it takes part in a reclaim.
     pub reclaim_id: Option<String>,
+    /// It is the owner a reclaim frees GPUs for (`gpuqueue.io/reclaim-role: owner`).
+    pub reclaim_owner: bool,
 }
 
 impl PodView {
@@ -57,12 +59,19 @@ impl PodView {
                 .is_some_and(|gates| gates.iter().any(|g| g.name == ADMISSION_GATE)),
             has_waiting_reason: annotation(annotations::WAITING_REASON).is_some(),
             reclaim_id: annotation(annotations::RECLAIM_ID),
+            reclaim_owner: annotation(annotations::RECLAIM_ROLE).as_deref() == Some("owner"),
         }
     }
 
     /// Holds its GPUs: bound and not terminal (terminating included).
     pub fn holds(&self) -> bool {
         self.node.is_some() && !self.terminal
+    }
+
+    /// Holds quota, as the operator counts it: admitted (its gate released) and not terminal,
+    /// bound or not yet. A pod admitted a moment ago and not yet bound is already a borrower.
+    pub fn holds_quota(&self) -> bool {
+        !self.gated && !self.terminal
     }
 
     /// Asks for its GPUs: neither terminal nor being deleted.
