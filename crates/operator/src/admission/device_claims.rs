@@ -77,11 +77,11 @@ pub fn charge(
             }),
             Err(error) => {
                 let reason = format!("pod {}: {error}", pods[index].key);
-                if !pending {
-                    problems.push(reason);
-                } else {
+                if pending {
                     unreadable.push((pod, reason));
                     uncounted.push(index);
+                } else {
+                    problems.push(reason);
                 }
             }
         }

@@ -101,7 +101,7 @@ pub async fn write_mark(
 mod tests {
     use super::*;
 
-    fn claim(finalizers: Option<Vec<&str>>) -> ResourceClaim {
+    fn claim(finalizers: Option<&[&str]>) -> ResourceClaim {
         serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": "t", "uid": "u1", "resourceVersion": "7",
                 "finalizers": finalizers},
@@ -125,7 +125,7 @@ mod tests {
             applied(&claim(None), MarkChange::Add),
             Some(vec![CHARGED_FINALIZER.to_owned()])
         );
-        let with_other = claim(Some(vec!["resource.kubernetes.io/delete-protection"]));
+        let with_other = claim(Some(&["resource.kubernetes.io/delete-protection"]));
         let added = applied(&with_other, MarkChange::Add).unwrap();
         assert_eq!(
             added,
@@ -134,13 +134,13 @@ mod tests {
                 CHARGED_FINALIZER
             ]
         );
-        let marked = claim(Some(vec!["x", CHARGED_FINALIZER, "y"]));
+        let marked = claim(Some(&["x", CHARGED_FINALIZER, "y"]));
         assert_eq!(
             applied(&marked, MarkChange::Remove(1)),
             Some(vec!["x".to_owned(), "y".to_owned()])
         );
         // Another claim under the name, or another finalizer at the index: nothing applies.
-        let mut document = serde_json::to_value(claim(Some(vec!["x", "y"]))).unwrap();
+        let mut document = serde_json::to_value(claim(Some(&["x", "y"]))).unwrap();
         let patch = mark_patch(&marked, MarkChange::Remove(0)).unwrap();
         assert!(json_patch::patch(&mut document, &patch).is_err());
     }
