@@ -219,10 +219,10 @@ impl ClaimUsers {
     pub fn of<'a>(pods: impl IntoIterator<Item = &'a core::Pod>) -> Self {
         let mut users = Self::default();
         for pod in pods {
-            let unbound = pod
-                .spec
-                .as_ref()
-                .is_some_and(|spec| spec.node_name.is_none());
+            // Most pods use no claim: they are passed over before anything is read or copied.
+            let unbound = pod.spec.as_ref().is_some_and(|spec| {
+                spec.node_name.is_none() && super::pod::uses_resource_claims(spec)
+            });
             let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref());
             let schedulable = pod.metadata.deletion_timestamp.is_none()
                 && !matches!(finished, Some("Succeeded" | "Failed"));
