@@ -16,7 +16,7 @@ use gpuqueue_e2e::{
     gpu_pod, wait_for,
 };
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
-use kube::api::Api;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 /// The only node: 4 GPUs, shown both as `nvidia.com/gpu` and in the driver's ResourceSlice.
@@ -418,4 +418,154 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
     let released = borrower_claims.get("borrowed").await.unwrap();
     let status = released.status.unwrap_or_default();
     assert!(status.allocation.is_none(), "{status:?}");
+}
+
+/// The finalizer gpuqueue puts on a waiting pod's claims before counting them.
+const CHARGED: &str = "gpuqueue.io/charged";
+
+/// Whether the claim carries [`CHARGED`].
+fn charged(claim: &ResourceClaim) -> bool {
+    claim
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == CHARGED)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counted_claim_cannot_be_swapped_for_a_larger_one_and_goes_with_its_pod() {
+    // The queue's ceiling is 2 on a node of 4: a 1-GPU claim swapped for a 4-GPU one after the
+    // gate's release would run 3 GPUs uncounted.
+    let world = World::start("dra_swap", 2).await;
+    let pods = world.pods();
+    let tenant_claims: Api<ResourceClaim> =
+        Api::namespaced(world.tenant.client.clone(), world.namespace.name());
+    world
+        .tenant_applies(&claim("mine", "gpu.nvidia.com", 1))
+        .await;
+    // The tenant's own gate holds the pod once gpuqueue has released its own: the window
+    // between the release and scheduling, held open for as long as the attack takes.
+    const HOLD: &str = "example.com/hold";
+    let mine = json!([{"name": "gpu", "resourceClaimName": "mine"}]);
+    let mut pod: serde_json::Value = serde_json::from_str(&claiming_pod("swapper", &mine)).unwrap();
+    pod["spec"]["schedulingGates"] = json!([{"name": HOLD}]);
+    world.tenant_applies(&pod.to_string()).await;
+    wait_for("gpuqueue to release its gate", DEFAULT_TIMEOUT, || async {
+        let pod = pods.get("swapper").await.map_err(|e| e.to_string())?;
+        let gates: Vec<String> = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| g.name)
+            .collect();
+        if gates == [HOLD] {
+            Ok(())
+        } else {
+            Err(format!("gates {gates:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(charged(&world.claims().get("mine").await.unwrap()));
+
+    // Removing the finalizer is refused by the policy (a dry run first: it loads a moment
+    // after its creation, and a real removal before that would go through).
+    let unmark: Patch<serde_json::Value> = Patch::Merge(json!({"metadata": {"finalizers": null}}));
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let refusal = |result: Result<ResourceClaim, kube::Error>| match result {
+        Err(kube::Error::Api(status)) if status.message.contains(CHARGED) => Ok(status.message),
+        other => Err(format!("{other:?}")),
+    };
+    wait_for(
+        "the claim policy to be enforced",
+        DEFAULT_TIMEOUT,
+        || async { refusal(tenant_claims.patch("mine", &dry_run, &unmark).await) },
+    )
+    .await
+    .unwrap();
+    let message = refusal(
+        tenant_claims
+            .patch("mine", &PatchParams::default(), &unmark)
+            .await,
+    )
+    .unwrap();
+    assert!(
+        message.contains("only by the gpuqueue operator"),
+        "{message}"
+    );
+
+    // Deleting it is allowed by `edit`, but the claim stays, Terminating, under its name:
+    // the larger one cannot be created.
+    tenant_claims
+        .delete("mine", &DeleteParams::default())
+        .await
+        .unwrap();
+    let terminating = world.claims().get("mine").await.unwrap();
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    let larger: ResourceClaim = serde_json::from_str(&claim("mine", "gpu.nvidia.com", 4)).unwrap();
+    match tenant_claims.create(&PostParams::default(), &larger).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 409, "{status:?}"),
+        other => panic!("the larger claim was created: {other:?}"),
+    }
+
+    // Released by the tenant, the pod still gets nothing: kube-scheduler's DRA plugin keeps a
+    // pod whose claim is being deleted out of its queue (PreEnqueue: "resourceclaim is being
+    // deleted"; it writes no condition for that), and the claim is the 1-GPU one counted.
+    let release: Patch<serde_json::Value> = Patch::Json(
+        serde_json::from_value(json!([
+            {"op": "test", "path": "/spec/schedulingGates/0/name", "value": HOLD},
+            {"op": "remove", "path": "/spec/schedulingGates"},
+        ]))
+        .unwrap(),
+    );
+    let released = pods
+        .patch("swapper", &PatchParams::default(), &release)
+        .await
+        .unwrap();
+    assert!(released.spec.unwrap().scheduling_gates.is_none());
+    let pod = pods.get("swapper").await.unwrap();
+    assert!(pod.spec.unwrap().node_name.is_none());
+    let held = world.claims().get("mine").await.unwrap();
+    assert!(held.status.unwrap_or_default().allocation.is_none());
+    assert_eq!(
+        held.spec.devices.unwrap().requests.unwrap()[0]
+            .exactly
+            .as_ref()
+            .unwrap()
+            .count,
+        Some(1)
+    );
+
+    // Once the pod is gone, gpuqueue lets the claim go: it is not left Terminating.
+    pods.delete("swapper", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for("the deleted claim to go", DEFAULT_TIMEOUT, || async {
+        match world
+            .claims()
+            .get_opt("mine")
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(claim) => Err(format!("{:?}", claim.metadata)),
+        }
+    })
+    .await
+    .unwrap();
+
+    // Created again larger, with a new pod, it is counted as what it is: 4 > the ceiling of 2.
+    world
+        .tenant_applies(&claim("mine", "gpu.nvidia.com", 4))
+        .await;
+    world.tenant_applies(&claiming_pod("again", &mine)).await;
+    let reason = waiting_reason(&pods, "again").await;
+    assert!(reason.starts_with("OverCeiling: queue team"), "{reason}");
+    assert!(charged(&world.claims().get("mine").await.unwrap()));
 }

@@ -143,8 +143,19 @@ pub enum WaitReason {
         largest_free: Milli,
         /// Free on all suitable nodes together.
         idle: Milli,
+        /// Set when the pod asks more GPU memory of a device than any device of a suitable
+        /// node has free (boxed: rare, and it keeps the reason small).
+        memory: Option<Box<MemoryShortfall>>,
         reclaim: Option<NoPlan>,
     },
+}
+
+/// GPU memory one unit of a request asks of a device, and the most one device of a suitable
+/// node has free (less), for `NoRoom`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryShortfall {
+    pub asked_mib: u64,
+    pub most_free_mib: u64,
 }
 
 impl WaitReason {
@@ -187,6 +198,7 @@ impl WaitReason {
             requested,
             largest_free,
             idle,
+            memory,
             reclaim,
         } = self
         else {
@@ -204,6 +216,16 @@ impl WaitReason {
             write!(
                 f,
                 " (the most free on one suitable node is {largest_free}; {idle} idle on suitable nodes)"
+            )?;
+        }
+        if let Some(shortfall) = memory {
+            let MemoryShortfall {
+                asked_mib,
+                most_free_mib,
+            } = **shortfall;
+            write!(
+                f,
+                "; no device has the {asked_mib} MiB of GPU memory it asks free (the most on one device is {most_free_mib} MiB)"
             )?;
         }
         if let Some(reason) = reclaim {
@@ -336,11 +358,11 @@ fn check(
     }
     let name = snapshot.queue(queue).name.clone();
     let admitted_as = quota_check(snapshot, queue, &slot.amounts, now)?;
-    let memory_ok = memory_filter(snapshot, queue, pod);
+    let caps = cap_filter(snapshot, queue, pod);
     // A victim's replacement must not race the owners pinned on its node for the room.
     let borrower = admitted_as == AdmittedAs::Borrowed;
     let placement = policy.find_placement_where(snapshot, &slot.pod, &|node| {
-        memory_ok(node) && !(borrower && snapshot.is_closed_to_borrowers(node))
+        caps(node).is_none() && !(borrower && snapshot.is_closed_to_borrowers(node))
     });
     if let Some(placement) = placement {
         return Ok(Decision::Admit(Admission {
@@ -351,7 +373,7 @@ fn check(
             admitted_as,
         }));
     }
-    if let Some(reason) = memory_cap_reason(snapshot, queue, pod, &memory_ok) {
+    if let Some(reason) = cap_reason(snapshot, queue, pod, &caps) {
         return Err(reason);
     }
     let reclaim = if admitted_as == AdmittedAs::Guaranteed {
@@ -370,6 +392,7 @@ fn check(
         requested,
         largest_free,
         idle,
+        memory: memory_shortfall(snapshot, pod).map(Box::new),
         reclaim,
     })
 }
@@ -456,9 +479,20 @@ struct CapRoom {
     cores_left_milli: Option<u64>,
 }
 
-/// The nodes on which the pod's devices fit the queue's GPU memory and compute caps (what
-/// the pod's units take there: see `devices::unit_cost`).
-fn memory_filter(snapshot: &Snapshot, queue: QueueId, pod: PodId) -> impl Fn(NodeId) -> bool + '_ {
+/// Which of a queue's caps keeps the pod's devices off a node, for one resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CapBlock {
+    Memory(ResourceId),
+    Cores(ResourceId),
+}
+
+/// For each node, the cap that keeps the pod's devices off it, if one does (what the pod's
+/// units take there: see `devices::unit_cost`). Memory is checked first.
+fn cap_filter(
+    snapshot: &Snapshot,
+    queue: QueueId,
+    pod: PodId,
+) -> impl Fn(NodeId) -> Option<CapBlock> + '_ {
     let caps: Vec<CapRoom> = snapshot.slot(pod).map_or_else(Vec::new, |slot| {
         slot.gpus
             .iter()
@@ -479,9 +513,14 @@ fn memory_filter(snapshot: &Snapshot, queue: QueueId, pod: PodId) -> impl Fn(Nod
     });
     move |node: NodeId| {
         let n = snapshot.node_state(node);
-        caps.iter().all(|cap| {
-            let Some(pool) = n.pool(cap.gpu.resource) else {
-                return false;
+        caps.iter().find_map(|cap| {
+            let resource = cap.gpu.resource;
+            let Some(pool) = n.pool(resource) else {
+                return Some(if cap.memory_left_mib.is_some() {
+                    CapBlock::Memory(resource)
+                } else {
+                    CapBlock::Cores(resource)
+                });
             };
             let cost = unit_cost(pool, &cap.gpu);
             let units = u64::from(cap.gpu.count);
@@ -493,46 +532,56 @@ fn memory_filter(snapshot: &Snapshot, queue: QueueId, pod: PodId) -> impl Fn(Nod
             let cores_ok = cap
                 .cores_left_milli
                 .is_none_or(|left| u64::from(cost.milli) * units <= left);
-            memory_ok && cores_ok
+            if !memory_ok {
+                Some(CapBlock::Memory(resource))
+            } else if !cores_ok {
+                Some(CapBlock::Cores(resource))
+            } else {
+                None
+            }
         })
     }
 }
 
-/// The memory or compute cap reason, when a cap is what keeps the pod off every node with room.
-fn memory_cap_reason(
+/// The memory or compute cap reason, when a cap is what keeps the pod off every node with
+/// room: memory if it is what blocks on some node, else compute.
+fn cap_reason(
     snapshot: &Snapshot,
     queue: QueueId,
     pod: PodId,
-    memory_ok: &dyn Fn(NodeId) -> bool,
+    caps: &dyn Fn(NodeId) -> Option<CapBlock>,
 ) -> Option<WaitReason> {
     let slot = snapshot.slot(pod)?;
     let request = snapshot.request(&slot.pod)?;
-    let blocked = snapshot
+    let blocks: Vec<CapBlock> = snapshot
         .node_states()
-        .any(|(id, n)| request.admits(n) && !memory_ok(id));
-    if !blocked {
-        return None;
-    }
-    let (resource, usage) = slot.gpus.iter().find_map(|g| {
-        let usage = snapshot.usage_of(queue, g.resource)?;
-        (usage.memory_cap_mib.is_some() || usage.cores_cap_milli.is_some())
-            .then_some((g.resource, usage))
-    })?;
-    let queue = snapshot.queue(queue).name.clone();
-    let resource = snapshot.resource_name(resource).clone();
-    Some(match (usage.memory_cap_mib, usage.cores_cap_milli) {
-        (Some(cap_mib), _) => WaitReason::GpuMemoryCap {
-            queue,
-            resource,
-            used_mib: usage.memory_mib,
-            cap_mib,
-        },
-        (None, cap) => WaitReason::GpuCoresCap {
-            queue,
-            resource,
-            used_percent: usage.cores_milli / 10,
-            cap_percent: cap.unwrap_or_default() / 10,
-        },
+        .filter(|(_, n)| request.admits(n))
+        .filter_map(|(id, _)| caps(id))
+        .collect();
+    let block = blocks
+        .iter()
+        .find(|b| matches!(b, CapBlock::Memory(_)))
+        .or(blocks.first())?;
+    let name = snapshot.queue(queue).name.clone();
+    Some(match *block {
+        CapBlock::Memory(resource) => {
+            let usage = snapshot.usage_of(queue, resource)?;
+            WaitReason::GpuMemoryCap {
+                queue: name,
+                resource: snapshot.resource_name(resource).clone(),
+                used_mib: usage.memory_mib,
+                cap_mib: usage.memory_cap_mib?,
+            }
+        }
+        CapBlock::Cores(resource) => {
+            let usage = snapshot.usage_of(queue, resource)?;
+            WaitReason::GpuCoresCap {
+                queue: name,
+                resource: snapshot.resource_name(resource).clone(),
+                used_percent: usage.cores_milli / 10,
+                cap_percent: usage.cores_cap_milli? / 10,
+            }
+        }
     })
 }
 
@@ -571,6 +620,27 @@ fn room(snapshot: &Snapshot, pod: PodId) -> (Option<ResourceName>, Milli, Milli,
         Milli(largest),
         Milli(idle),
     )
+}
+
+/// For the pod's first GPU request, when it asks more memory of one device than any device of
+/// a suitable node has free: what it asks and the most one device has. Where no node is
+/// suitable, every node with the pod's devices counts (an ask larger than any device).
+fn memory_shortfall(snapshot: &Snapshot, pod: PodId) -> Option<MemoryShortfall> {
+    let slot = snapshot.slot(pod)?;
+    let gpu = slot.gpus.first()?;
+    let request = snapshot.request(&slot.pod)?;
+    let most = |suitable_only: bool| {
+        snapshot
+            .node_states()
+            .filter(|(_, n)| !suitable_only || request.fits_statically(n))
+            .filter_map(|(_, n)| n.device_memory_room(gpu))
+            .reduce(|(a, m), (b, n)| (a.max(b), m.max(n)))
+    };
+    let (asked_mib, most_free_mib) = most(true).or_else(|| most(false))?;
+    (most_free_mib < asked_mib).then_some(MemoryShortfall {
+        asked_mib,
+        most_free_mib,
+    })
 }
 
 /// Whether the pod would keep its queue within its guarantee.

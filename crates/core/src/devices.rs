@@ -403,6 +403,23 @@ impl NodeState {
         })
     }
 
+    /// For one GPU request that takes memory of each device: the MiB one unit takes, and the
+    /// most one device of its pool has free. `None` when the node has no such pool, the unit
+    /// takes no memory, or the pool's memory is unknown.
+    pub fn device_memory_room(&self, gpu: &ResolvedGpu) -> Option<(u64, u64)> {
+        let pool = self.pool(gpu.resource)?;
+        let cost = unit_cost(pool, gpu);
+        if cost.memory_mib == 0 {
+            return None;
+        }
+        let most = self.free.memory[pool.devices()]
+            .iter()
+            .copied()
+            .filter(|m| *m != u32::MAX)
+            .max()?;
+        Some((u64::from(cost.memory_mib), u64::from(most)))
+    }
+
     /// For one GPU request: the most of it the node could give now, and its idle capacity of
     /// that resource, milli. `None` when the node has no such pool.
     pub fn room_for(&self, gpu: &ResolvedGpu) -> Option<(u64, u64)> {

@@ -157,12 +157,16 @@ fn a_memory_request_goes_to_a_device_with_that_much_free() {
     }
     let snapshot = build_with(false);
     let big = snapshot.pod_id(&PodKey::new("a", "big")).unwrap();
+    let Decision::Wait(wait) = decide(&snapshot, big, &Policy::default(), at(10)) else {
+        panic!("20 GiB free split 10 + 10 never takes an 18 GiB request");
+    };
+    assert_eq!(wait.reason.code(), "NoRoom");
+    let text = wait.reason.to_string();
     assert!(
-        matches!(
-            decide(&snapshot, big, &Policy::default(), at(10)),
-            Decision::Wait(_)
+        text.contains(
+            "no device has the 18432 MiB of GPU memory it asks free (the most on one device is 10240 MiB)"
         ),
-        "20 GiB free split 10 + 10 never takes an 18 GiB request"
+        "{text}"
     );
 }
 
@@ -188,6 +192,79 @@ fn a_memory_request_over_the_queue_memory_cap_waits_naming_memory() {
         text.contains("GPU memory in use is 10240 MiB of its cap of 16384 MiB"),
         "{text}"
     );
+}
+
+#[test]
+fn with_both_caps_the_one_that_blocks_is_named() {
+    let mut a = queue("a", 8, 0);
+    a.quotas[0].gpu_memory_mib = Some(1 << 20);
+    a.quotas[0].gpu_cores_milli = Some(500);
+    let both = |key: &str, t: i64| {
+        pod_asking(
+            key,
+            GpuRequest::devices(GPU, 1)
+                .with_memory(DeviceMemory::Mib(1_024))
+                .with_cores(30),
+            t,
+        )
+    };
+    let snapshot = build(
+        vec![a],
+        vec![gpu_node("h", hami(2, 40_960))],
+        vec![on(both("a/x", 0), "h"), both("a/p", 5)],
+    );
+    let p = snapshot.pod_id(&PodKey::new("a", "p")).unwrap();
+    let Decision::Wait(wait) = decide(&snapshot, p, &Policy::default(), at(10)) else {
+        panic!("must wait");
+    };
+    assert_eq!(wait.reason.code(), "GpuCoresCap", "{}", wait.reason);
+}
+
+#[test]
+fn a_running_hami_pod_sits_on_the_devices_hami_gave_it() {
+    let register = "GPU-a,10,16384,100,NVIDIA-H100,0,true:GPU-b,10,16384,100,NVIDIA-H100,0,true:";
+    let node = Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu", "20")],
+        &[],
+        &[("hami.io/node-nvidia-register", register)],
+    ))
+    .unwrap()
+    .value;
+    assert_eq!(node.hami_devices, ["GPU-a", "GPU-b"]);
+    let k8s_pod = |allocated: &str| -> k8s::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "x", "namespace": "a", "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": {"hami.io/vgpu-devices-allocated": allocated}},
+            "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/gpumem": "12000"}}}]},
+        }))
+        .unwrap()
+    };
+    let read = |allocated: &str| Pod::from_k8s(&k8s_pod(allocated)).unwrap().unwrap().value;
+    let mut pods = vec![read("GPU-b,NVIDIA,12000,0:;")];
+    assert!(
+        gpuqueue_core::model::seat_hami_pods(&mut pods, std::slice::from_ref(&node)).is_empty()
+    );
+    assert_eq!(
+        pods[0].devices,
+        [DeviceSet {
+            resource: GPU.into(),
+            devices: vec![1],
+        }]
+    );
+    // In the snapshot too: device 0 keeps its 16 GiB free.
+    let snapshot = build(
+        vec![queue("a", 8, 0)],
+        vec![node.clone()],
+        pods.split_off(0),
+    );
+    let n = snapshot.node_id("n").unwrap();
+    assert_eq!(snapshot.node_view(n).gpu_free_memory(), &[16_384, 4_384]);
+    // A device the node does not have: the lowest free one, and a warning naming the pod.
+    let mut pods = vec![read("GPU-zz,NVIDIA,12000,0:;")];
+    let warnings = gpuqueue_core::model::seat_hami_pods(&mut pods, std::slice::from_ref(&node));
+    assert!(pods[0].devices.is_empty());
+    assert!(warnings[0].contains("pod a/x"), "{warnings:?}");
 }
 
 #[test]

@@ -12,19 +12,31 @@
 //! Claims are counted from the ResourceClaim object only, never from its template: a template
 //! can be edited after the pod is admitted, the claim kube-controller-manager generated from
 //! it cannot (claim specs are immutable).
+//!
+//! A claim's spec cannot change, but a tenant with `edit` can delete the claim and create a
+//! larger one under the same name between the gate's release and the pod's scheduling. So a
+//! waiting pod's claim is counted only once it carries [`CHARGED_FINALIZER`] and is not being
+//! deleted: deleting it then leaves it `Terminating` under its name, which kube-scheduler's DRA
+//! plugin refuses to allocate, and the finalizer goes only when no pod waiting to be scheduled
+//! names it ([`mark_changes`]). A policy (`config/policy/claim_updates.yaml`) keeps anyone but
+//! the operator from removing it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gpuqueue_api::annotations;
 use k8s_openapi::api::{core::v1 as core, resource::v1 as dra};
 
-use super::pod::{GpuRequest, PodKey};
+use super::pod::{GpuRequest, PodKey, is_gated};
 use crate::quantity::{ResourceName, is_gpu_resource};
 
 /// What `allocationMode: All` is charged when no node shows how many devices it could take:
 /// the most devices one claim may be allocated (`AllocationResultsMaxSize`), as ResourceQuota
 /// charges it.
 pub const ALLOCATION_RESULTS_MAX: u32 = 32;
+
+/// The finalizer on each ResourceClaim a waiting pod uses, put there before the claim is
+/// counted: while it is there, the claim's name cannot be given to another claim.
+pub const CHARGED_FINALIZER: &str = "gpuqueue.io/charged";
 
 /// Names in a class that mark it as one of GPUs (driver domains and KAI's own rule, a name
 /// containing "gpu"), so that an unmapped one is refused rather than left uncounted.
@@ -124,8 +136,13 @@ fn uncounted(field: impl Into<String>, rule: impl Into<String>) -> Uncounted {
 /// `status.resourceClaimStatuses`). A claim it uses from no template and no name is skipped
 /// (the API server refuses that). Fails while a template's claim is not generated yet.
 pub fn claim_names(pod: &core::Pod) -> Result<Vec<String>, Uncounted> {
+    claim_refs(pod).into_iter().collect()
+}
+
+/// Each claim a pod uses, by name, or why it has none yet (see [`claim_names`]).
+fn claim_refs(pod: &core::Pod) -> Vec<Result<String, Uncounted>> {
     let Some(claims) = pod.spec.as_ref().and_then(|s| s.resource_claims.as_ref()) else {
-        return Ok(Vec::new());
+        return Vec::new();
     };
     let generated = pod
         .status
@@ -134,7 +151,7 @@ pub fn claim_names(pod: &core::Pod) -> Result<Vec<String>, Uncounted> {
     let mut names = Vec::new();
     for (i, claim) in claims.iter().enumerate() {
         if let Some(name) = &claim.resource_claim_name {
-            names.push(name.clone());
+            names.push(Ok(name.clone()));
         } else if let Some(template) = &claim.resource_claim_template_name {
             let made = generated
                 .and_then(|statuses| statuses.iter().find(|s| s.name == claim.name))
@@ -147,10 +164,126 @@ pub fn claim_names(pod: &core::Pod) -> Result<Vec<String>, Uncounted> {
                          the pod waits until kube-controller-manager creates it"
                     ),
                 )
-            })?);
+            }));
         }
     }
-    Ok(names)
+    names
+}
+
+/// Whether a waiting pod may be counted with `claim`: it carries [`CHARGED_FINALIZER`] (so the
+/// claim kube-scheduler allocates is the one counted) and is not being deleted (kube-scheduler
+/// would never allocate it).
+pub fn countable(claim: &dra::ResourceClaim) -> Result<(), Uncounted> {
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let field = format!("ResourceClaim {name}");
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Err(uncounted(
+            field,
+            "is being deleted, and kube-scheduler allocates no claim being deleted; delete the \
+             pod too (the claim goes once no waiting pod names it), then create both again",
+        ));
+    }
+    if !has_mark(claim) {
+        return Err(uncounted(
+            field,
+            format!(
+                "does not carry the finalizer {CHARGED_FINALIZER} yet; the operator adds it \
+                 before counting the claim, so that the claim cannot be replaced under its name"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn has_mark(claim: &dra::ResourceClaim) -> bool {
+    claim
+        .metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == CHARGED_FINALIZER)
+}
+
+/// The claims pods name, as (namespace, claim name), for [`mark_changes`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimUsers {
+    /// Named by a pod held at the gate: marked before it is counted.
+    gated: BTreeSet<(String, String)>,
+    /// Named by a pod not yet bound and not being deleted (gated or released): kube-scheduler
+    /// may still allocate the claim for it, so the mark stays.
+    unbound: BTreeSet<(String, String)>,
+}
+
+impl ClaimUsers {
+    /// Reads the pods' `spec.resourceClaims` (a template's claim once it is generated).
+    pub fn of<'a>(pods: impl IntoIterator<Item = &'a core::Pod>) -> Self {
+        let mut users = Self::default();
+        for pod in pods {
+            // Most pods use no claim: they are passed over before anything is read or copied.
+            let unbound = pod.spec.as_ref().is_some_and(|spec| {
+                spec.node_name.is_none() && super::pod::uses_resource_claims(spec)
+            });
+            let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+            let schedulable = pod.metadata.deletion_timestamp.is_none()
+                && !matches!(finished, Some("Succeeded" | "Failed"));
+            if !unbound || !schedulable {
+                continue;
+            }
+            let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+            let gated = is_gated(pod);
+            for name in claim_refs(pod).into_iter().flatten() {
+                let key = (namespace.clone(), name);
+                if gated {
+                    users.gated.insert(key.clone());
+                }
+                users.unbound.insert(key);
+            }
+        }
+        users
+    }
+}
+
+/// A change of a claim's [`CHARGED_FINALIZER`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MarkChange {
+    /// A gated pod names it: mark it, so that it can be counted.
+    Add,
+    /// It is being deleted and no pod waiting to be scheduled names it: let it go; the
+    /// finalizer is at this index of `metadata.finalizers`.
+    Remove(usize),
+}
+
+/// Which claims' marks change. A mark is kept on a claim not being deleted even when no pod
+/// names it any more: removing it then would race a new pod counted from a store that still
+/// shows the mark. A claim being deleted is never counted again, so its mark can go as soon as
+/// no pod waiting to be scheduled names it.
+pub fn mark_changes<'a>(
+    claims: impl IntoIterator<Item = &'a dra::ResourceClaim>,
+    users: &ClaimUsers,
+) -> Vec<(&'a dra::ResourceClaim, MarkChange)> {
+    claims
+        .into_iter()
+        .filter_map(|claim| {
+            let key = (
+                claim.metadata.namespace.clone().unwrap_or_default(),
+                claim.metadata.name.clone().unwrap_or_default(),
+            );
+            let deleting = claim.metadata.deletion_timestamp.is_some();
+            let mark = claim
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .position(|f| f == CHARGED_FINALIZER);
+            match mark {
+                None if !deleting && users.gated.contains(&key) => Some((claim, MarkChange::Add)),
+                Some(index) if deleting && !users.unbound.contains(&key) => {
+                    Some((claim, MarkChange::Remove(index)))
+                }
+                _ => None,
+            }
+        })
+        .collect()
 }
 
 /// What one claim charges: one request per GPU resource, sorted, devices summed. `most_devices`
@@ -476,6 +609,82 @@ mod tests {
             charged_claims(&[user(&b, true), user(&a, true)]),
             vec![none, shared]
         );
+    }
+
+    fn marked(name: &str, finalizers: &[&str], deleting: bool) -> dra::ResourceClaim {
+        let mut claim = claim(json!([]));
+        claim.metadata.name = Some(name.into());
+        claim.metadata.finalizers = Some(finalizers.iter().map(|f| (*f).to_owned()).collect());
+        if deleting {
+            claim.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            );
+        }
+        claim
+    }
+
+    fn pod(name: &str, claim: &str, gated: bool, node: Option<&str>) -> core::Pod {
+        let mut spec = json!({"containers": [],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}]});
+        if gated {
+            spec["schedulingGates"] = json!([{"name": gpuqueue_api::ADMISSION_GATE}]);
+        }
+        if let Some(node) = node {
+            spec["nodeName"] = json!(node);
+        }
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": "t"}, "spec": spec}))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_waiting_pod_counts_a_claim_only_once_it_is_marked_and_not_being_deleted() {
+        let error = countable(&marked("c", &[], false)).unwrap_err();
+        assert!(error.rule.contains(CHARGED_FINALIZER), "{error}");
+        let error = countable(&marked("c", &[CHARGED_FINALIZER], true)).unwrap_err();
+        assert_eq!(error.field, "ResourceClaim c");
+        assert!(error.rule.contains("is being deleted"), "{error}");
+        assert_eq!(
+            countable(&marked("c", &["other", CHARGED_FINALIZER], false)),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn gated_pods_mark_their_claims_and_a_deleted_claim_is_let_go_once_no_pod_waits_for_it() {
+        let unmarked = marked("wanted", &[], false);
+        let idle = marked("idle", &[CHARGED_FINALIZER], false);
+        let deleted_in_use = marked("held", &["x", CHARGED_FINALIZER], true);
+        let deleted_unused = marked("gone", &["x", CHARGED_FINALIZER], true);
+        let deleted_bound = marked("ran", &[CHARGED_FINALIZER], true);
+        let claims = [
+            &unmarked,
+            &idle,
+            &deleted_in_use,
+            &deleted_unused,
+            &deleted_bound,
+        ];
+        let pods = [
+            pod("a", "wanted", true, None),
+            // Released by the operator, not bound yet: kube-scheduler may still allocate it.
+            pod("b", "held", false, None),
+            pod("c", "ran", false, Some("node")),
+        ];
+        let users = ClaimUsers::of(&pods);
+        let changes: Vec<_> = mark_changes(claims, &users)
+            .into_iter()
+            .map(|(claim, change)| (claim.metadata.name.clone().unwrap(), change))
+            .collect();
+        assert_eq!(
+            changes,
+            vec![
+                ("wanted".to_owned(), MarkChange::Add),
+                ("gone".to_owned(), MarkChange::Remove(1)),
+                ("ran".to_owned(), MarkChange::Remove(0)),
+            ]
+        );
+        // A deleted, unmarked claim is never marked, even for a gated pod.
+        let deleting = marked("wanted", &[], true);
+        assert!(mark_changes([&deleting], &users).is_empty());
     }
 
     proptest! {

@@ -5,6 +5,7 @@ mod claim;
 mod converted;
 pub mod device_slices;
 pub mod dra;
+mod hami_seats;
 mod namespace;
 mod node;
 mod pod;
@@ -14,6 +15,7 @@ mod sharing;
 
 pub use claim::{Claim, claim_of};
 pub use converted::Converted;
+pub use hami_seats::seat_hami_pods;
 pub use namespace::Namespace;
 pub use node::{GpuPool, HOSTNAME_LABEL, MAX_DEVICES_PER_POOL, Node, NodeError};
 pub use pod::{
@@ -24,4 +26,4 @@ pub use queue::{
     CheckpointSettings, FieldError, MAX_BUDGET, MAX_MIN_BORROW, Queue, QueueError, ReclaimSettings,
     ResourceQuota, format_duration,
 };
-pub use sharing::{HamiDevice, MAX_SHARES_PER_DEVICE, ReplicaStrategy, Sharing};
+pub use sharing::{HamiDevice, MAX_SHARES_PER_DEVICE, ReplicaStrategy, Sharing, hami_allocated};

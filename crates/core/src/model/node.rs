@@ -33,6 +33,9 @@ pub struct Node {
     /// GPU model (the `nvidia.com/gpu.product` label, or the trace's model column).
     pub gpu_model: Option<String>,
     pub pools: Vec<GpuPool>,
+    /// The UUIDs of the devices of its HAMi pool, in pool order (empty without HAMi): how a
+    /// running HAMi pod's devices are found (`sharing::seat_hami_pods`).
+    pub hami_devices: Vec<String>,
 }
 
 /// The devices of one GPU resource on a node: what a node supplies, and what a DRA
@@ -90,6 +93,7 @@ impl Node {
             memory_bytes: u64::MAX,
             gpu_model: None,
             pools: Vec::new(),
+            hami_devices: Vec::new(),
         }
     }
 
@@ -171,10 +175,17 @@ impl Node {
             .map_err(|(field, rule)| err(&field, rule))?;
         let mut pools = gpu_pools(&resources, whole_gpu_memory, replicas, &name, &mut warnings)
             .map_err(|(field, rule)| err(&field, rule))?;
+        let mut hami_devices = Vec::new();
         if let Some(devices) = hami {
             pools.retain(|p| p.resource.as_str() != gpuqueue_api::NVIDIA_GPU);
             pools.extend(hami_pool(&devices));
             pools.sort_by(|a, b| a.resource.cmp(&b.resource));
+            hami_devices = devices
+                .into_iter()
+                .filter(|d| d.healthy)
+                .map(|d| d.uuid)
+                .take(MAX_DEVICES_PER_POOL as usize)
+                .collect();
         }
         let taints = node
             .spec
@@ -192,6 +203,7 @@ impl Node {
                 cpu_milli,
                 memory_bytes,
                 pools,
+                hami_devices,
             },
             warnings,
         })

@@ -217,8 +217,10 @@ pub struct Pod {
     pub checkpoint_cost: u64,
     pub reclaim: Option<ReclaimMark>,
     /// Devices it holds, when known (the simulator knows; Kubernetes does not say, and the
-    /// snapshot assigns devices itself).
+    /// snapshot assigns devices itself, but for HAMi's: see `sharing::seat_hami_pods`).
     pub devices: Vec<DeviceSet>,
+    /// The UUIDs of the devices HAMi says it gave the pod (`hami.io/vgpu-devices-allocated`).
+    pub hami_devices: Vec<String>,
     /// Capacity held for a pod admitted at creation that the pod store has not shown yet.
     /// Such a pod may never exist (its creation can fail after admission), so it is never a
     /// reclaim victim: there is nothing to evict.
@@ -280,6 +282,7 @@ impl Pod {
             checkpoint_cost: 0,
             reclaim: None,
             devices: Vec::new(),
+            hami_devices: Vec::new(),
             reserved_unseen: false,
             unadmitted: false,
             unschedulable_since: None,
@@ -365,14 +368,11 @@ impl Pod {
                 state,
                 created_at,
                 admitted_at: hints.admitted_at,
-                started_at: pod
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.start_time.as_ref())
-                    .map(|t| t.0),
+                started_at: started_at(pod),
                 checkpoint_cost: hints.checkpoint_cost,
                 reclaim: hints.reclaim,
                 devices: Vec::new(),
+                hami_devices: super::sharing::hami_allocated(pod.metadata.annotations.as_ref()),
                 reserved_unseen: false,
                 unadmitted: is_admitted && !hints.admission_recorded,
                 unschedulable_since: unschedulable_since(pod),
@@ -385,6 +385,11 @@ impl Pod {
 /// Whether the pod uses DRA ResourceClaims (`spec.resourceClaims`).
 pub fn uses_resource_claims(spec: &k8s::PodSpec) -> bool {
     spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
+}
+
+/// When the kubelet started the pod (`status.startTime`).
+fn started_at(pod: &k8s::Pod) -> Option<Timestamp> {
+    pod.status.as_ref()?.start_time.as_ref().map(|t| t.0)
 }
 
 /// When kube-scheduler last said it cannot bind the pod, if that is what it says now.

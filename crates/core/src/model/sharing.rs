@@ -91,6 +91,7 @@ impl Sharing {
 /// One device HAMi registered on a node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HamiDevice {
+    pub uuid: String,
     pub split: u32,
     pub memory_mib: u64,
     pub cores_percent: u32,
@@ -132,6 +133,7 @@ pub fn hami_devices(
                 )
             })?;
         devices.push(HamiDevice {
+            uuid: parts[0].trim().to_owned(),
             split,
             memory_mib,
             cores_percent: u32::try_from(cores).unwrap_or(u32::MAX),
@@ -139,4 +141,29 @@ pub fn hami_devices(
         });
     }
     Ok(Some(devices))
+}
+
+/// Where HAMi's device plugin records the devices it gave a pod: per container
+/// `{uuid},{type},{memory MiB},{cores %}:` for each device, and `;` after each container.
+pub const DEVICES_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
+
+/// The UUIDs of the devices HAMi gave the pod ([`DEVICES_ALLOCATED`]), in order, each once.
+pub fn hami_allocated(
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> Vec<String> {
+    let Some(value) = annotations.and_then(|a| a.get(DEVICES_ALLOCATED)) else {
+        return Vec::new();
+    };
+    let mut uuids: Vec<String> = Vec::new();
+    for device in value
+        .split([';', ':'])
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+    {
+        let uuid = device.split(',').next().unwrap_or_default().trim();
+        if !uuid.is_empty() && !uuids.iter().any(|u| u == uuid) {
+            uuids.push(uuid.to_owned());
+        }
+    }
+    uuids
 }

@@ -2,6 +2,10 @@
 //! claim and class stores by the core's rules (`gpuqueue_core::model::dra`). A pending pod whose
 //! claims cannot be counted leaves the model and waits at the gate, saying why: it is never
 //! admitted uncounted. An admitted one keeps what it holds otherwise, and the problem is logged.
+//!
+//! A pending pod's claim counts only once it carries the operator's finalizer ([`guard`] puts
+//! it there, and takes it off a deleted claim no waiting pod names), so the claim
+//! kube-scheduler allocates is the one counted.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -12,16 +16,21 @@ use gpuqueue_core::{
     model::{
         self,
         dra::{
-            ALLOCATION_RESULTS_MAX, ClaimUser, DeviceClasses, Uncounted, add_requests,
-            charged_claims, claim_names, claim_requests,
+            ALLOCATION_RESULTS_MAX, ClaimUser, ClaimUsers, DeviceClasses, Uncounted, add_requests,
+            charged_claims, claim_names, claim_requests, countable, mark_changes,
         },
     },
     quantity::ResourceName,
 };
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::ObjectRef;
+use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
+use kube::{Api, runtime::reflector::ObjectRef};
+use tokio::task::JoinSet;
 
-use crate::cluster::devices::DeviceStores;
+use super::context::{Shared, WriteResult};
+use crate::{
+    cluster::devices::DeviceStores,
+    writes::claim::{ClaimWriteError, write_mark},
+};
 
 /// A modelled pod that uses claims: its index in the model's pods, and its object.
 pub type ClaimingPod = (usize, Arc<Pod>);
@@ -59,7 +68,8 @@ pub fn charge(
     let mut read = Vec::new();
     let mut uncounted = Vec::new();
     for (index, pod) in claiming {
-        match charges_of(&pod, stores, &classes, &most_devices) {
+        let pending = !pods[index].is_admitted();
+        match charges_of(&pod, pending, stores, &classes, &most_devices) {
             Ok((names, by_claim)) => read.push(Charges {
                 index,
                 names,
@@ -67,11 +77,11 @@ pub fn charge(
             }),
             Err(error) => {
                 let reason = format!("pod {}: {error}", pods[index].key);
-                if pods[index].is_admitted() {
-                    problems.push(reason);
-                } else {
+                if pending {
                     unreadable.push((pod, reason));
                     uncounted.push(index);
+                } else {
+                    problems.push(reason);
                 }
             }
         }
@@ -97,9 +107,11 @@ pub fn charge(
     }
 }
 
-/// The claims `pod` uses and what each charges, or why they cannot be counted.
+/// The claims `pod` uses and what each charges, or why they cannot be counted. A `pending`
+/// pod counts only marked claims not being deleted (an admitted one holds what it was counted).
 fn charges_of(
     pod: &Pod,
+    pending: bool,
     stores: &DeviceStores,
     classes: &DeviceClasses,
     most_devices: &dyn Fn(&ResourceName) -> u32,
@@ -116,9 +128,51 @@ fn charges_of(
                 ),
             });
         };
+        if pending {
+            countable(&claim)?;
+        }
         by_claim.insert(name.clone(), claim_requests(&claim, classes, most_devices)?);
     }
     Ok((names, by_claim))
+}
+
+/// Marks the claims gated pods use and lets go of deleted ones no waiting pod names (see
+/// `gpuqueue_core::model::dra::mark_changes`): one background write per claim, none while one
+/// to the same claim is in flight.
+pub(super) fn guard(shared: &Shared, tasks: &mut JoinSet<()>) {
+    let stores = &shared.context.stores;
+    let claims = stores.devices.claims.state();
+    if claims.is_empty() {
+        return;
+    }
+    let pods = stores.pods.state();
+    let users = ClaimUsers::of(pods.iter().map(AsRef::as_ref));
+    for (claim, change) in mark_changes(claims.iter().map(AsRef::as_ref), &users) {
+        let Some(uid) = claim.metadata.uid.clone() else {
+            continue;
+        };
+        if !shared.assumed().begin(&uid) {
+            continue;
+        }
+        let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<ResourceClaim> = Api::namespaced(shared.context.client.clone(), &namespace);
+        let claim = claim.clone();
+        let context = shared.context.clone();
+        shared.spawn(tasks, uid, async move {
+            match write_mark(&api, &claim, change).await {
+                Ok(()) => WriteResult::Done,
+                Err(error @ ClaimWriteError::Changed { .. }) => {
+                    tracing::debug!(%error, "claim finalizer not written");
+                    WriteResult::Stale
+                }
+                Err(error) => {
+                    context.metrics.apply_failed("claim_api");
+                    tracing::warn!(%error, "writing a claim's finalizer failed; retrying");
+                    WriteResult::Failed
+                }
+            }
+        });
+    }
 }
 
 /// The most devices of each GPU resource one node has: what `allocationMode: All` may take.
@@ -159,7 +213,8 @@ mod tests {
             .devices
             .classes
             .apply_watcher_event(&watcher::Event::Apply(class));
-        let claim = serde_json::from_value(json!({"metadata": {"name": "shared", "namespace": "team"},
+        let claim = serde_json::from_value(json!({"metadata": {"name": "shared", "namespace": "team",
+                "finalizers": [model::dra::CHARGED_FINALIZER]},
             "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}}))
         .unwrap();
         stores
@@ -167,6 +222,51 @@ mod tests {
             .claims
             .apply_watcher_event(&watcher::Event::Apply(claim));
         stores
+    }
+
+    #[test]
+    fn a_pending_pod_waits_for_the_mark_and_an_admitted_one_keeps_its_charge() {
+        let mut stores = stores();
+        let unmarked = serde_json::from_value(json!({"metadata": {"name": "plain", "namespace": "team"},
+            "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}))
+        .unwrap();
+        stores
+            .devices
+            .claims
+            .apply_watcher_event(&watcher::Event::Apply(unmarked));
+        let mut admitted = model::Pod::new(
+            PodKey::new("team", "ran"),
+            Requests::default(),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        admitted.state = PodState::Admitted(Assignment::default());
+        let pending = model::Pod::new(
+            PodKey::new("team", "new"),
+            Requests::default(),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let mut pods = vec![admitted, pending];
+        let claiming = vec![(0, k8s_pod("ran", "plain")), (1, k8s_pod("new", "plain"))];
+        let (mut unreadable, mut problems) = (Vec::new(), Vec::new());
+        charge(
+            &mut pods,
+            claiming,
+            &[],
+            &stores.stores.devices,
+            (&mut unreadable, &mut problems),
+        );
+        assert_eq!(pods.len(), 1);
+        assert_eq!(
+            pods[0].requests.gpus,
+            vec![GpuRequest::devices("nvidia.com/gpu", 1)]
+        );
+        assert_eq!(unreadable.len(), 1);
+        assert!(
+            unreadable[0].1.contains("gpuqueue.io/charged"),
+            "{}",
+            unreadable[0].1
+        );
+        assert!(problems.is_empty());
     }
 
     #[test]

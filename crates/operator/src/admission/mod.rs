@@ -297,6 +297,7 @@ fn run_pass(
     carried
         .enforce
         .start(shared, tasks, &snapshot, &decisions, &stuck_pins.pins);
+    device_claims::guard(shared, tasks);
     let applied = apply(
         shared,
         tasks,

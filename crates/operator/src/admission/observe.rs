@@ -227,6 +227,9 @@ pub fn read(
     // One read of the pod store for all three, so that a pod arriving meanwhile is not
     // counted both as itself and as its reservation.
     let mut observed = Observed::read(stores, &pods, assumed, models);
+    // Running HAMi pods on the devices HAMi gave them, not the lowest free ones.
+    let hami = model::seat_hami_pods(&mut observed.pods, &observed.nodes);
+    observed.problems.extend(hami);
     observed.stuck_pins = pins::release_stuck_pins(&mut observed.pods, now, UNBINDABLE_AFTER);
     // Pods admitted at creation that the store does not show yet hold their room.
     observed.pods.extend(creation.reserved_pods());
