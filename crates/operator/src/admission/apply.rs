@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use futures::future::join_all;
+use futures::{StreamExt, future::join_all, stream::FuturesUnordered};
 
 use gpuqueue_core::{
     admission::{self, Decision, WaitReason},
@@ -159,7 +159,7 @@ pub(super) fn plan(
 }
 
 /// What became of starting one reclaim.
-pub(super) enum ReclaimStart {
+enum ReclaimStart {
     /// The owner is released (remembered as admitted); the rest runs in a task.
     Started(Box<Reservation>),
     /// Not started: the owner or a victim moved on (decided again on the next change), or
@@ -172,13 +172,15 @@ pub(super) enum ReclaimStart {
 /// Starts the reclaims of a pass, all at once: each is prepared (an owner with a write in
 /// flight, or no longer gated, starts nothing), every owner queue's reclaims are recorded in
 /// its status in one write per queue, then every intent and owner release is written in
-/// parallel (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)). One outcome per
-/// reclaim, in their order.
+/// parallel (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)). Each reclaim whose
+/// owner is released goes to `started` the moment its own writes land (its eviction need not
+/// wait for the slowest start of the pass). Whether a start failed (the pass is retried).
 pub(super) async fn begin_reclaims(
     shared: &Shared,
     reclaims: &[(Arc<Pod>, ReclaimPlan)],
     found: PassTiming,
-) -> Vec<ReclaimStart> {
+    mut started: impl FnMut(Reservation),
+) -> bool {
     let reclaimer = &shared.context.reclaimer;
     let prepared: Vec<Result<Prepared<'_>, ReclaimStart>> = reclaims
         .iter()
@@ -207,30 +209,38 @@ pub(super) async fn begin_reclaims(
         .await
         .into_iter()
         .collect();
-    join_all(prepared.into_iter().map(|p| async {
-        let p = p?;
-        match failed.get(p.plan.owner_queue.as_str()) {
-            Some(Some(true)) => return Err(ReclaimStart::Failed),
-            Some(Some(false)) => return Err(ReclaimStart::Nothing),
-            _ => {}
-        }
-        let plan = p.plan;
-        match reclaimer.begin(&shared.term, p).await {
-            Ok(started) => {
-                shared
-                    .context
-                    .metrics
-                    .decided(&plan.owner_queue, Outcome::Reclaim);
-                tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
-                Ok(ReclaimStart::Started(Box::new(started)))
+    let mut starts: FuturesUnordered<_> = prepared
+        .into_iter()
+        .map(|p| async {
+            let p = p?;
+            match failed.get(p.plan.owner_queue.as_str()) {
+                Some(Some(true)) => return Err(ReclaimStart::Failed),
+                Some(Some(false)) => return Err(ReclaimStart::Nothing),
+                _ => {}
             }
-            Err(error) => Err(not_started(shared, &error)),
+            let plan = p.plan;
+            match reclaimer.begin(&shared.term, p).await {
+                Ok(started) => {
+                    shared
+                        .context
+                        .metrics
+                        .decided(&plan.owner_queue, Outcome::Reclaim);
+                    tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
+                    Ok(ReclaimStart::Started(Box::new(started)))
+                }
+                Err(error) => Err(not_started(shared, &error)),
+            }
+        })
+        .collect();
+    let mut any_failed = false;
+    while let Some(outcome) = starts.next().await {
+        match outcome.unwrap_or_else(|not| not) {
+            ReclaimStart::Started(reservation) => started(*reservation),
+            ReclaimStart::Failed => any_failed = true,
+            ReclaimStart::Nothing => {}
         }
-    }))
-    .await
-    .into_iter()
-    .map(|outcome| outcome.unwrap_or_else(|not| not))
-    .collect()
+    }
+    any_failed
 }
 
 /// Whether a reclaim for the owner `stored` may start: it is still gated and no write to it
