@@ -177,8 +177,25 @@ fn writes_per_round(bursts: &[&Burst]) -> BTreeMap<String, f64> {
     }
     #[allow(clippy::cast_precision_loss)] // a handful of rounds
     let rounds = bursts.len().max(1) as f64;
-    writes.values_mut().for_each(|count| *count /= rounds);
+    for count in writes.values_mut() {
+        *count /= rounds;
+    }
     writes
+}
+
+/// The report's line for [`writes_per_round`] (as the JSON holds it).
+fn writes_line(per_round: &serde_json::Value) -> String {
+    let writes: BTreeMap<String, f64> =
+        serde_json::from_value(per_round.clone()).unwrap_or_default();
+    let total: f64 = writes.values().sum();
+    let list: Vec<String> = writes
+        .iter()
+        .map(|(request, n)| format!("{request} {n:.0}"))
+        .collect();
+    format!(
+        "  API server writes per round (mean): {total:.0} ({})",
+        list.join(", ")
+    )
 }
 
 fn table(rows: &[Row]) -> String {
@@ -302,18 +319,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
             count["missing_a_phase"],
             count["not_completed"],
         );
-        let writes: BTreeMap<String, f64> =
-            serde_json::from_value(count["api_writes_per_round"].clone()).unwrap_or_default();
-        let total: f64 = writes.values().sum();
-        let list: Vec<String> = writes
-            .iter()
-            .map(|(request, n)| format!("{request} {n:.0}"))
-            .collect();
-        let _ = writeln!(
-            text,
-            "  API server writes per round (mean): {total:.0} ({})",
-            list.join(", ")
-        );
+        let _ = writeln!(text, "{}", writes_line(&count["api_writes_per_round"]));
     }
     std::fs::write(results.join("handover.md"), &text).unwrap();
     println!("{text}");
