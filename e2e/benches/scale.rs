@@ -187,6 +187,7 @@ impl PhaseClock {
             name: self.name,
             seconds,
             passes,
+            load_average: report::load_average(),
         }
     }
 }

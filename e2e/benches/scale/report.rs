@@ -32,6 +32,18 @@ pub struct Phase {
     pub name: &'static str,
     pub seconds: f64,
     pub passes: PassStats,
+    /// The machine's 1-minute load average at the phase's end: pass times depend on it.
+    pub load_average: Option<f64>,
+}
+
+/// The 1-minute load average (`/proc/loadavg`).
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The handover queue 0's pod started, from the operator's `gpuqueue_handover_seconds`.
@@ -155,14 +167,15 @@ pub fn write(scale: &Scale) {
         md,
         "Operator RSS at rest {rest_rss} (its VmHWM by then {rest_hwm}).\n\n\
          Admission passes by phase (exact, from the debug log; histogram figures interpolated within its power-of-two buckets):\n\n\
-         | phase | seconds | passes | p50 | p99 | max | mean | histogram p50 | histogram p99 |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+         | phase | seconds | passes | p50 | p99 | max | mean | histogram p50 | histogram p99 | load average (1 min, {} cores) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     for phase in &scale.phases {
         let p = &phase.passes;
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
             phase.name,
             phase.seconds,
             p.logged,
@@ -172,6 +185,9 @@ pub fn write(scale: &Scale) {
             ms(p.mean_ms),
             ms(p.histogram_p50_ms),
             ms(p.histogram_p99_ms),
+            phase
+                .load_average
+                .map_or_else(|| "—".to_owned(), |l| format!("{l:.2}")),
         );
     }
     let _ = write!(
