@@ -433,46 +433,14 @@ fn charged(claim: &ResourceClaim) -> bool {
         .any(|f| f == CHARGED)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_counted_claim_cannot_be_swapped_for_a_larger_one_and_goes_with_its_pod() {
-    // The queue's ceiling is 2 on a node of 4: a 1-GPU claim swapped for a 4-GPU one after the
-    // gate's release would run 3 GPUs uncounted.
-    let world = World::start("dra_swap", 2).await;
-    let pods = world.pods();
-    let tenant_claims: Api<ResourceClaim> =
-        Api::namespaced(world.tenant.client.clone(), world.namespace.name());
-    world
-        .tenant_applies(&claim("mine", "gpu.nvidia.com", 1))
-        .await;
-    // The tenant's own gate holds the pod once gpuqueue has released its own: the window
-    // between the release and scheduling, held open for as long as the attack takes.
-    const HOLD: &str = "example.com/hold";
-    let mine = json!([{"name": "gpu", "resourceClaimName": "mine"}]);
-    let mut pod: serde_json::Value = serde_json::from_str(&claiming_pod("swapper", &mine)).unwrap();
-    pod["spec"]["schedulingGates"] = json!([{"name": HOLD}]);
-    world.tenant_applies(&pod.to_string()).await;
-    wait_for("gpuqueue to release its gate", DEFAULT_TIMEOUT, || async {
-        let pod = pods.get("swapper").await.map_err(|e| e.to_string())?;
-        let gates: Vec<String> = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.scheduling_gates.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .map(|g| g.name)
-            .collect();
-        if gates == [HOLD] {
-            Ok(())
-        } else {
-            Err(format!("gates {gates:?}"))
-        }
-    })
-    .await
-    .unwrap();
-    assert!(charged(&world.claims().get("mine").await.unwrap()));
+/// The tenant's own gate holds the pod once gpuqueue has released its own: the window between
+/// the release and scheduling, held open for as long as the attack takes.
+const HOLD: &str = "example.com/hold";
 
-    // Removing the finalizer is refused by the policy (a dry run first: it loads a moment
-    // after its creation, and a real removal before that would go through).
+/// The tenant tries to take the finalizer off claim `mine`: refused by the policy (a dry run
+/// first: the policy loads a moment after its creation, and a real removal before that would
+/// go through).
+async fn the_tenant_cannot_unmark(tenant_claims: &Api<ResourceClaim>) {
     let unmark: Patch<serde_json::Value> = Patch::Merge(json!({"metadata": {"finalizers": null}}));
     let dry_run = PatchParams {
         dry_run: true,
@@ -499,6 +467,44 @@ async fn a_counted_claim_cannot_be_swapped_for_a_larger_one_and_goes_with_its_po
         message.contains("only by the gpuqueue operator"),
         "{message}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counted_claim_cannot_be_swapped_for_a_larger_one_and_goes_with_its_pod() {
+    // The queue's ceiling is 2 on a node of 4: a 1-GPU claim swapped for a 4-GPU one after the
+    // gate's release would run 3 GPUs uncounted.
+    let world = World::start("dra_swap", 2).await;
+    let pods = world.pods();
+    let tenant_claims: Api<ResourceClaim> =
+        Api::namespaced(world.tenant.client.clone(), world.namespace.name());
+    world
+        .tenant_applies(&claim("mine", "gpu.nvidia.com", 1))
+        .await;
+    let mine = json!([{"name": "gpu", "resourceClaimName": "mine"}]);
+    let mut pod: serde_json::Value = serde_json::from_str(&claiming_pod("swapper", &mine)).unwrap();
+    pod["spec"]["schedulingGates"] = json!([{"name": HOLD}]);
+    world.tenant_applies(&pod.to_string()).await;
+    wait_for("gpuqueue to release its gate", DEFAULT_TIMEOUT, || async {
+        let pod = pods.get("swapper").await.map_err(|e| e.to_string())?;
+        let gates: Vec<String> = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduling_gates.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| g.name)
+            .collect();
+        if gates == [HOLD] {
+            Ok(())
+        } else {
+            Err(format!("gates {gates:?}"))
+        }
+    })
+    .await
+    .unwrap();
+    assert!(charged(&world.claims().get("mine").await.unwrap()));
+
+    the_tenant_cannot_unmark(&tenant_claims).await;
 
     // Deleting it is allowed by `edit`, but the claim stays, Terminating, under its name:
     // the larger one cannot be created.
