@@ -204,6 +204,24 @@ mod tests {
         )
     }
 
+    /// Charges `claiming` with no node in the snapshot: the pods that cannot be counted, and
+    /// the claims' problems.
+    fn charge_on_no_nodes(
+        pods: &mut Vec<model::Pod>,
+        claiming: Vec<ClaimingPod>,
+        stores: &TestStores,
+    ) -> (Vec<(Arc<Pod>, String)>, Vec<String>) {
+        let (mut unreadable, mut problems) = (Vec::new(), Vec::new());
+        charge(
+            pods,
+            claiming,
+            &[],
+            &stores.stores.devices,
+            (&mut unreadable, &mut problems),
+        );
+        (unreadable, problems)
+    }
+
     fn stores() -> TestStores {
         let mut stores = TestStores::new();
         let class = serde_json::from_value(json!({"metadata": {"name": "gpu.nvidia.com"},
@@ -247,14 +265,7 @@ mod tests {
         );
         let mut pods = vec![admitted, pending];
         let claiming = vec![(0, k8s_pod("ran", "plain")), (1, k8s_pod("new", "plain"))];
-        let (mut unreadable, mut problems) = (Vec::new(), Vec::new());
-        charge(
-            &mut pods,
-            claiming,
-            &[],
-            &stores.stores.devices,
-            (&mut unreadable, &mut problems),
-        );
+        let (unreadable, problems) = charge_on_no_nodes(&mut pods, claiming, &stores);
         assert_eq!(pods.len(), 1);
         assert_eq!(
             pods[0].requests.gpus,
@@ -289,14 +300,7 @@ mod tests {
             (1, k8s_pod("b", "shared")),
             (2, k8s_pod("c", "missing")),
         ];
-        let (mut unreadable, mut problems) = (Vec::new(), Vec::new());
-        charge(
-            &mut pods,
-            claiming,
-            &[],
-            &stores.stores.devices,
-            (&mut unreadable, &mut problems),
-        );
+        let (unreadable, problems) = charge_on_no_nodes(&mut pods, claiming, &stores);
         assert_eq!(pods.len(), 2);
         assert_eq!(pods[0].requests.gpus, Vec::<GpuRequest>::new());
         assert_eq!(
