@@ -291,6 +291,9 @@ pub struct Options {
     pub log_filter: String,
     /// Extra environment variables (such as the reclaim tests' crash hook).
     pub env: Vec<(String, String)>,
+    /// `--lease-duration` and `--lease-grace`: short by default, so that failover tests
+    /// finish quickly.
+    pub lease: (&'static str, &'static str),
 }
 
 impl Options {
@@ -302,6 +305,7 @@ impl Options {
             release: false,
             log_filter: "info,gpuqueue_operator=debug".to_owned(),
             env: Vec::new(),
+            lease: (LEASE_DURATION, LEASE_GRACE),
         }
     }
 }
@@ -334,8 +338,8 @@ impl Operator {
                 cluster.webhook_client_ca().display()
             ))
             .arg(format!("--lease-identity={}", options.identity))
-            .arg(format!("--lease-duration={LEASE_DURATION}"))
-            .arg(format!("--lease-grace={LEASE_GRACE}"))
+            .arg(format!("--lease-duration={}", options.lease.0))
+            .arg(format!("--lease-grace={}", options.lease.1))
             .arg(format!("--log-filter={}", options.log_filter))
             .env_remove("KUBECONFIG")
             .env_remove("POD_NAMESPACE")

@@ -3,7 +3,10 @@
 //!
 //! Events are queued and published by a task of their own, so a burst of admissions is not
 //! slowed by one event write per pod; publishing is best effort (a failed or dropped event is
-//! logged, never a reason to stop). kube's `Recorder` folds an event repeated within minutes
+//! logged, never a reason to stop). An event the API server could not take because it was
+//! down, restarting or overloaded is tried again for up to [`RETRY_LIMIT`], as client-go's
+//! recorder does: an eviction announced while the API server restarts is still recorded.
+//! kube's `Recorder` folds an event repeated within minutes
 //! into a series, and the admission loop publishes a waiting event only when a pod's cause of
 //! waiting changes, so a pod that waits for an hour gets one event, not one per pass.
 
@@ -23,6 +26,14 @@ const MAX_NOTE: usize = 1024;
 
 /// Events waiting to be published; beyond this, new ones are dropped (and logged).
 const QUEUE_CAPACITY: usize = 8192;
+
+/// How long an event the API server could not take is retried (client-go's recorder tries
+/// 12 times, about two minutes; a restart takes seconds). Later events wait meanwhile, in
+/// the queue, so their order is kept.
+const RETRY_LIMIT: Duration = Duration::from_secs(30);
+/// The first wait before a retry; doubled after each, up to [`MAX_RETRY_WAIT`].
+const FIRST_RETRY_WAIT: Duration = Duration::from_millis(200);
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(4);
 
 /// Queues events for publication as `gpuqueue-operator` (instance: this replica).
 #[derive(Debug, Clone)]
@@ -51,6 +62,8 @@ pub struct Publisher {
     recorder: Recorder,
     queue: mpsc::Receiver<(ObjectReference, Notice)>,
     written: watch::Sender<u64>,
+    /// When a write last found no API server to answer it.
+    unreachable_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -71,6 +84,7 @@ impl Events {
             recorder: Recorder::new(client, reporter),
             queue: receiver,
             written,
+            unreachable_at: None,
         };
         (Self::with_queue(sender, written_rx), publisher)
     }
@@ -142,7 +156,7 @@ impl Publisher {
                 action: notice.action.to_owned(),
                 secondary: None,
             };
-            if let Err(error) = self.recorder.publish(&event, &regarding).await {
+            if let Err(error) = self.publish(&event, &regarding).await {
                 tracing::warn!(
                     %error,
                     reason = notice.reason,
@@ -153,6 +167,55 @@ impl Publisher {
             self.written.send_modify(|done| *done += 1);
         }
     }
+}
+
+impl Publisher {
+    /// Publishes one event, retrying while the API server is unreachable or answers that it
+    /// cannot take it now, for at most [`RETRY_LIMIT`]. A retry after an answer lost on the
+    /// way back may write the event twice; losing it would be worse.
+    async fn publish(&mut self, event: &Event, regarding: &ObjectReference) -> kube::Result<()> {
+        let give_up = tokio::time::Instant::now() + RETRY_LIMIT;
+        let mut wait = FIRST_RETRY_WAIT;
+        loop {
+            let result = self.recorder.publish(event, regarding).await;
+            let now = tokio::time::Instant::now();
+            if let Err(error) = &result
+                && is_unreachable(error)
+            {
+                self.unreachable_at = Some(now);
+            }
+            let just_back = self
+                .unreachable_at
+                .is_some_and(|at| now.duration_since(at) < RETRY_LIMIT);
+            match result {
+                Err(error) if worth_retrying(&error, just_back) && now + wait < give_up => {
+                    tracing::debug!(%error, ?wait, "the API server did not take an event; retrying");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(MAX_RETRY_WAIT);
+                }
+                result => return result,
+            }
+        }
+    }
+}
+
+/// Whether a failed write may go through later: the API server was unreachable (restarting,
+/// the connection dropped) or answered that it is overloaded or not ready; not a refusal of
+/// the event itself (invalid, its namespace gone). A kube-apiserver that has just started
+/// answers 403 until its RBAC authorizer has synced, so when the API server was unreachable
+/// within [`RETRY_LIMIT`] (`just_back`) a 403 is retried as well; otherwise it is a missing
+/// grant, logged.
+fn worth_retrying(error: &kube::Error, just_back: bool) -> bool {
+    match error {
+        kube::Error::Api(status) if status.code == 403 => just_back,
+        kube::Error::Api(status) => matches!(status.code, 429 | 500 | 502 | 503 | 504),
+        error => is_unreachable(error),
+    }
+}
+
+/// Whether the request found no API server to answer it.
+fn is_unreachable(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::HyperError(_) | kube::Error::Service(_))
 }
 
 /// Cuts `text` to at most `max` bytes on a character boundary, marking the cut.
@@ -181,5 +244,38 @@ mod tests {
         let cut = truncate(long, MAX_NOTE);
         assert!(cut.len() <= MAX_NOTE);
         assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn an_unreachable_or_overloaded_api_server_is_retried_and_a_refusal_is_not() {
+        let answer =
+            |code| kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed());
+        for code in [429, 500, 503, 504] {
+            assert!(worth_retrying(&answer(code), false), "{code}");
+        }
+        for code in [400, 403, 404, 409, 422] {
+            assert!(!worth_retrying(&answer(code), false), "{code}");
+        }
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let refused = kube::Error::Service(Box::new(refused));
+        assert!(is_unreachable(&refused));
+        assert!(worth_retrying(&refused, false));
+        let bad = serde_json::from_str::<u8>("x").unwrap_err();
+        assert!(!worth_retrying(&kube::Error::SerdeError(bad), true));
+    }
+
+    #[test]
+    fn a_forbidden_answer_right_after_an_outage_is_the_authorizer_warming_up() {
+        let forbidden = kube::Error::Api(
+            kube::core::Status::failure("events.events.k8s.io is forbidden", "Forbidden")
+                .with_code(403)
+                .boxed(),
+        );
+        assert!(worth_retrying(&forbidden, true));
+        assert!(
+            !worth_retrying(&forbidden, false),
+            "a missing grant is not retried"
+        );
+        assert!(!is_unreachable(&forbidden));
     }
 }
