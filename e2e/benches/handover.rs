@@ -30,6 +30,10 @@
 //! `BENCH_NODE_BEHAVIOUR=fast` runs KWOK's fast stages instead (a victim vanishes at once), for
 //! figures comparable with peers measured on those.
 //!
+//! `BENCH_HANDOVERS=0` skips the single handovers, `BENCH_BURST_PODS=0` (or
+//! `BENCH_BURST_NONE_PODS=0`) a mode's bursts: a trial run of one part. `BENCH_OPERATOR_LOG`
+//! sets the operator's log filter (default `info`), e.g. `info,gpuqueue_operator=debug`.
+//!
 //! `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build (a smoke run of the benchmark
 //! itself, without the release build's minutes of compiling; its figures are not the result).
 //!
@@ -347,7 +351,8 @@ async fn main() {
     let mut options = Options::new("bench", webhook_port);
     // The release build is what is measured; a smoke run may take the debug build tests use.
     options.release = knobs.operator_build == "release";
-    "info".clone_into(&mut options.log_filter);
+    // `BENCH_OPERATOR_LOG` (a tracing filter) for the operator's debug log of a trial run.
+    options.log_filter = std::env::var("BENCH_OPERATOR_LOG").unwrap_or_else(|_| "info".to_owned());
     let _operator = Operator::start(&cluster, options).await;
 
     let mut bench = Bench {
@@ -362,7 +367,8 @@ async fn main() {
         next_owner: 0,
     };
     let mut samples = Vec::new();
-    for (mode, reclaim) in modes() {
+    // `BENCH_HANDOVERS=0` measures the bursts alone (no warm-up either).
+    for (mode, reclaim) in modes().into_iter().filter(|_| knobs.handovers > 0) {
         bench.set_mode(&reclaim).await;
         let warm_up = bench.handover(mode).await;
         eprintln!(

@@ -2,10 +2,10 @@
 //! by borrowers, is scaled up by N at once; the measure is the time from the scale request
 //! until the last of the N owner pods is bound, and each pod's handover.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use gpuqueue_api::v1alpha1::GpuQueue;
-use gpuqueue_e2e::{apply_yaml, pod_condition, wait_for};
+use gpuqueue_e2e::{api_writes, apply_yaml, pod_condition, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -45,6 +45,9 @@ pub struct Burst {
     pub found_blocked_to_bound_ms: Vec<f64>,
     /// The records of the handovers that the watch saw (`lastHandovers` keeps the last 32).
     pub handovers: Vec<Handover>,
+    /// The API server's write requests from the scale request until the records were seen,
+    /// by `VERB resource[/subresource]`: the burst's cost in writes, whatever the machine's load.
+    pub api_writes: BTreeMap<String, f64>,
 }
 
 /// The Deployment of owner pods, one GPU each; removed at once when scaled down.
@@ -69,6 +72,9 @@ pub async fn run(bench: &mut Bench, knobs: &Knobs) -> Vec<Burst> {
         .into_iter()
         .zip([knobs.burst_pods, knobs.burst_none_pods])
     {
+        if pods == 0 {
+            continue;
+        }
         bench.set_mode(&reclaim).await;
         for round in 0..=knobs.burst_rounds {
             let burst = one(bench, mode, pods).await;
@@ -85,6 +91,7 @@ pub async fn run(bench: &mut Bench, knobs: &Knobs) -> Vec<Burst> {
                 burst.last_scheduled_server_s,
                 burst.handovers.len()
             );
+            eprintln!("  API writes: {:?}", burst.api_writes);
             if round > 0 {
                 bursts.push(burst);
             }
@@ -173,6 +180,7 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
     .await
     .unwrap();
 
+    let writes_before = api_writes(&bench.client).await;
     let requested = wall_clock();
     scale(bench, BASE_REPLICAS + pods).await;
     let new_pods = wait_for(format!("{pods} new owner pods bound"), WAIT, || {
@@ -222,8 +230,14 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         .into_values()
         .filter(|r| owners.contains(&r.owner_pod))
         .collect();
+    let mut writes = api_writes(&bench.client).await;
+    for (request, count) in &mut writes {
+        *count -= writes_before.get(request).copied().unwrap_or_default();
+    }
+    writes.retain(|_, count| *count > 0.0);
     let server = server_seconds(bench, &before).await;
-    let burst = measure(mode, requested, &new_pods, &ours, &bench.online, server);
+    let mut burst = measure(mode, requested, &new_pods, &ours, &bench.online, server);
+    burst.api_writes = writes;
     settle(bench, BASE_REPLICAS).await;
     burst
 }
@@ -301,5 +315,6 @@ fn measure(
             .iter()
             .filter_map(|r| r.record.as_ref().map(Handover::of))
             .collect(),
+        api_writes: BTreeMap::new(),
     }
 }

@@ -1,5 +1,6 @@
 //! `e2e/results/handover.json` and `.md`: every figure with the target next to it.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use gpuqueue_api::v1alpha1::MAX_HANDOVER_RECORDS;
@@ -159,10 +160,42 @@ fn burst_counts(bursts: &[Burst]) -> Vec<serde_json::Value> {
                     "over_budget": handovers.iter().filter(|h| h.over_budget()).count(),
                     "missing_a_phase": handovers.iter().filter(|h| !h.missing_phases.is_empty()).count(),
                     "not_completed": handovers.iter().filter(|h| h.outcome != "Completed").count(),
+                    "api_writes_per_round": writes_per_round(&of),
                 })
             })
         })
         .collect()
+}
+
+/// The API server's writes of a burst, by request, averaged over the rounds.
+fn writes_per_round(bursts: &[&Burst]) -> BTreeMap<String, f64> {
+    let mut writes = BTreeMap::new();
+    for burst in bursts {
+        for (request, count) in &burst.api_writes {
+            *writes.entry(request.clone()).or_insert(0.0) += count;
+        }
+    }
+    #[allow(clippy::cast_precision_loss)] // a handful of rounds
+    let rounds = bursts.len().max(1) as f64;
+    for count in writes.values_mut() {
+        *count /= rounds;
+    }
+    writes
+}
+
+/// The report's line for [`writes_per_round`] (as the JSON holds it).
+fn writes_line(per_round: &serde_json::Value) -> String {
+    let writes: BTreeMap<String, f64> =
+        serde_json::from_value(per_round.clone()).unwrap_or_default();
+    let total: f64 = writes.values().sum();
+    let list: Vec<String> = writes
+        .iter()
+        .map(|(request, n)| format!("{request} {n:.0}"))
+        .collect();
+    format!(
+        "  API server writes per round (mean): {total:.0} ({})",
+        list.join(", ")
+    )
 }
 
 fn table(rows: &[Row]) -> String {
@@ -286,6 +319,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
             count["missing_a_phase"],
             count["not_completed"],
         );
+        let _ = writeln!(text, "{}", writes_line(&count["api_writes_per_round"]));
     }
     std::fs::write(results.join("handover.md"), &text).unwrap();
     println!("{text}");

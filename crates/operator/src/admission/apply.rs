@@ -4,8 +4,13 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use futures::future::join_all;
+use futures::{
+    FutureExt, StreamExt,
+    future::{BoxFuture, Shared as SharedFuture},
+    stream::FuturesUnordered,
+};
 
+use gpuqueue_api::v1alpha1::ReclaimInFlight;
 use gpuqueue_core::{
     admission::{self, Decision, WaitReason},
     model::{PodKey, is_gated},
@@ -159,7 +164,7 @@ pub(super) fn plan(
 }
 
 /// What became of starting one reclaim.
-pub(super) enum ReclaimStart {
+enum ReclaimStart {
     /// The owner is released (remembered as admitted); the rest runs in a task.
     Started(Box<Reservation>),
     /// Not started: the owner or a victim moved on (decided again on the next change), or
@@ -171,14 +176,16 @@ pub(super) enum ReclaimStart {
 
 /// Starts the reclaims of a pass, all at once: each is prepared (an owner with a write in
 /// flight, or no longer gated, starts nothing), every owner queue's reclaims are recorded in
-/// its status in one write per queue, then every intent and owner release is written in
-/// parallel (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)). One outcome per
-/// reclaim, in their order.
+/// its status in one write per queue while every intent is written, then each owner is
+/// released (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)). Each reclaim whose
+/// owner is released goes to `started` the moment its own writes land (its eviction need not
+/// wait for the slowest start of the pass). Whether a start failed (the pass is retried).
 pub(super) async fn begin_reclaims(
     shared: &Shared,
     reclaims: &[(Arc<Pod>, ReclaimPlan)],
     found: PassTiming,
-) -> Vec<ReclaimStart> {
+    mut started: impl FnMut(Reservation),
+) -> bool {
     let reclaimer = &shared.context.reclaimer;
     let prepared: Vec<Result<Prepared<'_>, ReclaimStart>> = reclaims
         .iter()
@@ -191,46 +198,78 @@ pub(super) async fn begin_reclaims(
                 .map_err(|error| not_started(shared, &error))
         })
         .collect();
-    let mut queues: BTreeMap<&str, Vec<&Prepared<'_>>> = BTreeMap::new();
-    for p in prepared.iter().flatten() {
-        queues.entry(&p.plan.owner_queue).or_default().push(p);
-    }
-    // Per owner queue: whether its write failed (then none of its reclaims starts).
-    let failed: BTreeMap<&str, Option<bool>> =
-        join_all(queues.iter().map(|(queue, batch)| async move {
-            let result = reclaimer.record_in_flight(&shared.term, queue, batch).await;
-            let failed = result
-                .err()
-                .map(|error| matches!(not_started(shared, &error), ReclaimStart::Failed));
-            (*queue, failed)
-        }))
-        .await
+    let recorded = record_per_queue(shared, &prepared);
+    let mut starts: FuturesUnordered<_> = prepared
         .into_iter()
-        .collect();
-    join_all(prepared.into_iter().map(|p| async {
-        let p = p?;
-        match failed.get(p.plan.owner_queue.as_str()) {
-            Some(Some(true)) => return Err(ReclaimStart::Failed),
-            Some(Some(false)) => return Err(ReclaimStart::Nothing),
-            _ => {}
-        }
-        let plan = p.plan;
-        match reclaimer.begin(&shared.term, p).await {
-            Ok(started) => {
-                shared
-                    .context
-                    .metrics
-                    .decided(&plan.owner_queue, Outcome::Reclaim);
-                tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
-                Ok(ReclaimStart::Started(Box::new(started)))
+        .map(|p| async {
+            let p = p?;
+            let plan = p.plan;
+            let record = recorded[plan.owner_queue.as_str()].clone();
+            match reclaimer
+                .begin(
+                    &shared.term,
+                    p,
+                    record.clone().map(|failed| failed.is_none()),
+                )
+                .await
+            {
+                Ok(started) => {
+                    shared
+                        .context
+                        .metrics
+                        .decided(&plan.owner_queue, Outcome::Reclaim);
+                    tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
+                    Ok(ReclaimStart::Started(Box::new(started)))
+                }
+                // Reported once for the queue, by its write.
+                Err(BeginError::NotRecorded) => Err(if record.await == Some(true) {
+                    ReclaimStart::Failed
+                } else {
+                    ReclaimStart::Nothing
+                }),
+                Err(error) => Err(not_started(shared, &error)),
             }
-            Err(error) => Err(not_started(shared, &error)),
+        })
+        .collect();
+    let mut any_failed = false;
+    while let Some(outcome) = starts.next().await {
+        match outcome.unwrap_or_else(|not| not) {
+            ReclaimStart::Started(reservation) => started(*reservation),
+            ReclaimStart::Failed => any_failed = true,
+            ReclaimStart::Nothing => {}
         }
-    }))
-    .await
-    .into_iter()
-    .map(|outcome| outcome.unwrap_or_else(|not| not))
-    .collect()
+    }
+    any_failed
+}
+
+/// Per owner queue of `prepared`, the one write recording its reclaims in its status, shared by
+/// them (their intents are written meanwhile): `None` when it landed, else whether it failed
+/// (then none of them starts).
+fn record_per_queue<'a>(
+    shared: &'a Shared,
+    prepared: &[Result<Prepared<'a>, ReclaimStart>],
+) -> BTreeMap<String, SharedFuture<BoxFuture<'a, Option<bool>>>> {
+    let mut queues: BTreeMap<String, Vec<ReclaimInFlight>> = BTreeMap::new();
+    for p in prepared.iter().flatten() {
+        let entries = queues.entry(p.plan.owner_queue.clone()).or_default();
+        entries.push(p.entry.clone());
+    }
+    queues
+        .into_iter()
+        .map(|(queue, entries)| {
+            let name = queue.clone();
+            let write = async move {
+                let reclaimer = &shared.context.reclaimer;
+                let result = reclaimer
+                    .record_in_flight(&shared.term, &name, &entries)
+                    .await;
+                result
+                    .err()
+                    .map(|error| matches!(not_started(shared, &error), ReclaimStart::Failed))
+            };
+            (queue, write.boxed().shared())
+        })
+        .collect()
 }
 
 /// Whether a reclaim for the owner `stored` may start: it is still gated and no write to it

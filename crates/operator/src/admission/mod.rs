@@ -67,7 +67,7 @@ use crate::{
     leader::Term,
     reclaim::{Handovers, PassTiming, Reservation},
 };
-use apply::{ReclaimStart, admitted_at_creation, apply, begin_reclaims};
+use apply::{admitted_at_creation, apply, begin_reclaims};
 use at_creation::{AtCreation, RESERVATION_TTL};
 use context::{RETRY_AFTER, Shared};
 use observe::{Models, Observation};
@@ -223,19 +223,21 @@ async fn pass(
     };
     let mut reclaims = decided.reclaims;
     reclaims.retain(|(_, plan)| !recovered.defers(&plan.node_name));
-    let begun = begin_reclaims(shared, &reclaims, found).await;
-    let mut failed = false;
-    for outcome in begun {
-        match outcome {
-            ReclaimStart::Started(started) => {
-                let Reservation { owner, handover } = *started;
-                shared.assumed().admitted(owner);
-                handovers.start(&shared.term, handover);
-            }
-            ReclaimStart::Failed => failed = true,
-            ReclaimStart::Nothing => {}
+    let failed = begin_reclaims(shared, &reclaims, found, |started| {
+        let Reservation {
+            owner,
+            victims,
+            handover,
+        } = started;
+        let mut assumed = shared.assumed();
+        assumed.admitted(owner);
+        for (before, marked) in victims {
+            assumed.marked(&before, marked);
         }
-    }
+        drop(assumed);
+        handovers.start(&shared.term, handover);
+    })
+    .await;
     if failed {
         let retry = shared.retry.clone();
         tasks.spawn(async move {

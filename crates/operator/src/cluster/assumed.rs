@@ -7,6 +7,13 @@
 //! So, like kube-scheduler's "assumed" pods, the pod as the API server returned it from the
 //! patch stands in for the stored one until the store shows the gate gone (or the pod gone).
 //!
+//! The same holds for a reclaim's victims: once their intent is written, the pod as the patch
+//! returned it stands in while the store still shows the version the intent was written on
+//! (the patch is tested against that `resourceVersion`, so any other version the store shows
+//! is newer, even after a relist skipped some). Otherwise a pass
+//! that runs before the watch delivers the mark sees the victim as an unclaimed borrower and
+//! plans it into a second reclaim: a burst's handovers start evicting while later passes plan.
+//!
 //! The same holds for the waiting reasons and queue statuses written this term: the last one
 //! written is remembered until the store shows it, so a lagging store causes neither a second
 //! write nor a second event.
@@ -47,6 +54,9 @@ const RECONCILE_CONCURRENCY: usize = 16;
 #[derive(Debug, Default)]
 pub struct Assumed {
     admitted: HashMap<String, Pod>,
+    /// Victims whose reclaim intent this process wrote: the `resourceVersion` it was written
+    /// on, and the pod as the patch returned it.
+    marked: HashMap<String, (String, Pod)>,
     reasons: HashMap<String, Option<String>>,
     /// When this process last wrote each pod's waiting reason (kept while the pod exists).
     reasons_written_at: HashMap<String, Timestamp>,
@@ -63,6 +73,18 @@ impl Assumed {
             self.reasons.remove(&uid);
             self.admitted.insert(uid, pod);
         }
+    }
+
+    /// Remembers `victim` as the API server returned it from its reclaim intent patch,
+    /// written on `before` (the stored version the patch was tested against).
+    pub fn marked(&mut self, before: &Pod, victim: Pod) {
+        let (Some(uid), Some(version)) = (
+            victim.metadata.uid.clone(),
+            before.metadata.resource_version.clone(),
+        ) else {
+            return;
+        };
+        self.marked.insert(uid, (version, victim));
     }
 
     /// Marks a write to the object with `uid` as in flight; `false` if one already is.
@@ -160,15 +182,18 @@ impl Assumed {
     }
 
     /// The pod to decide with: the admitted version while the store still shows `stored`
-    /// gated, else `stored` itself.
+    /// gated, the marked victim while the store does not show its mark yet, else `stored`.
     pub fn view<'a>(&'a self, stored: &'a Pod) -> &'a Pod {
-        stored
-            .metadata
-            .uid
-            .as_ref()
-            .and_then(|uid| self.admitted.get(uid))
-            .filter(|_| is_gated(stored))
-            .unwrap_or(stored)
+        let Some(uid) = stored.metadata.uid.as_ref() else {
+            return stored;
+        };
+        if let Some(admitted) = self.admitted.get(uid).filter(|_| is_gated(stored)) {
+            return admitted;
+        }
+        match self.marked.get(uid) {
+            Some((before, marked)) if is_version(stored, before) => marked,
+            _ => stored,
+        }
     }
 
     /// The waiting reason the pod carries, as far as this process knows.
@@ -193,6 +218,7 @@ impl Assumed {
     /// store.
     pub fn settle<'a>(&mut self, stored: impl IntoIterator<Item = &'a Pod>) {
         let mut still_lagging_admissions = HashMap::new();
+        let mut still_lagging_marks = HashMap::new();
         let mut still_lagging_reasons = HashMap::new();
         let mut written_at = HashMap::new();
         for pod in stored {
@@ -207,6 +233,11 @@ impl Assumed {
             {
                 still_lagging_admissions.insert(uid.clone(), admitted);
             }
+            if let Some((before, marked)) = self.marked.remove(uid)
+                && is_version(pod, &before)
+            {
+                still_lagging_marks.insert(uid.clone(), (before, marked));
+            }
             if let Some(reason) = self.reasons.remove(uid) {
                 let shown = pod
                     .metadata
@@ -219,6 +250,7 @@ impl Assumed {
             }
         }
         self.admitted = still_lagging_admissions;
+        self.marked = still_lagging_marks;
         self.reasons = still_lagging_reasons;
         self.reasons_written_at = written_at;
     }
@@ -267,6 +299,11 @@ impl Assumed {
 
 /// Answers the writes a term left in flight (see [`Assumed::left_in_flight`]) from fresh reads
 /// of their objects, found by uid in `stores`; an object no store holds any more is gone.
+/// Whether the store shows `pod` at `version` still.
+fn is_version(pod: &Pod, version: &str) -> bool {
+    pod.metadata.resource_version.as_deref() == Some(version)
+}
+
 /// A read that fails leaves its object in flight, and the error to the caller, who tries again.
 pub async fn reconcile(
     assumed: &Mutex<Assumed>,
@@ -348,6 +385,50 @@ mod tests {
             pod["metadata"]["annotations"] = json!({annotations::WAITING_REASON: reason});
         }
         serde_json::from_value(pod).unwrap()
+    }
+
+    /// `pod` at `version`, carrying reclaim `mark` if any.
+    fn victim(version: &str, mark: Option<&str>) -> Pod {
+        let mut victim = pod("v", false, None);
+        victim.metadata.resource_version = Some(version.to_owned());
+        if let Some(id) = mark {
+            victim.metadata.annotations =
+                Some([(annotations::RECLAIM_ID.to_owned(), id.to_owned())].into());
+        }
+        victim
+    }
+
+    #[test]
+    fn a_marked_victim_stands_in_while_the_store_shows_the_version_it_was_marked_on() {
+        let mut assumed = Assumed::default();
+        let before = victim("10", None);
+        assumed.marked(&before, victim("11", Some("rc-1")));
+        let mark = |pod: &Pod| {
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|notes| notes.get(annotations::RECLAIM_ID).cloned())
+        };
+        assert_eq!(mark(assumed.view(&before)).as_deref(), Some("rc-1"));
+        assumed.settle([&before]);
+        assert_eq!(
+            mark(assumed.view(&before)).as_deref(),
+            Some("rc-1"),
+            "still lagging: the mark is kept"
+        );
+        // A relist may skip the marked version: any other version is newer, and is the truth
+        // (here the intent was taken back meanwhile).
+        let relisted = victim("13", None);
+        assert_eq!(mark(assumed.view(&relisted)), None);
+        assumed.settle([&relisted]);
+        assert!(
+            assumed.marked.is_empty(),
+            "forgotten once the store moved on"
+        );
+
+        assumed.marked(&before, victim("11", Some("rc-2")));
+        assumed.settle(std::iter::empty());
+        assert!(assumed.marked.is_empty(), "forgotten once the pod is gone");
     }
 
     #[test]

@@ -5,9 +5,11 @@
 //!
 //! One write per owner queue and admission pass: the entries of every reclaim the pass starts
 //! for the queue are appended together with a JSON patch (the API server applies it to the
-//! newest object, so writers at once never conflict); only entries for an empty list are a
-//! merge patch, with the queue's `resourceVersion` as precondition. A burst of 22 owners thus
-//! costs one status write before its intents, not 22 of the same queue.
+//! newest object, so writers at once never conflict); only a queue without the list (it never
+//! had a reclaim; removals leave it empty, not absent) gets a merge patch, with the queue's
+//! `resourceVersion` as precondition. A burst of 22 owners thus costs one status write before
+//! its intents, not 22 of the same queue, and a store that lags the admission loop's own status
+//! write costs no conflict and no read.
 //! Removal (after an abandon, or of an entry whose reclaim left nothing behind) reads the
 //! status and writes the list without the entry, under the same precondition.
 
@@ -120,6 +122,10 @@ pub async fn add(
         source,
     };
     let mut seen = stored.cloned();
+    // The list stays (empty) once a queue had a reclaim: appending to it never conflicts with
+    // another writer, whatever the store showed. Only a queue that never had one needs the
+    // merge patch that creates the list.
+    let mut list_exists = true;
     for attempt in 1..=ATTEMPTS {
         let current = match seen.take() {
             Some(current) => current,
@@ -135,7 +141,7 @@ pub async fn add(
                 id: ids.clone(),
             });
         }
-        let patch = if listed == 0 {
+        let patch = if listed == 0 && !list_exists {
             Patch::Merge(json!({
                 "metadata": {"resourceVersion": current.metadata.resource_version},
                 "status": {"reclaimsInFlight": entries},
@@ -148,9 +154,12 @@ pub async fn add(
         };
         match api.patch_status(queue, &params(), &patch).await {
             Ok(_) => return Ok(()),
-            // A stale `resourceVersion`, or a list emptied meanwhile: read it again.
+            // A stale `resourceVersion`, or no list to append to: read it again.
             Err(kube::Error::Api(status))
-                if (status.code == 409 || status.code == 422) && attempt < ATTEMPTS => {}
+                if (status.code == 409 || status.code == 422) && attempt < ATTEMPTS =>
+            {
+                list_exists &= status.code != 422;
+            }
             Err(source) => return Err(error(source)),
         }
     }

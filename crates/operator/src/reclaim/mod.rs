@@ -5,7 +5,8 @@
 //! admission pass (leader)                         handover task (one per reclaim)
 //! ───────────────────────                         ───────────────────────────────
 //! recover: resume / abandon intents from the store
-//! plan (core) ─▶ intent on every victim (rv-tested)
+//! plan (core) ─▶ intent on every victim (rv-tested), while the owner queue's
+//!                status.reclaimsInFlight records it
 //!              ─▶ owner: intent + pin + release, one patch ─▶ per victim, all at once:
 //!                                                               mark `checkpointing`, checkpoint
 //!                                                               (deadline from the budget left),
