@@ -195,6 +195,8 @@ struct ClassGroup {
 pub(crate) struct FragIndex {
     /// Index 0: nodes without a GPU model; index `m + 1`: model id `m`.
     by_model: Vec<Vec<ClassGroup>>,
+    /// [`WorkloadMix::multi_device_share`] of the mix.
+    multi_device_share: f64,
 }
 
 impl FragIndex {
@@ -253,7 +255,15 @@ impl FragIndex {
             }
             by_model.push(groups);
         }
-        Self { by_model }
+        Self {
+            by_model,
+            multi_device_share: mix.multi_device_share(),
+        }
+    }
+
+    /// [`WorkloadMix::multi_device_share`] of the compiled mix.
+    pub(crate) fn multi_device_share(&self) -> f64 {
+        self.multi_device_share
     }
 
     /// `F_n` of a node: its model, free CPU, and the free milli of each device (`free`, laid
