@@ -113,6 +113,22 @@ impl WorkloadMix {
     pub fn is_empty(&self) -> bool {
         self.classes.is_empty()
     }
+
+    /// The share of the mix's expected GPU request (`Σ p_m · devices_m · milli_m` over the
+    /// classes that request a GPU) that classes of two or more devices make: 0 when no
+    /// typical class is multi-GPU, 1 when all are.
+    pub fn multi_device_share(&self) -> f64 {
+        let (mut multi, mut all) = (0.0, 0.0);
+        for (shape, p) in &self.classes {
+            let Some(gpu) = &shape.gpu else { continue };
+            let demand = p * f64::from(gpu.count) * f64::from(gpu.milli_per_device);
+            all += demand;
+            if gpu.count >= 2 {
+                multi += demand;
+            }
+        }
+        if all > 0.0 { multi / all } else { 0.0 }
+    }
 }
 
 /// The order of FGD's `PodResource.Less`: CPU, milli-GPU per device, device count, GPU type.
@@ -179,6 +195,8 @@ struct ClassGroup {
 pub(crate) struct FragIndex {
     /// Index 0: nodes without a GPU model; index `m + 1`: model id `m`.
     by_model: Vec<Vec<ClassGroup>>,
+    /// [`WorkloadMix::multi_device_share`] of the mix.
+    multi_device_share: f64,
 }
 
 impl FragIndex {
@@ -237,7 +255,15 @@ impl FragIndex {
             }
             by_model.push(groups);
         }
-        Self { by_model }
+        Self {
+            by_model,
+            multi_device_share: mix.multi_device_share(),
+        }
+    }
+
+    /// [`WorkloadMix::multi_device_share`] of the compiled mix.
+    pub(crate) fn multi_device_share(&self) -> f64 {
+        self.multi_device_share
     }
 
     /// `F_n` of a node: its model, free CPU, and the free milli of each device (`free`, laid
@@ -377,6 +403,26 @@ mod tests {
         assert_eq!(mix.classes()[0].0, a);
         assert!((mix.classes()[0].1 - 70.0 / 96.0).abs() < 1e-12);
         assert!((mix.classes()[1].1 - 26.0 / 96.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn multi_device_share_weighs_classes_by_their_gpu_request() {
+        // Half-GPU tasks (share 1/2, 250 milli expected), 4-GPU tasks (1/4, 1000), CPU-only
+        // tasks (1/4, no GPU): multi-GPU tasks make 1000 of the 1250 milli requested.
+        let gpu = ResourceName::nvidia_gpu();
+        let mix = WorkloadMix::new(vec![
+            (shape(1000, Some(GpuRequest::shared(gpu.clone(), 500))), 0.5),
+            (shape(8000, Some(GpuRequest::devices(gpu.clone(), 4))), 0.25),
+            (shape(2000, None), 0.25),
+        ]);
+        assert!((mix.multi_device_share() - 0.8).abs() < 1e-12);
+        // 2-GPU tasks at 5%, whole GPUs at 95%: 100 of 1050 milli, under a tenth.
+        let few = WorkloadMix::new(vec![
+            (shape(1000, Some(GpuRequest::devices(gpu.clone(), 2))), 0.05),
+            (shape(1000, Some(GpuRequest::devices(gpu, 1))), 0.95),
+        ]);
+        assert!((few.multi_device_share() - 100.0 / 1050.0).abs() < 1e-12);
+        assert!(WorkloadMix::new(vec![(shape(1000, None), 1.0)]).multi_device_share() == 0.0);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! | [`BestFit`] | least CPU and GPU left on the node (the FGD paper's `05-BestFit`) |
 //! | [`GpuPacking`] | shared GPUs, then GPUs of used nodes, then idle nodes (`04-GpuPacking`) |
 //! | [`Fgd`] | the smallest growth of the node's fragmentation, as the FGD paper scores it (`06-FGD`) |
-//! | [`FragmentationAware`] | ours: FGD's score; its ties to the least growth of the capacity the mix cannot fill in whole copies (CPU and devices), then to best fit |
+//! | [`FragmentationAware`] | ours: FGD's score; its ties to the least growth of the capacity the mix cannot fill in whole copies (CPU and devices), then to best fit (single-device requests in a mix heavy in multi-GPU tasks: FGD's ties as FGD leaves them) |
 //! | [`Random`] | a seeded pseudo-random node (`01-Random`) |
 
 use std::cell::OnceCell;
@@ -73,6 +73,13 @@ impl Candidate<'_> {
         *self
             .unfillable_before
             .get_or_init(|| self.unfillable(&self.before))
+    }
+
+    /// The share of the workload mix's expected GPU request made by multi-GPU classes
+    /// ([`WorkloadMix::multi_device_share`](crate::fragmentation::WorkloadMix::multi_device_share));
+    /// 0 without a mix.
+    pub fn multi_device_share(&self) -> f64 {
+        self.frag.map_or(0.0, FragIndex::multi_device_share)
     }
 
     /// [`Candidate::unfillable_before`] after the placement (computed on each call).
@@ -248,7 +255,8 @@ impl Scorer for Fgd {
 }
 
 /// Ours: FGD's score, with the ties FGD leaves to the order of node names sent to the option
-/// that strands the least capacity, then to the best fit.
+/// that strands the least capacity, then to the best fit, except for single-device requests
+/// in a mix where multi-GPU tasks weigh.
 ///
 /// In DESIGN §6 terms: the scorer places a pod where it increases FGD's fragmentation measure
 /// least, exactly as FGD scores it (`⌊sigmoid(ΔF_n / 1000) × 100⌋`, see [`Fgd`]), so wherever
@@ -262,6 +270,23 @@ impl Scorer for Fgd {
 /// idle GPU on the node (best fit), then the [`TieBreak`]; within a node, the device FGD's
 /// score prefers, then the one that strands least.
 ///
+/// The exception: when the mix's multi-GPU classes make at least [`MULTI_DEVICE_MIX`] of its
+/// expected GPU request ([`Candidate::multi_device_share`]), a request for one device (a
+/// shared one or one whole GPU) keeps FGD's ties as FGD leaves them: its score alone, then
+/// the [`TieBreak`] (and the first device with the best score). Multi-GPU and CPU-only
+/// requests keep the whole-copy key there too. Measured against our FGD run with the same
+/// arrivals (openb, seeds 42–51, mean of the per-seed difference in final allocation): with
+/// the last ties of both by the run's node order, ours' keys on multi-GPU requests alone gain
+/// 0.12 points on `multigpu30` and 0.02 on `multigpu40`, while the keys on all requests
+/// lose 0.07 and 0.10; as shipped (first node by name) the rule takes ours from −0.02 to
+/// +0.11 on `multigpu30` and from −0.11 to −0.06 on `multigpu40` (still behind there, 2 of 10
+/// seeds at least as high). Why the keys hurt single-device requests there is not measured;
+/// a guess: once whole 2-, 4- and 8-GPU tasks carry a quarter or more of the request, what
+/// decides allocation is how many nodes stay whole for them, and packing small requests by
+/// the copies they strand pays too little attention to that. The mixes without multi-GPU
+/// classes among their typical pods (the `default`, `cpu*` and `gpushare*` traces) and the
+/// `gpuspec*` ones (4–5%) are untouched; `multigpu20` (15%) is switched, +0.11 against +0.09.
+///
 /// Earlier versions ranked by the whole-copy measure alone (through a sigmoid half FGD's
 /// slope): that led on `default` but trailed FGD where shared or multi-GPU tasks dominate,
 /// because rounding down to whole copies hides the small changes FGD's `F_n` still sees
@@ -271,14 +296,23 @@ impl Scorer for Fgd {
 /// workload mix it is best fit.
 ///
 /// So ours can lose to FGD only through its ties, where FGD (in its authors' simulator) takes
-/// a random node: on a trace where the whole-copy key tells nothing FGD's `F_n` does not, the
-/// two are level in expectation and a run differs by the draw. Alternatives measured against
-/// FGD with the same arrivals (`crates/sim/results/placement/fgd-reproduction.md`) were not
-/// better: FGD's unrounded `ΔF_n` as the first key loses 0.4 points on `gpushare60` (the
-/// rounding is what leaves the whole-copy key something to decide), and the run's random node
-/// order for the remaining ties, instead of the first node, is 0.05 lower on `multigpu40`.
+/// a random node. Alternatives measured against FGD with the same arrivals
+/// (`crates/sim/results/placement/fgd-reproduction.md`) were not better: FGD's unrounded
+/// `ΔF_n` as the first key loses 0.4 points on `gpushare60` (the rounding is what leaves the
+/// whole-copy key something to decide), and as the first tie key for whole-GPU requests 0.08
+/// on `multigpu30`; the run's random node order for the remaining ties, instead of the first
+/// node, is 0.05 lower on `multigpu40`. In the multi-GPU-heavy mixes: leaving CPU-only
+/// requests' ties to the node order too is 0.15 lower on `multigpu20` (−0.04 against +0.11);
+/// a fixed pseudo-random node order (a hash of the node) instead of the first node for the
+/// single-device ties was 0.03–0.04 higher on `multigpu40` with two orders, within the
+/// spread, and moved `multigpu20` by 0.2 points between two orders once CPU-only requests
+/// used it too, so it was not kept.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FragmentationAware;
+
+/// The share of the mix's expected GPU request made by multi-GPU classes from which
+/// [`FragmentationAware`] leaves single-device requests' ties to the node order.
+pub const MULTI_DEVICE_MIX: f64 = 0.1;
 
 /// Packs two tie keys into [`Score::tie`]: the fall of the whole-copy waste, in whole milli,
 /// above the idle GPU left on the node, which stays below this many milli (1,000 GPUs).
@@ -293,11 +327,15 @@ impl Scorer for FragmentationAware {
                 device: fullest_device(candidate),
             };
         }
+        let fgd = Fgd.score(candidate);
+        if candidate.request_devices == 1 && candidate.multi_device_share() >= MULTI_DEVICE_MIX {
+            return fgd;
+        }
         let stranded_less = (candidate.unfillable_before() - candidate.unfillable_after()).round();
         #[allow(clippy::cast_precision_loss)]
         let idle_after = candidate.after.idle_milli() as f64;
         Score {
-            node: Fgd.score(candidate).node,
+            node: fgd.node,
             tie: stranded_less * TIE_STRIDE - idle_after,
             device: 0.0,
         }

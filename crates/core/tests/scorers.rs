@@ -113,16 +113,56 @@ fn ours_breaks_fgd_ties_by_what_whole_copies_strand() {
 
 #[test]
 fn ours_keeps_whole_copies_of_multi_gpu_tasks() {
-    // Mix: 2-GPU tasks only. `a` has 4 free GPUs, `b` 3 (one runs a whole-GPU task). A
-    // whole-GPU pod arrives. F is 0 everywhere (two free GPUs remain), so FGD takes `a`.
-    // Copies: `a` 2 -> 1 of its 3 (1000 stranded): +1000; `b` 1 copy with 1000 stranded
-    // -> 1 copy with none: −1000. Ours: `b`.
+    // Mix: whole-GPU tasks (95%) and 2-GPU tasks (5%, 100 of the 1050 milli the mix
+    // requests: under a tenth). `a` has 4 free GPUs, `b` 3 (one runs a whole-GPU task). A
+    // whole-GPU pod arrives. F is 0 everywhere (both classes still fit), so FGD takes `a`.
+    // Unfillable = idle − 0.95·(free GPUs)·1000 − 0.05·(2-GPU copies)·2000:
+    //   a: 4000 − 3800 − 200 = 0 -> 3000 − 2850 − 100 = 50 (the odd GPU): +50.
+    //   b: 3000 − 2850 − 100 = 50 -> 2000 − 1900 − 100 = 0: −50. Ours: `b`.
+    let snapshot = cluster(
+        &[("a", 4), ("b", 4)],
+        vec![running("r", GpuRequest::devices(GPU, 1), "b")],
+        vec![
+            class(1000, GpuRequest::devices(GPU, 1), 0.95),
+            class(1000, GpuRequest::devices(GPU, 2), 0.05),
+        ],
+    );
+    let arriving = pod("p", 1000, Some(GpuRequest::devices(GPU, 1)));
+    assert_eq!(placed(&snapshot, &Fgd, &arriving).0, "a");
+    assert_eq!(placed(&snapshot, &FragmentationAware, &arriving).0, "b");
+}
+
+#[test]
+fn ours_leaves_single_device_ties_to_the_node_order_when_multi_gpu_tasks_weigh() {
+    // The same nodes, and a mix of 2-GPU tasks only (all of its request is multi-GPU, over
+    // MULTI_DEVICE_MIX). F is 0 everywhere, FGD scores both 50 and takes `a`. The whole-copy
+    // key would take `b` (`a`: 2 copies -> 1 of 3 GPUs, +1000 stranded; `b`: 1000 stranded
+    // -> none), but a one-device request keeps FGD's tie: ours takes `a`, the first node.
     let snapshot = cluster(
         &[("a", 4), ("b", 4)],
         vec![running("r", GpuRequest::devices(GPU, 1), "b")],
         vec![class(1000, GpuRequest::devices(GPU, 2), 1.0)],
     );
     let arriving = pod("p", 1000, Some(GpuRequest::devices(GPU, 1)));
+    assert_eq!(placed(&snapshot, &Fgd, &arriving).0, "a");
+    assert_eq!(placed(&snapshot, &FragmentationAware, &arriving).0, "a");
+}
+
+#[test]
+fn ours_still_breaks_multi_gpu_requests_ties_when_multi_gpu_tasks_weigh() {
+    // Mix: 4-GPU tasks only. `a` has 7 of 8 GPUs free, `b` 6. A 2-GPU pod arrives: `a` keeps
+    // 5, `b` 4, both still hold one 4-GPU copy, so F stays 0 and FGD takes `a`. Whole
+    // copies: `a` strands 3000 -> 1000, `b` 2000 -> 0: both 2000 less, a tie; best fit then
+    // takes `b` (4000 idle left, against 5000).
+    let snapshot = cluster(
+        &[("a", 8), ("b", 8)],
+        vec![
+            running("r1", GpuRequest::devices(GPU, 1), "a"),
+            running("r2", GpuRequest::devices(GPU, 2), "b"),
+        ],
+        vec![class(1000, GpuRequest::devices(GPU, 4), 1.0)],
+    );
+    let arriving = pod("p", 1000, Some(GpuRequest::devices(GPU, 2)));
     assert_eq!(placed(&snapshot, &Fgd, &arriving).0, "a");
     assert_eq!(placed(&snapshot, &FragmentationAware, &arriving).0, "b");
 }
