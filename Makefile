@@ -81,6 +81,8 @@ E2E_TOOLS := e2e/scripts/build-tools.sh
 E2E_DEBIAN_PACKAGES := prometheus:prometheus prometheus:promtool
 # tests/image.rs builds and runs the operator's image (podman builds too, where buildah is missing).
 E2E_DEBIAN_PACKAGES += podman:podman
+# It runs the image with runc: Debian's crun refuses a hybrid cgroup layout (this machine's).
+E2E_DEBIAN_PACKAGES += runc:runc
 E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
 # Options of `gpuqueue-e2e-cluster up`, such as --gpu-nodes 2 --gpus-per-node 4.

@@ -26,10 +26,14 @@ fn stdout(output: &Output) -> String {
 }
 
 /// `podman run` with the settings of the Deployment's securityContext: non-root by the image's
-/// user, read-only root filesystem, no capabilities, no privilege escalation.
+/// user, read-only root filesystem, no capabilities, no privilege escalation. The runtime is
+/// runc: crun (podman's default on Debian) refuses a hybrid cgroup layout, cgroup v1 with
+/// controllers left on the v2 hierarchy ("cgroups in hybrid mode not supported"), which some
+/// machines (this project's CI) have; runc runs on it and on pure v1 or v2 alike.
 fn podman_run() -> Command {
     let mut command = Command::new("podman");
     command.args([
+        "--runtime=runc",
         "run",
         "--read-only",
         "--cap-drop=ALL",
