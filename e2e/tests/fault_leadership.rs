@@ -102,6 +102,9 @@ async fn a_leader_paused_past_its_lease_does_not_act_when_it_resumes() {
     }
     let running = all_running(&borrowers, 2).await;
     let servers = fake_vllms(&running).await;
+    // Its announcements of those admissions are out first: events it queued before the pause
+    // and published after it would be true, but not what this test is about.
+    events_published(&client, "first", "Admitted", 2).await;
 
     // The leader stops where it is, holding the lease, longer than the lease lasts.
     let before = actions(&first).await;
@@ -186,6 +189,28 @@ async fn a_leader_paused_past_its_lease_does_not_act_when_it_resumes() {
                 && (*n - 2.0).abs() < 0.5),
         "{second_actions:?}"
     );
+}
+
+/// Waits until `identity` has published at least `count` events with `reason`.
+async fn events_published(client: &Client, identity: &str, reason: &str, count: usize) {
+    wait_for(
+        format!("{count} {reason} events of {identity}"),
+        DEFAULT_TIMEOUT,
+        || async {
+            let published = events_reported_by(client, identity)
+                .await
+                .into_iter()
+                .filter(|(_, e)| e.reason.as_deref() == Some(reason))
+                .count();
+            if published >= count {
+                Ok(())
+            } else {
+                Err(format!("{published} published"))
+            }
+        },
+    )
+    .await
+    .unwrap();
 }
 
 /// Pods of `pods` without the admission gate.

@@ -107,6 +107,12 @@ pub async fn run(context: Context, term: Term) {
     let mut handovers = Handovers::new(shared.context.reclaimer.clone());
     let mut carried = PassMemory::default();
     for number in 1_u64.. {
+        if !shared.term.is_current() {
+            // The term ran out while this process could not run (paused, starved): a pass now
+            // would announce and plan as a leader it no longer is. The caller aborts this
+            // future as soon as it sees the term lost.
+            std::future::pending::<()>().await;
+        }
         while tasks.try_join_next().is_some() {}
         // The pass reads everything: what changed until now is in it.
         changes.borrow_and_update();
