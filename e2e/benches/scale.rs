@@ -287,6 +287,10 @@ async fn main() {
     all_bound(&client, "every pod to be bound").await;
     phases.push(clock.finish(&operator).await);
     let passes_total = "gpuqueue_admission_passes_total";
+    // Bound is not the end of the load: KWOK still reports pods running, and the operator
+    // still publishes their Admitted events, for minutes on this machine. Rest starts when
+    // nobody writes any more.
+    let quiet_seconds = quiet(&client).await;
     settle(&operator, passes_total).await;
 
     // 2. rest
@@ -385,6 +389,7 @@ async fn main() {
         shape,
         cluster_seconds,
         phases,
+        quiet_seconds,
         rest_seconds,
         rest_requests,
         stopped_requests,
@@ -406,6 +411,34 @@ async fn leads(operator: &Operator) {
     })
     .await
     .unwrap();
+}
+
+/// Waits (at most ten minutes) until the API server answers no write but the Lease's for 5 s;
+/// how long that took.
+async fn quiet(client: &Client) -> f64 {
+    let started = Instant::now();
+    let give_up = started + Duration::from_mins(10);
+    loop {
+        let before = api_requests(client).await;
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let writes: f64 = delta(&before, &api_requests(client).await)
+            .iter()
+            .filter(|(request, _)| {
+                let (verb, resource) = request.split_once(' ').unwrap_or((request, ""));
+                !matches!(verb, "GET" | "LIST" | "WATCH") && resource != "leases"
+            })
+            .map(|(_, count)| count)
+            .sum();
+        let waited = started.elapsed().as_secs_f64();
+        if writes == 0.0 {
+            eprintln!("quiet after {waited:.1} s");
+            return waited;
+        }
+        if Instant::now() >= give_up {
+            eprintln!("still {writes} writes in 5 s after ten minutes; resting anyway");
+            return waited;
+        }
+    }
 }
 
 /// Waits (at most a minute) until no pass has run for 3 s: the bookkeeping after a phase is
