@@ -9,6 +9,11 @@
 //! kube's `Recorder` folds an event repeated within minutes
 //! into a series, and the admission loop publishes a waiting event only when a pod's cause of
 //! waiting changes, so a pod that waits for an hour gets one event, not one per pass.
+//!
+//! The `Recorder` keeps every event it published for six minutes, and drops old ones only when
+//! it publishes again: after a burst of 10,000 admissions it would hold 10,000 events for as
+//! long as the cluster stays at rest. The publisher starts a new one after [`CACHE_ENTRIES`]
+//! events, so at most that many are kept, as client-go's recorder keeps an LRU cache of 4,096.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,6 +31,10 @@ const MAX_NOTE: usize = 1024;
 
 /// Events waiting to be published; beyond this, new ones are dropped (and logged).
 const QUEUE_CAPACITY: usize = 8192;
+
+/// How many published events the recorder keeps to fold repeats into series (client-go's
+/// event correlator keeps 4,096); a repeat of an older one starts a new event.
+const CACHE_ENTRIES: usize = 4096;
 
 /// How long an event the API server could not take is retried (client-go's recorder tries
 /// 12 times, about two minutes; a restart takes seconds). Later events wait meanwhile, in
@@ -60,6 +69,13 @@ pub struct Notice {
 /// The task that publishes queued events; run it with [`Publisher::run`].
 pub struct Publisher {
     recorder: Recorder,
+    /// What a new recorder is made of, once the current one has cached [`CACHE_ENTRIES`].
+    client: Client,
+    reporter: Reporter,
+    /// Events the current recorder has published.
+    cached: usize,
+    /// [`CACHE_ENTRIES`] (tests use fewer).
+    cache_entries: usize,
     queue: mpsc::Receiver<(ObjectReference, Notice)>,
     written: watch::Sender<u64>,
     /// When a write last found no API server to answer it.
@@ -81,7 +97,11 @@ impl Events {
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (written, written_rx) = watch::channel(0);
         let publisher = Publisher {
-            recorder: Recorder::new(client, reporter),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
+            cached: 0,
+            cache_entries: CACHE_ENTRIES,
             queue: receiver,
             written,
             unreachable_at: None,
@@ -156,6 +176,11 @@ impl Publisher {
                 action: notice.action.to_owned(),
                 secondary: None,
             };
+            self.cached += 1;
+            if self.cached > self.cache_entries {
+                self.recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+                self.cached = 1;
+            }
             if let Err(error) = self.publish(&event, &regarding).await {
                 tracing::warn!(
                     %error,
@@ -234,7 +259,57 @@ fn truncate(mut text: String, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use http::{Request, Response};
+    use http_body_util::BodyExt;
+    use kube::client::Body;
+    use tower_test::mock;
+
     use super::*;
+
+    fn pod(name: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some("batch".into()),
+            name: Some(name.into()),
+            uid: Some(format!("uid-{name}")),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn waiting() -> Notice {
+        Notice {
+            warning: false,
+            reason: "Waiting",
+            action: "Wait",
+            note: "queue batch: 24 of 24 GPUs in use".into(),
+        }
+    }
+
+    /// A repeat within the recorder's memory is a series (PATCH); once the publisher has
+    /// started a new recorder, the same event is created again (POST): at most
+    /// `cache_entries` events are kept.
+    #[tokio::test]
+    async fn the_recorder_keeps_a_bounded_number_of_events_for_series() {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut methods = Vec::new();
+            while let Some((request, send)) = handle.next_request().await {
+                methods.push(request.method().to_string());
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                send.send_response(Response::new(Body::from(body.to_vec())));
+            }
+            methods
+        });
+        let (events, mut publisher) = Events::new(Client::new(service, "default"), "test");
+        publisher.cache_entries = 2;
+        for name in ["a", "a", "b", "a"] {
+            events.send(pod(name), waiting());
+        }
+        drop(events);
+        publisher.run().await;
+        assert_eq!(server.await.unwrap(), ["POST", "PATCH", "POST", "POST"]);
+    }
 
     #[test]
     fn long_notes_are_cut_within_the_limit_on_a_character_boundary() {
