@@ -1,7 +1,7 @@
 //! A pod as the policy sees it: what it requests, which nodes it may use, whether it waits at
 //! the gate or holds quota, and the hints reclaim orders victims by.
 
-use std::{collections::BTreeMap, fmt};
+use std::{collections::BTreeMap, fmt, sync::Arc};
 
 use gpuqueue_api::{ADMISSION_GATE, annotations, node_labels};
 use jiff::Timestamp;
@@ -204,8 +204,9 @@ pub struct Pod {
     pub requests: Requests,
     /// GPU models the pod may run on; empty: any.
     pub gpu_models: Vec<String>,
-    /// Node selector, required affinity and tolerations; `None`: no rules.
-    pub node_rules: Option<Box<NodeRules>>,
+    /// Node selector, required affinity and tolerations; `None`: no rules. Shared: the operator
+    /// copies each pod's model into every pass's snapshot.
+    pub node_rules: Option<Arc<NodeRules>>,
     pub priority: i32,
     pub state: PodState,
     pub created_at: Timestamp,
@@ -363,7 +364,7 @@ impl Pod {
                 key,
                 requests,
                 gpu_models,
-                node_rules: node_rules.map(Box::new),
+                node_rules: node_rules.map(Arc::new),
                 priority: spec.priority.unwrap_or(0),
                 state,
                 created_at,

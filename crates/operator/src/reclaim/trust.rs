@@ -136,6 +136,11 @@ impl Trusted {
         self.0.get(id)
     }
 
+    /// Whether no reclaim is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = &Recorded> {
         self.0.values()
     }
