@@ -11,8 +11,8 @@ mod fault_common;
 use std::time::Duration;
 
 use common::{
-    OPERATOR_NAMESPACE, Operator, Options, all_running, apply_queue, bound, create, free_port,
-    install, is_gated, settled,
+    OPERATOR_NAMESPACE, Operator, Options, all_running, apply_queue, bound, create, event,
+    free_port, install, is_gated, settled,
 };
 use fault_common::{
     actions, events_reported_by, fake_vllms, gone, handover_record, name, now, point_webhook_at,
@@ -104,7 +104,9 @@ async fn a_leader_paused_past_its_lease_does_not_act_when_it_resumes() {
     let servers = fake_vllms(&running).await;
     // Its announcements of those admissions are out first: events it queued before the pause
     // and published after it would be true, but not what this test is about.
-    events_published(&client, "first", "Admitted", 2).await;
+    for pod in ["b-0", "b-1"] {
+        event(&client, batch.name(), pod, "Admitted").await;
+    }
 
     // The leader stops where it is, holding the lease, longer than the lease lasts.
     let before = actions(&first).await;
@@ -189,28 +191,6 @@ async fn a_leader_paused_past_its_lease_does_not_act_when_it_resumes() {
                 && (*n - 2.0).abs() < 0.5),
         "{second_actions:?}"
     );
-}
-
-/// Waits until `identity` has published at least `count` events with `reason`.
-async fn events_published(client: &Client, identity: &str, reason: &str, count: usize) {
-    wait_for(
-        format!("{count} {reason} events of {identity}"),
-        DEFAULT_TIMEOUT,
-        || async {
-            let published = events_reported_by(client, identity)
-                .await
-                .into_iter()
-                .filter(|(_, e)| e.reason.as_deref() == Some(reason))
-                .count();
-            if published >= count {
-                Ok(())
-            } else {
-                Err(format!("{published} published"))
-            }
-        },
-    )
-    .await
-    .unwrap();
 }
 
 /// Pods of `pods` without the admission gate.
