@@ -9,6 +9,8 @@
 //! victims are terminating) is the node's *deficit*: the node takes no new pods until it is
 //! seated.
 
+use std::sync::Arc;
+
 use crate::ids::{ModelId, NodeId, PodId, ResourceId};
 use crate::model::{
     DeviceMemory, DeviceSet, GpuRequest, MAX_DEVICES_PER_POOL, Node, Pod, Requests, Sharing,
@@ -181,7 +183,8 @@ pub(crate) struct Seat {
 /// One node: its object, its pools, what is free and who sits there.
 #[derive(Clone, Debug)]
 pub(crate) struct NodeState {
-    node: Node,
+    /// Shared with whoever gave it (the operator keeps each node's model from pass to pass).
+    node: Arc<Node>,
     model: Option<ModelId>,
     layout: Vec<PoolLayout>,
     free: DeviceFree,
@@ -200,7 +203,7 @@ pub(crate) struct NodeState {
 
 impl NodeState {
     /// An empty node with every device free.
-    pub fn new(node: Node, model: Option<ModelId>, layout: Vec<PoolLayout>) -> Self {
+    pub fn new(node: Arc<Node>, model: Option<ModelId>, layout: Vec<PoolLayout>) -> Self {
         Self {
             model,
             free: DeviceFree::new(&layout),

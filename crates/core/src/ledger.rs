@@ -15,12 +15,12 @@
 //! then within its guarantee again and gets the room back by the same rule, and a straddler is
 //! chosen only when the owner needs it (reclaim plans are minimal).
 
-use std::{cmp::Ordering, collections::BTreeSet};
+use std::{cmp::Ordering, collections::BTreeSet, sync::Arc};
 
 use jiff::Timestamp;
 
 use crate::ids::{PodId, ResourceId};
-use crate::model::{PodKey, Queue};
+use crate::model::{Pod, Queue};
 use crate::quantity::Milli;
 
 /// One queue's numbers for one resource.
@@ -83,7 +83,7 @@ impl ResourceUsage {
 /// Orders a queue's admitted pods from the least protected to the most: unadmitted, then
 /// lowest priority, then most recently admitted, then name (descending), and pods reserved at
 /// creation but not seen yet last, so iteration yields borrowers first.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) struct Protection {
     /// Reserved at creation and not seen yet: the most protected, since a reclaim cannot evict
     /// it, so the queue's real pods are the ones marked as its borrowers.
@@ -92,9 +92,18 @@ pub(crate) struct Protection {
     pub recorded: bool,
     pub priority: i32,
     pub since: Timestamp,
-    pub key: PodKey,
+    /// The pod, for its key (shared with its slot, not a copy of the key per member).
+    pub pod: Arc<Pod>,
     pub id: PodId,
 }
+
+impl PartialEq for Protection {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+
+impl Eq for Protection {}
 
 impl Ord for Protection {
     fn cmp(&self, other: &Self) -> Ordering {
@@ -103,7 +112,7 @@ impl Ord for Protection {
             .then_with(|| self.recorded.cmp(&other.recorded))
             .then_with(|| self.priority.cmp(&other.priority))
             .then_with(|| other.since.cmp(&self.since))
-            .then_with(|| other.key.cmp(&self.key))
+            .then_with(|| other.pod.key.cmp(&self.pod.key))
             .then_with(|| self.id.cmp(&other.id))
     }
 }

@@ -10,7 +10,7 @@
 //! it off the node. If kube-scheduler binds it later, it is seated where it is bound. A reclaim's
 //! owner is left pinned: it waits for its victims, and the handover budget bounds that wait.
 
-use std::{fmt, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
 use jiff::{SignedDuration, Timestamp};
 
@@ -53,14 +53,14 @@ pub struct Released {
 
 /// Releases the room of every pinned, unbound pod that kube-scheduler has reported
 /// unschedulable for `after` or longer at `now`, and says which.
-pub fn release_stuck_pins(pods: &mut [Pod], now: Timestamp, after: Duration) -> Released {
+pub fn release_stuck_pins(pods: &mut [Arc<Pod>], now: Timestamp, after: Duration) -> Released {
     let after = SignedDuration::try_from(after).unwrap_or(SignedDuration::MAX);
     let mut released = Released::default();
     for pod in pods {
         let (Some(since), None) = (pod.unschedulable_since, &pod.reclaim) else {
             continue;
         };
-        let PodState::Admitted(assignment) = &mut pod.state else {
+        let PodState::Admitted(assignment) = &pod.state else {
             continue;
         };
         if assignment.bound || assignment.terminating || assignment.node.is_none() {
@@ -71,7 +71,11 @@ pub fn release_stuck_pins(pods: &mut [Pod], now: Timestamp, after: Duration) -> 
             released.next = released.next.into_iter().chain(due).min();
             continue;
         }
-        if let Some(node) = assignment.node.take() {
+        // Copied only now, when released (a pod model is shared from pass to pass).
+        let pod = Arc::make_mut(pod);
+        if let PodState::Admitted(assignment) = &mut pod.state
+            && let Some(node) = assignment.node.take()
+        {
             released.pins.push(StuckPin {
                 key: pod.key.clone(),
                 node,
@@ -107,11 +111,12 @@ mod tests {
 
     #[test]
     fn a_pin_unschedulable_for_long_enough_loses_its_room_only() {
-        let mut pods = vec![
+        let mut pods = [
             pinned("stuck", Some(0)),
             pinned("young", Some(30)),
             pinned("fine", None),
-        ];
+        ]
+        .map(Arc::new);
         let now = Timestamp::from_second(60).unwrap();
         let Released {
             pins: released,
@@ -142,7 +147,7 @@ mod tests {
             id: "r1".into(),
             role: crate::model::ReclaimRole::Owner,
         });
-        let mut pods = vec![bound, owner];
+        let mut pods = [bound, owner].map(Arc::new);
         let now = Timestamp::from_second(600).unwrap();
         assert_eq!(
             release_stuck_pins(&mut pods, now, UNBINDABLE_AFTER),

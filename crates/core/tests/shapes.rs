@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use common::world::{GPU, at, build, queue};
 use gpuqueue_core::Policy;
@@ -240,7 +241,8 @@ fn a_running_hami_pod_sits_on_the_devices_hami_gave_it() {
         }))
         .unwrap()
     };
-    let read = |allocated: &str| Pod::from_k8s(&k8s_pod(allocated)).unwrap().unwrap().value;
+    let read =
+        |allocated: &str| Arc::new(Pod::from_k8s(&k8s_pod(allocated)).unwrap().unwrap().value);
     let mut pods = vec![read("GPU-b,NVIDIA,12000,0:;")];
     assert!(
         gpuqueue_core::model::seat_hami_pods(&mut pods, std::slice::from_ref(&node)).is_empty()
@@ -256,7 +258,7 @@ fn a_running_hami_pod_sits_on_the_devices_hami_gave_it() {
     let snapshot = build(
         vec![queue("a", 8, 0)],
         vec![node.clone()],
-        pods.split_off(0),
+        pods.drain(..).map(Arc::unwrap_or_clone).collect(),
     );
     let n = snapshot.node_id("n").unwrap();
     assert_eq!(snapshot.node_view(n).gpu_free_memory(), &[16_384, 4_384]);

@@ -3,6 +3,7 @@
 //! seats the pod there rather than on the lowest free devices.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::node::Node;
 use super::pod::{Assignment, DeviceSet, Pod, PodState};
@@ -13,13 +14,16 @@ use crate::quantity::ResourceName;
 /// its node, instead of the lowest free ones: its `devices`, by index in the node's HAMi pool.
 /// A pod whose devices do not match its node (an unknown or unhealthy device, a count other
 /// than its request) keeps the lowest ones, and the mismatch is returned as a warning.
-pub fn seat_hami_pods(pods: &mut [Pod], nodes: &[Node]) -> Vec<String> {
+pub fn seat_hami_pods<'a>(
+    pods: &mut [Arc<Pod>],
+    nodes: impl IntoIterator<Item = &'a Node>,
+) -> Vec<String> {
     let mut warnings = Vec::new();
     if pods.iter().all(|p| p.hami_devices.is_empty()) {
         return warnings;
     }
     let by_name: HashMap<&str, &Node> = nodes
-        .iter()
+        .into_iter()
         .filter(|n| !n.hami_devices.is_empty())
         .map(|n| (n.name.as_str(), n))
         .collect();
@@ -57,7 +61,8 @@ pub fn seat_hami_pods(pods: &mut [Pod], nodes: &[Node]) -> Vec<String> {
         match indices {
             Some(mut devices) if devices.len() == asked as usize => {
                 devices.sort_unstable();
-                pod.devices = vec![DeviceSet { resource, devices }];
+                // Copied only now (a pod model is shared from pass to pass).
+                Arc::make_mut(pod).devices = vec![DeviceSet { resource, devices }];
             }
             _ => warnings.push(format!(
                 "pod {}: {DEVICES_ALLOCATED} names devices {:?}, which do not match the {asked} healthy HAMi devices it asks of node {}; seated on the lowest free ones",

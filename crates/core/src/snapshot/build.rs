@@ -1,12 +1,13 @@
 //! Building a snapshot: the builder's objects indexed in a deterministic order, names interned
 //! to ids, namespace claims resolved, nodes laid out and pods added in their state.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 
 use super::seating::SeatMode;
-use super::{PodSlot, Snapshot, SnapshotBuilder, SnapshotError};
+use super::{Index, PodSlot, Snapshot, SnapshotBuilder, SnapshotError};
 use crate::devices::{self, Charge, NodeState, Placement, PoolLayout, ResolvedGpu};
 use crate::fragmentation::{FragIndex, WorkloadMix};
 use crate::ids::{ModelId, NodeId, PodId, QueueId, ResourceId};
@@ -42,26 +43,26 @@ impl SnapshotBuilder {
     }
 
     #[must_use]
-    pub fn node(mut self, node: Node) -> Self {
-        self.nodes.push(node);
+    pub fn node(mut self, node: impl Into<Arc<Node>>) -> Self {
+        self.nodes.push(node.into());
         self
     }
 
     #[must_use]
-    pub fn nodes(mut self, nodes: impl IntoIterator<Item = Node>) -> Self {
-        self.nodes.extend(nodes);
+    pub fn nodes<N: Into<Arc<Node>>>(mut self, nodes: impl IntoIterator<Item = N>) -> Self {
+        self.nodes.extend(nodes.into_iter().map(Into::into));
         self
     }
 
     #[must_use]
-    pub fn pod(mut self, pod: Pod) -> Self {
-        self.pods.push(pod);
+    pub fn pod(mut self, pod: impl Into<Arc<Pod>>) -> Self {
+        self.pods.push(pod.into());
         self
     }
 
     #[must_use]
-    pub fn pods(mut self, pods: impl IntoIterator<Item = Pod>) -> Self {
-        self.pods.extend(pods);
+    pub fn pods<P: Into<Arc<Pod>>>(mut self, pods: impl IntoIterator<Item = P>) -> Self {
+        self.pods.extend(pods.into_iter().map(Into::into));
         self
     }
 
@@ -150,7 +151,7 @@ impl SnapshotBuilder {
 
 fn snapshot_intern(
     names: &mut Vec<ResourceName>,
-    ids: &mut HashMap<ResourceName, ResourceId>,
+    ids: &mut Index<ResourceName, ResourceId>,
     name: &ResourceName,
 ) -> ResourceId {
     if let Some(id) = ids.get(name) {
@@ -220,9 +221,10 @@ impl Snapshot {
     // ---- nodes -------------------------------------------------------------------------
 
     /// Adds a node (with no pods).
-    pub fn add_node(&mut self, node: Node) -> Result<NodeId, SnapshotError> {
+    pub fn add_node(&mut self, node: impl Into<Arc<Node>>) -> Result<NodeId, SnapshotError> {
+        let node = node.into();
         if self.node_ids.contains_key(&node.name) {
-            return Err(SnapshotError::DuplicateNode(node.name));
+            return Err(SnapshotError::DuplicateNode(node.name.clone()));
         }
         let layout = self.lay_out(&node)?;
         let model = self.intern_model(&node);
@@ -319,9 +321,10 @@ impl Snapshot {
 
     /// Adds a pod in its state: pending pods wait; admitted pods hold quota and are seated on
     /// their node (on the devices they name, or the lowest-numbered free ones).
-    pub fn add_pod(&mut self, pod: Pod) -> Result<PodId, SnapshotError> {
+    pub fn add_pod(&mut self, pod: impl Into<Arc<Pod>>) -> Result<PodId, SnapshotError> {
+        let pod = pod.into();
         if self.pod_ids.contains_key(&pod.key) {
-            return Err(SnapshotError::DuplicatePod(pod.key));
+            return Err(SnapshotError::DuplicatePod(pod.key.clone()));
         }
         devices::validate_requests(&pod.requests).map_err(|rule| {
             SnapshotError::InvalidRequest {

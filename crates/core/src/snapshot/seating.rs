@@ -35,7 +35,7 @@ impl Snapshot {
                         .pod
                         .admitted_at
                         .unwrap_or_else(|| slot.pod.running_since()),
-                    key: slot.pod.key.clone(),
+                    pod: slot.pod.clone(),
                     id,
                 });
                 self.queues[q.index()].charge(&slot.amounts, protection, sign);

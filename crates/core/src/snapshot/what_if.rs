@@ -2,6 +2,8 @@
 //! owner), mark a victim, remove a pod, and remove pods for a trial that [`Snapshot::restore`]
 //! rolls back (Kueue's `SimulateWorkloadRemoval`).
 
+use std::sync::Arc;
+
 use jiff::Timestamp;
 
 use super::seating::SeatMode;
@@ -82,14 +84,15 @@ impl Snapshot {
         let pin = self.nodes[node.index()].node().name.clone();
         self.charge_queue(id, -1);
         if let Some(slot) = self.pods[id.index()].as_mut() {
-            slot.pod.state = PodState::Admitted(Assignment {
+            let pod = Arc::make_mut(&mut slot.pod);
+            pod.state = PodState::Admitted(Assignment {
                 node: Some(pin),
                 bound: false,
                 terminating: false,
             });
-            slot.pod.admitted_at = Some(now);
+            pod.admitted_at = Some(now);
             // Admitted here, so it is no longer one that bypassed admission.
-            slot.pod.unadmitted = false;
+            pod.unadmitted = false;
             slot.admitted_as = Some(as_);
         }
         self.charge_queue(id, 1);
@@ -99,7 +102,7 @@ impl Snapshot {
     /// is no longer a candidate for another reclaim.
     pub fn mark_victim(&mut self, id: PodId, reclaim_id: &str) {
         if let Some(slot) = self.pods.get_mut(id.index()).and_then(Option::as_mut) {
-            slot.pod.reclaim = Some(ReclaimMark {
+            Arc::make_mut(&mut slot.pod).reclaim = Some(ReclaimMark {
                 id: reclaim_id.to_string(),
                 role: ReclaimRole::Victim,
             });
@@ -110,7 +113,7 @@ impl Snapshot {
     /// Takes a victim mark of this pass back: the owners on its node do without the pod.
     pub fn unmark_victim(&mut self, id: PodId) {
         if let Some(slot) = self.pods.get_mut(id.index()).and_then(Option::as_mut) {
-            slot.pod.reclaim = None;
+            Arc::make_mut(&mut slot.pod).reclaim = None;
             self.generation += 1;
         }
     }
@@ -124,7 +127,7 @@ impl Snapshot {
         let slot = self.pods[id.index()].take()?;
         self.pod_ids.remove(&slot.pod.key);
         self.generation += 1;
-        Some(slot.pod)
+        Some(Arc::unwrap_or_clone(slot.pod))
     }
 
     /// Removes pods to see what would happen without them; [`Snapshot::restore`] puts them

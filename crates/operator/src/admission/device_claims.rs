@@ -49,9 +49,9 @@ struct Charges {
 /// Pending pods whose claims cannot be counted are moved from `pods` to `unreadable`; the
 /// problems of admitted ones go to `problems`.
 pub fn charge(
-    pods: &mut Vec<model::Pod>,
+    pods: &mut Vec<Arc<model::Pod>>,
     claiming: Vec<ClaimingPod>,
-    nodes: &[model::Node],
+    nodes: &[Arc<model::Node>],
     stores: &DeviceStores,
     (unreadable, problems): (&mut Vec<(Arc<Pod>, String)>, &mut Vec<String>),
 ) {
@@ -96,7 +96,7 @@ pub fn charge(
         .collect();
     let charged = charged_claims(&users);
     for (charges, claims) in read.iter().zip(charged) {
-        let requests = &mut pods[charges.index].requests.gpus;
+        let requests = &mut Arc::make_mut(&mut pods[charges.index]).requests.gpus;
         for claim in claims {
             add_requests(requests, &charges.by_claim[&claim]);
         }
@@ -176,7 +176,7 @@ pub(super) fn guard(shared: &Shared, tasks: &mut JoinSet<()>) {
 }
 
 /// The most devices of each GPU resource one node has: what `allocationMode: All` may take.
-fn most_devices(nodes: &[model::Node]) -> BTreeMap<ResourceName, u32> {
+fn most_devices(nodes: &[Arc<model::Node>]) -> BTreeMap<ResourceName, u32> {
     let mut most: BTreeMap<ResourceName, u32> = BTreeMap::new();
     for pool in nodes.iter().flat_map(|node| &node.pools) {
         let entry = most.entry(pool.resource.clone()).or_default();
@@ -207,7 +207,7 @@ mod tests {
     /// Charges `claiming` with no node in the snapshot: the pods that cannot be counted, and
     /// the claims' problems.
     fn charge_on_no_nodes(
-        pods: &mut Vec<model::Pod>,
+        pods: &mut Vec<Arc<model::Pod>>,
         claiming: Vec<ClaimingPod>,
         stores: &TestStores,
     ) -> (Vec<(Arc<Pod>, String)>, Vec<String>) {
@@ -263,7 +263,7 @@ mod tests {
             Requests::default(),
             jiff::Timestamp::UNIX_EPOCH,
         );
-        let mut pods = vec![admitted, pending];
+        let mut pods = vec![Arc::new(admitted), Arc::new(pending)];
         let claiming = vec![(0, k8s_pod("ran", "plain")), (1, k8s_pod("new", "plain"))];
         let (unreadable, problems) = charge_on_no_nodes(&mut pods, claiming, &stores);
         assert_eq!(pods.len(), 1);
@@ -292,7 +292,7 @@ mod tests {
             if admitted {
                 pod.state = PodState::Admitted(Assignment::default());
             }
-            pod
+            Arc::new(pod)
         };
         let mut pods = vec![model("a", false), model("b", true), model("c", false)];
         let claiming = vec![

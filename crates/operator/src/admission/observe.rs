@@ -39,8 +39,8 @@ pub struct Observed {
     pub queues: Vec<model::Queue>,
     pub invalid_queues: Vec<InvalidQueue>,
     pub namespaces: Vec<model::Namespace>,
-    pub nodes: Vec<model::Node>,
-    pub pods: Vec<model::Pod>,
+    pub nodes: Vec<Arc<model::Node>>,
+    pub pods: Vec<Arc<model::Pod>>,
     /// GPU pods the core cannot model, with why: they stay at the gate, and say so.
     pub unreadable_pods: Vec<(Arc<Pod>, String)>,
     /// Problems with single objects: each object was left out (or read with a default), the
@@ -50,11 +50,11 @@ pub struct Observed {
     pub stuck_pins: Released,
 }
 
-/// What reading one pod gave.
-type PodModel = Result<Option<Converted<model::Pod>>, PodError>;
+/// What reading one pod gave: the model shared, so that a pass copies a pointer per pod.
+type PodModel = Result<Option<Converted<Arc<model::Pod>>>, PodError>;
 
-/// What reading one node gave.
-type NodeModel = Result<Converted<model::Node>, NodeError>;
+/// What reading one node gave, shared like a pod's.
+type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
 
 /// Pods and nodes as the core models them, kept from pass to pass: every pass reads every pod
 /// and node, but in a burst each pass finds only a few changed, and converting them all again
@@ -71,7 +71,8 @@ pub struct Models {
 /// The last conversion of each object, by uid, with the pass that last read it.
 #[derive(Debug)]
 struct Conversions<K, M> {
-    entries: HashMap<String, Conversion<K, M>>,
+    /// foldhash, not SipHash: every pod's uid is looked up in every pass.
+    entries: HashMap<String, Conversion<K, M>, foldhash::fast::RandomState>,
     pass: u64,
 }
 
@@ -85,7 +86,7 @@ struct Conversion<K, M> {
 impl<K, M> Default for Conversions<K, M> {
     fn default() -> Self {
         Self {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             pass: 0,
         }
     }
@@ -173,11 +174,14 @@ impl Observed {
         models.nodes.start_pass();
         models.pods.start_pass();
         for node in stores.nodes.state() {
-            match models.nodes.read(&node, &node, model::Node::from_k8s) {
+            match models.nodes.read(&node, &node, shared_node) {
                 Ok(mut converted) => {
                     observed.problems.extend(converted.warnings);
                     if let Some(pools) = dra_pools.get(&converted.value.name) {
-                        model::device_slices::add_slice_pools(&mut converted.value, pools);
+                        model::device_slices::add_slice_pools(
+                            Arc::make_mut(&mut converted.value),
+                            pools,
+                        );
                     }
                     observed.nodes.push(converted.value);
                 }
@@ -187,7 +191,7 @@ impl Observed {
         let mut claiming = Vec::new();
         for stored in pods {
             let view = assumed.view(stored);
-            match models.pods.read(stored, view, model::Pod::from_k8s) {
+            match models.pods.read(stored, view, shared_pod) {
                 Ok(Some(converted)) => {
                     observed.problems.extend(converted.warnings);
                     if view.spec.as_ref().is_some_and(model::uses_resource_claims) {
@@ -212,6 +216,24 @@ impl Observed {
         );
         observed
     }
+}
+
+/// Reads a node into the core's model, shared.
+fn shared_node(node: &Node) -> NodeModel {
+    model::Node::from_k8s(node).map(|converted| Converted {
+        value: Arc::new(converted.value),
+        warnings: converted.warnings,
+    })
+}
+
+/// Reads a pod into the core's model, shared.
+fn shared_pod(pod: &Pod) -> PodModel {
+    model::Pod::from_k8s(pod).map(|read| {
+        read.map(|converted| Converted {
+            value: Arc::new(converted.value),
+            warnings: converted.warnings,
+        })
+    })
 }
 
 /// A queue object the operator could not even deserialise (its schema and the operator's
@@ -261,11 +283,11 @@ pub fn read(
     // counted both as itself and as its reservation.
     let mut observed = Observed::read(stores, &pods, assumed, models);
     // Running HAMi pods on the devices HAMi gave them, not the lowest free ones.
-    let hami = model::seat_hami_pods(&mut observed.pods, &observed.nodes);
+    let hami = model::seat_hami_pods(&mut observed.pods, observed.nodes.iter().map(AsRef::as_ref));
     observed.problems.extend(hami);
     observed.stuck_pins = pins::release_stuck_pins(&mut observed.pods, now, UNBINDABLE_AFTER);
     // Pods admitted at creation that the store does not show yet hold their room.
-    observed.pods.extend(creation.reserved_pods());
+    observed.pods.extend(creation.reserved_pods().map(Arc::new));
     (observed, settled)
 }
 
@@ -281,7 +303,7 @@ pub fn snapshot(
         tracing::debug!(%problem, "object left out of the snapshot");
     }
     let mix = WorkloadMix::from_shapes(
-        observed.pods.iter().map(TaskShape::of_pod),
+        observed.pods.iter().map(|pod| TaskShape::of_pod(pod)),
         DEFAULT_POPULARITY,
     );
     let mut builder = Snapshot::builder()
@@ -366,15 +388,15 @@ mod tests {
                 .clone()
         };
         let first = Arc::new(pod("batch", Some(1)));
-        let convert: fn(&Pod) -> PodModel = model::Pod::from_k8s;
+        let convert: fn(&Pod) -> PodModel = shared_pod;
         let mut models = Conversions::default();
         models.start_pass();
         let read = models.read(&first, &first, convert);
-        assert_eq!(read, model::Pod::from_k8s(&first));
+        assert_eq!(read, shared_pod(&first));
         models.end_pass();
 
         // The same object: the entry is reused (shown by planting a different one).
-        let planted = model::Pod::from_k8s(&pod("batch", Some(3)));
+        let planted = shared_pod(&pod("batch", Some(3)));
         models.entries.get_mut("u").unwrap().model = planted.clone();
         models.start_pass();
         assert_eq!(gpus(&models.read(&first, &first, convert)), gpus(&planted));
@@ -384,7 +406,7 @@ mod tests {
         let changed = Arc::new(pod("batch", Some(2)));
         models.start_pass();
         let read = models.read(&changed, &changed, convert);
-        assert_eq!(read, model::Pod::from_k8s(&changed));
+        assert_eq!(read, shared_pod(&changed));
         models.end_pass();
         assert_eq!(models.entries.len(), 1);
 
@@ -392,10 +414,7 @@ mod tests {
         // kept past the pass.
         models.start_pass();
         let view = pod("batch", Some(4));
-        assert_eq!(
-            models.read(&changed, &view, convert),
-            model::Pod::from_k8s(&view)
-        );
+        assert_eq!(models.read(&changed, &view, convert), shared_pod(&view));
         models.end_pass();
         assert!(models.entries.is_empty());
 

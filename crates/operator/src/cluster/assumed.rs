@@ -50,16 +50,19 @@ use super::stores::Stores;
 /// Reads in flight at once while reconciling.
 const RECONCILE_CONCURRENCY: usize = 16;
 
+/// By object uid; read for every pod in every pass, so hashed with foldhash, not SipHash.
+type ByUid<V> = HashMap<String, V, foldhash::fast::RandomState>;
+
 /// Pods admitted and reasons recorded by this process whose watch events have not arrived.
 #[derive(Debug, Default)]
 pub struct Assumed {
-    admitted: HashMap<String, Pod>,
+    admitted: ByUid<Pod>,
     /// Victims whose reclaim intent this process wrote: the `resourceVersion` it was written
     /// on, and the pod as the patch returned it.
-    marked: HashMap<String, (String, Pod)>,
-    reasons: HashMap<String, Option<String>>,
+    marked: ByUid<(String, Pod)>,
+    reasons: ByUid<Option<String>>,
     /// When this process last wrote each pod's waiting reason (kept while the pod exists).
-    reasons_written_at: HashMap<String, Timestamp>,
+    reasons_written_at: ByUid<Timestamp>,
     /// Queue statuses written, by queue uid (a queue deleted and created again is another).
     statuses: HashMap<String, GpuQueueStatus>,
     /// Objects (pods, queues; by uid) with a write in flight.
@@ -228,10 +231,10 @@ impl Assumed {
         if !(written || admitted || marked || reasons) {
             return;
         }
-        let mut still_lagging_admissions = HashMap::new();
-        let mut still_lagging_marks = HashMap::new();
-        let mut still_lagging_reasons = HashMap::new();
-        let mut written_at = HashMap::new();
+        let mut still_lagging_admissions = ByUid::default();
+        let mut still_lagging_marks = ByUid::default();
+        let mut still_lagging_reasons = ByUid::default();
+        let mut written_at = ByUid::default();
         for pod in stored {
             let Some(uid) = pod.metadata.uid.as_ref() else {
                 continue;

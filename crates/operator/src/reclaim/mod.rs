@@ -65,6 +65,7 @@ mod timeline;
 mod trust;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 use gpuqueue_core::model;
 use jiff::{SignedDuration, Timestamp};
@@ -162,7 +163,7 @@ impl Handovers {
     /// the pass's, for which queue claims a pod's namespace.
     pub fn ignore_unrecorded(
         &self,
-        pods: &mut [model::Pod],
+        pods: &mut [Arc<model::Pod>],
         queues: &[model::Queue],
         namespaces: &[model::Namespace],
         now: Timestamp,

@@ -185,7 +185,7 @@ impl Trusted {
     /// Returns how many marks were dropped.
     pub fn drop_unrecorded_marks(
         &self,
-        pods: &mut [model::Pod],
+        pods: &mut [Arc<model::Pod>],
         claims: &Claims,
         stored: impl Fn(&PodKey) -> Option<Arc<Pod>>,
     ) -> usize {
@@ -202,7 +202,7 @@ impl Trusted {
             if !recorded {
                 tracing::debug!(pod = %pod.key, reclaim = %mark.id,
                     "a reclaim mark the operator did not record is ignored");
-                pod.reclaim = None;
+                Arc::make_mut(pod).reclaim = None;
                 dropped += 1;
             }
         }
@@ -355,7 +355,7 @@ mod tests {
         for pod in [&forged, &real] {
             stores.add_pod(serde_json::to_value(pod).unwrap());
         }
-        let mut pods: Vec<model::Pod> = [forged, real]
+        let mut pods: Vec<Arc<model::Pod>> = [forged, real]
             .iter()
             .map(|p| {
                 let mut p = serde_json::to_value(p).unwrap();
@@ -363,7 +363,7 @@ mod tests {
                 p["spec"]["containers"] = json!([{"name": "c", "image": "i",
                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
                 let p: Pod = serde_json::from_value(p).unwrap();
-                model::Pod::from_k8s(&p).unwrap().unwrap().value
+                Arc::new(model::Pod::from_k8s(&p).unwrap().unwrap().value)
             })
             .collect();
         assert!(pods.iter().all(|p| p.reclaim.is_some()));
