@@ -26,7 +26,7 @@ use criterion::{BatchSize, Criterion};
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, decide};
-use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix};
+use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, WorkloadMix};
 use gpuqueue_core::ids::PodId;
 use gpuqueue_core::model::{
     Assignment, GpuRequest, Node, Pod, PodKey, PodState, Queue, Requests, ResourceQuota,
@@ -117,7 +117,7 @@ fn inputs(leave_free: bool) -> (Vec<Queue>, Vec<Node>, Vec<Pod>) {
 
 fn snapshot(leave_free: bool) -> Snapshot {
     let (queues, nodes, pods) = inputs(leave_free);
-    let mix = WorkloadMix::from_shapes(pods.iter().map(TaskShape::of_pod), DEFAULT_POPULARITY);
+    let mix = WorkloadMix::from_pods(&pods, DEFAULT_POPULARITY);
     let (snapshot, issues) = Snapshot::builder()
         .queues(queues)
         .nodes(nodes)

@@ -47,6 +47,27 @@ impl TaskShape {
     }
 }
 
+/// A pod's [`TaskShape`] borrowed from it, equal when the owned shapes are.
+#[derive(PartialEq, Eq, Hash)]
+struct ShapeOf<'a> {
+    cpu_milli: u64,
+    gpu: Option<&'a GpuRequest>,
+    gpu_models: &'a [String],
+}
+
+impl ShapeOf<'_> {
+    fn to_owned(&self) -> TaskShape {
+        TaskShape {
+            cpu_milli: self.cpu_milli,
+            gpu: self.gpu.cloned(),
+            gpu_models: self.gpu_models.to_vec(),
+        }
+    }
+}
+
+/// Tasks per shape.
+type Counts<K> = HashMap<K, u64, foldhash::fast::RandomState>;
+
 /// The workload mix fragmentation is measured against: task classes with shares summing to 1.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkloadMix {
@@ -59,19 +80,42 @@ impl WorkloadMix {
     /// their cumulative share reaches `popularity` (0.95 in the paper), then renormalise the
     /// kept shares to sum to 1.
     pub fn from_shapes<I: IntoIterator<Item = TaskShape>>(shapes: I, popularity: f64) -> Self {
-        let mut counts: HashMap<TaskShape, u64> = HashMap::new();
-        let mut total = 0u64;
+        let mut counts: Counts<TaskShape> = HashMap::default();
         for shape in shapes {
             *counts.entry(shape).or_default() += 1;
-            total += 1;
         }
+        Self::from_counts(counts.into_iter().collect(), popularity)
+    }
+
+    /// [`Self::from_shapes`] of the pods' shapes ([`TaskShape::of_pod`]), counted without
+    /// copying them: the operator measures every pod in every pass.
+    pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>, popularity: f64) -> Self {
+        let mut counts: Counts<ShapeOf<'a>> = HashMap::default();
+        for pod in pods {
+            let shape = ShapeOf {
+                cpu_milli: pod.requests.cpu_milli,
+                gpu: pod.requests.gpus.first(),
+                gpu_models: &pod.gpu_models,
+            };
+            *counts.entry(shape).or_default() += 1;
+        }
+        let groups = counts
+            .into_iter()
+            .map(|(shape, n)| (shape.to_owned(), n))
+            .collect();
+        Self::from_counts(groups, popularity)
+    }
+
+    fn from_counts(mut groups: Vec<(TaskShape, u64)>, popularity: f64) -> Self {
+        let total: u64 = groups.iter().map(|(_, n)| n).sum();
         if total == 0 {
             return Self::default();
         }
-        let mut groups: Vec<(TaskShape, u64)> = counts.into_iter().collect();
+        // Equal counts and FGD orders by the shape itself: a stable order whatever the hasher.
         groups.sort_by(|(a, n), (b, m)| {
             m.cmp(n)
                 .then_with(|| fgd_shape_order(b).cmp(&fgd_shape_order(a)))
+                .then_with(|| b.cmp(a))
         });
         #[allow(clippy::cast_precision_loss)] // task counts are far below 2^52
         let wanted = popularity * total as f64;
@@ -403,6 +447,54 @@ mod tests {
         assert_eq!(mix.classes()[0].0, a);
         assert!((mix.classes()[0].1 - 70.0 / 96.0).abs() < 1e-12);
         assert!((mix.classes()[1].1 - 26.0 / 96.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pods_are_grouped_by_their_shapes_as_written() {
+        use crate::model::{PodKey, Requests};
+        use jiff::Timestamp;
+        let pod = |i: usize, gpu: GpuRequest, models: &[&str]| {
+            let mut pod = Pod::new(
+                PodKey::new("ns", format!("p{i}")),
+                Requests {
+                    cpu_milli: 1000,
+                    memory_bytes: 0,
+                    gpus: vec![gpu],
+                },
+                Timestamp::UNIX_EPOCH,
+            );
+            pod.gpu_models = models.iter().map(ToString::to_string).collect();
+            pod
+        };
+        let whole = GpuRequest::devices("nvidia.com/gpu", 1);
+        let mig = GpuRequest::devices("nvidia.com/mig-1g.10gb", 1);
+        // Three shapes of two pods each: the two of equal FGD order (the resource is all that
+        // differs) in the shapes' own order, whichever the hasher gives first; `A|B` and
+        // `A|B|B` stay two classes.
+        let pods: Vec<Pod> = (0..8)
+            .map(|i| match i % 4 {
+                0 => pod(i, whole.clone(), &[]),
+                1 => pod(i, mig.clone(), &[]),
+                2 => pod(i, whole.clone(), &["A", "B"]),
+                _ => pod(i, whole.clone(), &["A", "B", "B"]),
+            })
+            .collect();
+        let from_pods = WorkloadMix::from_pods(&pods, 1.0);
+        assert_eq!(
+            from_pods,
+            WorkloadMix::from_shapes(pods.iter().map(TaskShape::of_pod), 1.0)
+        );
+        let classes: Vec<(&TaskShape, f64)> =
+            from_pods.classes().iter().map(|(s, p)| (s, *p)).collect();
+        assert_eq!(classes.len(), 4);
+        assert!(classes.iter().all(|(_, p)| (p - 0.25).abs() < 1e-12));
+        assert_eq!(classes[0].0.gpu_models, ["A", "B", "B"]);
+        assert_eq!(classes[1].0.gpu_models, ["A", "B"]);
+        assert_eq!(
+            classes[2].0.gpu.as_ref().unwrap().resource.as_str(),
+            "nvidia.com/mig-1g.10gb"
+        );
+        assert_eq!(classes[3].0.gpu.as_ref().unwrap(), &whole);
     }
 
     #[test]

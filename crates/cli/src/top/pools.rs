@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use gpuqueue_api::v1alpha1::GpuQueue;
 use gpuqueue_core::Snapshot;
-use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix};
+use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, WorkloadMix};
 use gpuqueue_core::ids::NodeId;
 use gpuqueue_core::model::{self, Converted};
 use gpuqueue_core::quantity::{MILLI_PER_DEVICE, Milli};
@@ -144,7 +144,7 @@ fn snapshot(objects: &Objects) -> (Snapshot, Vec<String>) {
         .filter_map(|p| keep(model::Pod::from_k8s(p), &mut problems))
         .collect::<Vec<_>>();
     // FGD's typical pods: the shapes of the GPU pods there are, as the operator measures them.
-    let mix = WorkloadMix::from_shapes(pods.iter().map(TaskShape::of_pod), DEFAULT_POPULARITY);
+    let mix = WorkloadMix::from_pods(&pods, DEFAULT_POPULARITY);
     let (snapshot, issues) = Snapshot::builder()
         .queues(queues)
         .namespaces(objects.namespaces.iter().map(model::Namespace::from_k8s))

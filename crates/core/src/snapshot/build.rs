@@ -1,7 +1,7 @@
 //! Building a snapshot: the builder's objects indexed in a deterministic order, names interned
 //! to ids, namespace claims resolved, nodes laid out and pods added in their state.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, hash_map::Entry};
 use std::sync::Arc;
 
 use jiff::Timestamp;
@@ -121,18 +121,7 @@ impl SnapshotBuilder {
         }
         // Pods that really hold devices first (bound, oldest first), then pinned ones, so a
         // node over-subscribed by a reclaim's owner records the owner as its deficit.
-        self.pods.sort_by(|a, b| {
-            let rank = |p: &Pod| match &p.state {
-                PodState::Admitted(Assignment { bound: true, .. }) => 0,
-                PodState::Admitted(_) => 1,
-                PodState::Pending => 2,
-            };
-            rank(a)
-                .cmp(&rank(b))
-                .then_with(|| a.running_since().cmp(&b.running_since()))
-                .then_with(|| a.key.cmp(&b.key))
-        });
-        for pod in self.pods {
+        for pod in in_seating_order(self.pods) {
             match snapshot.add_pod(pod) {
                 Ok(_) => {}
                 Err(e) => issues.push(e),
@@ -147,6 +136,33 @@ impl SnapshotBuilder {
         issues.append(&mut snapshot.build_notes);
         (snapshot, issues)
     }
+}
+
+/// Pods bound first, then pinned, then pending; each group oldest first, then by key (then
+/// as given, so the first of two pods with one key is the one kept). The rank and age are
+/// read once per pod: at 10,000 pods, comparing through each pod's pointer was a tenth of a
+/// pass.
+fn in_seating_order(pods: Vec<Arc<Pod>>) -> impl Iterator<Item = Arc<Pod>> {
+    let rank = |p: &Pod| match &p.state {
+        PodState::Admitted(Assignment { bound: true, .. }) => 0u8,
+        PodState::Admitted(_) => 1,
+        PodState::Pending => 2,
+    };
+    let mut order: Vec<(u8, Timestamp, usize)> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (rank(p), p.running_since(), i))
+        .collect();
+    order.sort_unstable_by(|a, b| {
+        (a.0, a.1)
+            .cmp(&(b.0, b.1))
+            .then_with(|| pods[a.2].key.cmp(&pods[b.2].key))
+            .then(a.2.cmp(&b.2))
+    });
+    let mut pods: Vec<Option<Arc<Pod>>> = pods.into_iter().map(Some).collect();
+    order
+        .into_iter()
+        .filter_map(move |(_, _, i)| pods[i].take())
 }
 
 fn snapshot_intern(
@@ -323,20 +339,23 @@ impl Snapshot {
     /// their node (on the devices they name, or the lowest-numbered free ones).
     pub fn add_pod(&mut self, pod: impl Into<Arc<Pod>>) -> Result<PodId, SnapshotError> {
         let pod = pod.into();
-        if self.pod_ids.contains_key(&pod.key) {
-            return Err(SnapshotError::DuplicatePod(pod.key.clone()));
-        }
-        devices::validate_requests(&pod.requests).map_err(|rule| {
-            SnapshotError::InvalidRequest {
-                pod: pod.key.clone(),
-                rule,
+        let id = PodId::at(self.pods.len());
+        // One lookup: a key is hashed once per pod and pass.
+        match self.pod_ids.entry(pod.key.clone()) {
+            Entry::Occupied(_) => return Err(SnapshotError::DuplicatePod(pod.key.clone())),
+            Entry::Vacant(vacant) => {
+                devices::validate_requests(&pod.requests).map_err(|rule| {
+                    SnapshotError::InvalidRequest {
+                        pod: pod.key.clone(),
+                        rule,
+                    }
+                })?;
+                vacant.insert(id);
             }
-        })?;
+        }
         let (gpus, amounts) = self.resolve(&pod.requests);
         let attribution = self.attribution(&pod.key.namespace);
-        let id = PodId::at(self.pods.len());
         let admitted_as = None;
-        self.pod_ids.insert(pod.key.clone(), id);
         let node = match &pod.state {
             PodState::Admitted(Assignment {
                 node: Some(name), ..

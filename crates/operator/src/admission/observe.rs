@@ -7,7 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
     Snapshot,
-    fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix},
+    fragmentation::{DEFAULT_POPULARITY, WorkloadMix},
     model::{self, Converted, FieldError, NodeError, PodError, QueueError},
     pins::{self, Released, UNBINDABLE_AFTER},
 };
@@ -53,6 +53,10 @@ pub struct Observed {
 /// What reading one pod gave: the model shared, so that a pass copies a pointer per pod.
 type PodModel = Result<Option<Converted<Arc<model::Pod>>>, PodError>;
 
+/// A pod's model, and whether it claims devices through DRA (kept with the model: a pass
+/// would otherwise read every pod's spec again).
+type PodReading = (PodModel, bool);
+
 /// What reading one node gave, shared like a pod's.
 type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
 
@@ -64,21 +68,25 @@ type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
 /// cost a tenth of it): an entry not read in a pass is dropped at its end.
 #[derive(Debug, Default)]
 pub struct Models {
-    pods: Conversions<Pod, PodModel>,
+    pods: Conversions<Pod, PodReading>,
     nodes: Conversions<Node, NodeModel>,
 }
 
-/// The last conversion of each object, by uid, with the pass that last read it.
+/// The last conversion of each stored object, by the object's address, with the pass that
+/// last read it. An entry holds its object, so no other object takes that address while the
+/// entry lives; a changed pod is a new object at a new address, and its old entry is dropped
+/// at the end of the pass. Every pod is looked up in every pass: an address hashes in a few
+/// instructions, where a uid took a tenth of the pass.
 #[derive(Debug)]
 struct Conversions<K, M> {
-    /// foldhash, not SipHash: every pod's uid is looked up in every pass.
-    entries: HashMap<String, Conversion<K, M>, foldhash::fast::RandomState>,
+    entries: HashMap<usize, Conversion<K, M>, foldhash::fast::RandomState>,
     pass: u64,
 }
 
 #[derive(Debug)]
 struct Conversion<K, M> {
-    stored: Arc<K>,
+    /// Held, never read: while the entry lives, no other object takes this one's address.
+    _stored: Arc<K>,
     model: M,
     read_in: u64,
 }
@@ -92,7 +100,12 @@ impl<K, M> Default for Conversions<K, M> {
     }
 }
 
-impl<K: kube::Resource, M: Clone> Conversions<K, M> {
+/// Where a stored object lives: its identity while it is held.
+fn address<K>(stored: &Arc<K>) -> usize {
+    Arc::as_ptr(stored).addr()
+}
+
+impl<K, M: Clone> Conversions<K, M> {
     /// Starts a pass: what it does not read is dropped by [`Self::end_pass`].
     fn start_pass(&mut self) {
         self.pass += 1;
@@ -100,24 +113,20 @@ impl<K: kube::Resource, M: Clone> Conversions<K, M> {
 
     /// Reads `stored` as `view` shows it, from the last conversion when it is the same object.
     fn read(&mut self, stored: &Arc<K>, view: &K, convert: fn(&K) -> M) -> M {
-        let same_object = std::ptr::eq(view, stored.as_ref());
-        let Some(uid) = stored.meta().uid.as_deref().filter(|_| same_object) else {
+        if !std::ptr::eq(view, stored.as_ref()) {
             return convert(view);
-        };
+        }
         let pass = self.pass;
-        if let Some(entry) = self.entries.get_mut(uid) {
-            if !Arc::ptr_eq(&entry.stored, stored) {
-                entry.model = convert(stored);
-                entry.stored = stored.clone();
-            }
+        let address = address(stored);
+        if let Some(entry) = self.entries.get_mut(&address) {
             entry.read_in = pass;
             return entry.model.clone();
         }
         let model = convert(stored);
         self.entries.insert(
-            uid.to_owned(),
+            address,
             Conversion {
-                stored: stored.clone(),
+                _stored: stored.clone(),
                 model: model.clone(),
                 read_in: pass,
             },
@@ -191,10 +200,11 @@ impl Observed {
         let mut claiming = Vec::new();
         for stored in pods {
             let view = assumed.view(stored);
-            match models.pods.read(stored, view, shared_pod) {
+            let (model, claims) = models.pods.read(stored, view, read_pod);
+            match model {
                 Ok(Some(converted)) => {
                     observed.problems.extend(converted.warnings);
-                    if view.spec.as_ref().is_some_and(model::uses_resource_claims) {
+                    if claims {
                         claiming.push((observed.pods.len(), stored.clone()));
                     }
                     observed.pods.push(converted.value);
@@ -227,13 +237,15 @@ fn shared_node(node: &Node) -> NodeModel {
 }
 
 /// Reads a pod into the core's model, shared.
-fn shared_pod(pod: &Pod) -> PodModel {
-    model::Pod::from_k8s(pod).map(|read| {
+fn read_pod(pod: &Pod) -> PodReading {
+    let model = model::Pod::from_k8s(pod).map(|read| {
         read.map(|converted| Converted {
             value: Arc::new(converted.value),
             warnings: converted.warnings,
         })
-    })
+    });
+    let claims = pod.spec.as_ref().is_some_and(model::uses_resource_claims);
+    (model, claims)
 }
 
 /// A queue object the operator could not even deserialise (its schema and the operator's
@@ -302,10 +314,7 @@ pub fn snapshot(
     for problem in &observed.problems {
         tracing::debug!(%problem, "object left out of the snapshot");
     }
-    let mix = WorkloadMix::from_shapes(
-        observed.pods.iter().map(|pod| TaskShape::of_pod(pod)),
-        DEFAULT_POPULARITY,
-    );
+    let mix = WorkloadMix::from_pods(observed.pods.iter().map(AsRef::as_ref), DEFAULT_POPULARITY);
     let mut builder = Snapshot::builder()
         .queues(observed.queues)
         .namespaces(observed.namespaces)
@@ -377,8 +386,9 @@ mod tests {
 
     #[test]
     fn a_pod_is_converted_again_only_when_the_store_holds_a_new_object() {
-        let gpus = |pod: &PodModel| {
-            pod.as_ref()
+        let gpus = |pod: &PodReading| {
+            pod.0
+                .as_ref()
                 .unwrap()
                 .as_ref()
                 .unwrap()
@@ -388,16 +398,16 @@ mod tests {
                 .clone()
         };
         let first = Arc::new(pod("batch", Some(1)));
-        let convert: fn(&Pod) -> PodModel = shared_pod;
+        let convert: fn(&Pod) -> PodReading = read_pod;
         let mut models = Conversions::default();
         models.start_pass();
         let read = models.read(&first, &first, convert);
-        assert_eq!(read, shared_pod(&first));
+        assert_eq!(read, read_pod(&first));
         models.end_pass();
 
         // The same object: the entry is reused (shown by planting a different one).
-        let planted = shared_pod(&pod("batch", Some(3)));
-        models.entries.get_mut("u").unwrap().model = planted.clone();
+        let planted = read_pod(&pod("batch", Some(3)));
+        models.entries.get_mut(&address(&first)).unwrap().model = planted.clone();
         models.start_pass();
         assert_eq!(gpus(&models.read(&first, &first, convert)), gpus(&planted));
         models.end_pass();
@@ -406,7 +416,7 @@ mod tests {
         let changed = Arc::new(pod("batch", Some(2)));
         models.start_pass();
         let read = models.read(&changed, &changed, convert);
-        assert_eq!(read, shared_pod(&changed));
+        assert_eq!(read, read_pod(&changed));
         models.end_pass();
         assert_eq!(models.entries.len(), 1);
 
@@ -414,13 +424,13 @@ mod tests {
         // kept past the pass.
         models.start_pass();
         let view = pod("batch", Some(4));
-        assert_eq!(models.read(&changed, &view, convert), shared_pod(&view));
+        assert_eq!(models.read(&changed, &view, convert), read_pod(&view));
         models.end_pass();
         assert!(models.entries.is_empty());
 
         // A pod the pass does not read (deleted) is dropped at its end.
         models.start_pass();
-        assert!(models.read(&first, &first, convert).is_ok());
+        assert!(models.read(&first, &first, convert).0.is_ok());
         models.end_pass();
         models.start_pass();
         models.end_pass();
