@@ -39,11 +39,7 @@ impl TaskShape {
     /// The shape of a pod: its CPU, its first GPU request and its GPU models. A pod that
     /// requests several GPU resources (rare) is classed by the first, as FGD classes by one.
     pub fn of_pod(pod: &Pod) -> Self {
-        Self {
-            cpu_milli: pod.requests.cpu_milli,
-            gpu: pod.requests.gpus.first().cloned(),
-            gpu_models: pod.gpu_models.clone(),
-        }
+        ShapeOf::of(pod).to_owned()
     }
 }
 
@@ -55,7 +51,15 @@ struct ShapeOf<'a> {
     gpu_models: &'a [String],
 }
 
-impl ShapeOf<'_> {
+impl<'a> ShapeOf<'a> {
+    fn of(pod: &'a Pod) -> Self {
+        Self {
+            cpu_milli: pod.requests.cpu_milli,
+            gpu: pod.requests.gpus.first(),
+            gpu_models: &pod.gpu_models,
+        }
+    }
+
     fn to_owned(&self) -> TaskShape {
         TaskShape {
             cpu_milli: self.cpu_milli,
@@ -92,12 +96,7 @@ impl WorkloadMix {
     pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>, popularity: f64) -> Self {
         let mut counts: Counts<ShapeOf<'a>> = HashMap::default();
         for pod in pods {
-            let shape = ShapeOf {
-                cpu_milli: pod.requests.cpu_milli,
-                gpu: pod.requests.gpus.first(),
-                gpu_models: &pod.gpu_models,
-            };
-            *counts.entry(shape).or_default() += 1;
+            *counts.entry(ShapeOf::of(pod)).or_default() += 1;
         }
         let groups = counts
             .into_iter()
@@ -468,7 +467,7 @@ mod tests {
         };
         let whole = GpuRequest::devices("nvidia.com/gpu", 1);
         let mig = GpuRequest::devices("nvidia.com/mig-1g.10gb", 1);
-        // Three shapes of two pods each: the two of equal FGD order (the resource is all that
+        // Four shapes of two pods each: the two of equal FGD order (the resource is all that
         // differs) in the shapes' own order, whichever the hasher gives first; `A|B` and
         // `A|B|B` stay two classes.
         let pods: Vec<Pod> = (0..8)
