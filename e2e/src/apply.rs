@@ -6,7 +6,7 @@ use std::path::Path;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams};
 use kube::discovery::{self, Scope};
 use serde::Deserialize;
 
@@ -75,7 +75,10 @@ pub async fn write_file(
 }
 
 /// Applies every `*.yaml` in `dir` (the repository's `crds/`) and waits until each
-/// CustomResourceDefinition is Established, so its kinds can be applied right after.
+/// CustomResourceDefinition is Established and each of its versions is discovered and listed,
+/// so its kinds can be applied right after: the API server sets Established before its
+/// discovery handler knows the group (a lookup in between is a 404) and before its cache of
+/// the resource is ready (a 429).
 pub async fn install_crds(client: &Client, dir: &Path) -> Result<Vec<String>> {
     let mut names = Vec::new();
     for path in yaml_files(dir)? {
@@ -86,12 +89,12 @@ pub async fn install_crds(client: &Client, dir: &Path) -> Result<Vec<String>> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     stream::iter(names.iter())
         .map(|name| {
-            let crds = crds.clone();
+            let (crds, client) = (crds.clone(), client.clone());
             wait_for(
-                format!("CRD {name} to be Established"),
+                format!("CRD {name} to be Established and discoverable"),
                 DEFAULT_TIMEOUT,
                 move || {
-                    let crds = crds.clone();
+                    let (crds, client) = (crds.clone(), client.clone());
                     async move {
                         let crd = crds.get(name).await.map_err(|e| e.to_string())?;
                         let established = crd
@@ -100,11 +103,26 @@ pub async fn install_crds(client: &Client, dir: &Path) -> Result<Vec<String>> {
                             .unwrap_or_default()
                             .iter()
                             .any(|c| c.type_ == "Established" && c.status == "True");
-                        if established {
-                            Ok(())
-                        } else {
-                            Err("not Established".to_owned())
+                        if !established {
+                            return Err("not Established".to_owned());
                         }
+                        for version in crd.spec.versions.iter().filter(|v| v.served) {
+                            let gvk = GroupVersionKind::gvk(
+                                &crd.spec.group,
+                                &version.name,
+                                &crd.spec.names.kind,
+                            );
+                            let gv = format!("{}/{}", crd.spec.group, version.name);
+                            let (resource, _) = discovery::pinned_kind(&client, &gvk)
+                                .await
+                                .map_err(|e| format!("{gv} not discoverable: {e}"))?;
+                            // A list answers 429 until the API server's cache of it is ready.
+                            Api::<DynamicObject>::all_with(client.clone(), &resource)
+                                .list_metadata(&ListParams::default().limit(1))
+                                .await
+                                .map_err(|e| format!("{gv} not yet served: {e}"))?;
+                        }
+                        Ok(())
                     }
                 },
             )
