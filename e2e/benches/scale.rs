@@ -21,7 +21,9 @@
 //!
 //! Memory is `VmRSS`/`VmHWM` from `/proc` every 250 ms; pass durations both from the operator's
 //! histogram (bucket-interpolated, as a dashboard would show them) and exactly from its debug
-//! log, one line per pass. Results: `e2e/results/scale.{json,md}`.
+//! log, one line per pass, with each pass's CPU time: on this machine the control plane and
+//! 1,000 KWOK nodes share the operator's cores, and the difference is their share. Results:
+//! `e2e/results/scale.{json,md}`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -134,12 +136,14 @@ fn pass_stats(
     window: (Timestamp, Timestamp),
 ) -> PassStats {
     let log = std::fs::read_to_string(operator.process.log_path()).unwrap_or_default();
-    let mut logged: Vec<f64> = logged_passes(&log)
+    let passes: Vec<_> = logged_passes(&log)
         .into_iter()
         .filter(|pass| pass.at >= window.0 && pass.at <= window.1)
-        .map(|pass| pass.millis)
         .collect();
+    let mut logged: Vec<f64> = passes.iter().map(|pass| pass.millis).collect();
     logged.sort_by(f64::total_cmp);
+    let mut cpu: Vec<f64> = passes.iter().filter_map(|pass| pass.cpu_millis).collect();
+    cpu.sort_by(f64::total_cmp);
     let count = after.last().map_or(0.0, |b| b.1) - before.last().map_or(0.0, |b| b.1);
     let ms = |q| histogram_quantile(before, after, q).map(|s| s * 1000.0);
     PassStats {
@@ -155,6 +159,9 @@ fn pass_stats(
             let n = logged.len() as f64;
             logged.iter().sum::<f64>() / n
         }),
+        cpu_p50_ms: percentile(&cpu, 0.5),
+        cpu_p99_ms: percentile(&cpu, 0.99),
+        cpu_max_ms: cpu.last().copied(),
     }
 }
 

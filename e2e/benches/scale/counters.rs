@@ -73,7 +73,11 @@ pub fn histogram_quantile(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -
 #[derive(Debug, Clone, Copy)]
 pub struct LoggedPass {
     pub at: Timestamp,
+    /// Wall time.
     pub millis: f64,
+    /// The pass thread's CPU time: the wall time less the time other processes held the CPU
+    /// (operators from before it was logged have none).
+    pub cpu_millis: Option<f64>,
 }
 
 /// The passes in an operator log (`admission pass took=…`), colours and all.
@@ -85,10 +89,11 @@ pub fn logged_passes(log: &str) -> Vec<LoggedPass> {
                 return None;
             }
             let at: Timestamp = plain.split_whitespace().next()?.parse().ok()?;
-            let took = plain.split("took=").nth(1)?.split_whitespace().next()?;
+            let field = |name: &str| plain.split(name).nth(1)?.split_whitespace().next();
             Some(LoggedPass {
                 at,
-                millis: duration_millis(took)?,
+                millis: duration_millis(field("took=")?)?,
+                cpu_millis: field(" cpu=").and_then(duration_millis),
             })
         })
         .collect()

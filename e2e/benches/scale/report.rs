@@ -25,6 +25,11 @@ pub struct PassStats {
     pub p99_ms: Option<f64>,
     pub max_ms: Option<f64>,
     pub mean_ms: Option<f64>,
+    /// The same passes' CPU time (the pass thread's clock): what the operator's own work took,
+    /// without the time the machine's other processes held the CPU.
+    pub cpu_p50_ms: Option<f64>,
+    pub cpu_p99_ms: Option<f64>,
+    pub cpu_max_ms: Option<f64>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -146,6 +151,7 @@ pub fn write(scale: &Scale) {
          | restarted operator: RSS after its first pass / peak | {cold_rss} / {cold_hwm} | |\n\
          | admission pass on the full cluster (churn) p50 / p99, log | {} / {} | p99 < {PASS_P99_TARGET_MS:.0} ms |\n\
          | the same from the operator's histogram | {} / {} | |\n\
+         | the same passes' CPU time (pass thread), log | {} / {} | |\n\
          | reclaim: plan phase / owner bound | {} / {} | |\n\
          | cold start: ready / leading / first pass done | {:.1} s / {:.1} s / {:.1} s (first pass {}) | |\n\
          | API requests at rest, operator running / stopped | {:.2}/s / {:.2}/s | ~0 |\n\n",
@@ -160,6 +166,8 @@ pub fn write(scale: &Scale) {
         ms(churn.and_then(|c| c.passes.p99_ms)),
         ms(churn.and_then(|c| c.passes.histogram_p50_ms)),
         ms(churn.and_then(|c| c.passes.histogram_p99_ms)),
+        ms(churn.and_then(|c| c.passes.cpu_p50_ms)),
+        ms(churn.and_then(|c| c.passes.cpu_p99_ms)),
         ms(scale.reclaim.plan_ms),
         ms(scale.reclaim.owner_bound_ms),
         scale.cold.ready_seconds,
@@ -173,15 +181,15 @@ pub fn write(scale: &Scale) {
         md,
         "Operator RSS at rest {rest_rss} (its VmHWM by then {rest_hwm}).\n\n\
          Admission passes by phase (exact, from the debug log; histogram figures interpolated within its power-of-two buckets):\n\n\
-         | phase | seconds | passes | p50 | p99 | max | mean | histogram p50 | histogram p99 | load average (1 min, {} cores) |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | phase | seconds | passes | p50 | p99 | max | mean | histogram p50 | histogram p99 | CPU p50 | CPU p99 | CPU max | load average (1 min, {} cores) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     for phase in &scale.phases {
         let p = &phase.passes;
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             phase.name,
             phase.seconds,
             p.logged,
@@ -191,6 +199,9 @@ pub fn write(scale: &Scale) {
             ms(p.mean_ms),
             ms(p.histogram_p50_ms),
             ms(p.histogram_p99_ms),
+            ms(p.cpu_p50_ms),
+            ms(p.cpu_p99_ms),
+            ms(p.cpu_max_ms),
             phase
                 .load_average
                 .map_or_else(|| "—".to_owned(), |l| format!("{l:.2}")),

@@ -279,6 +279,8 @@ fn run_pass(
     now: Timestamp,
 ) -> PassResult {
     let context = &shared.context;
+    // This function never awaits, so the thread's CPU clock counts this pass alone.
+    let cpu_started = clock::thread_cpu_time();
     // Held to the end of the pass: the webhook admits at creation on this pass's result only.
     let mut creation = context.at_creation.pass();
 
@@ -320,9 +322,11 @@ fn run_pass(
     let expiry = creation.next_expiry();
     let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
     let took = started.elapsed();
+    let cpu = clock::thread_cpu_time().saturating_sub(cpu_started);
     context.metrics.pass_took(took.as_secs_f64());
     tracing::debug!(
         ?took,
+        ?cpu,
         admitted = applied.admitted,
         waiting = applied.waiting,
         reclaims = applied.reclaims.len(),
