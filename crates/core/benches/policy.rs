@@ -6,7 +6,9 @@
 //! - `decide/reclaim`: one pending owner on a full cluster: placement finds nothing, the
 //!   reclaim planner picks a node and victims;
 //! - `plan_reclaim`: the planner alone;
-//! - `build`: the snapshot from its 10,000 pods, as the operator builds it each cycle.
+//! - `build`: the snapshot from its 10,000 pods, as the operator built it each cycle;
+//!   `update-snapshot` the operator's pass now: the kept snapshot with one pod gone and one
+//!   new brought up to date and copied.
 //!
 //! `make bench-core` runs it and writes `target/bench-core/policy.{md,json}` (medians, and
 //! the ratio to the 1 ms target and to best-fit).
@@ -18,7 +20,7 @@
     clippy::cast_precision_loss
 )]
 
-use std::{fmt::Write as _, fs, path::PathBuf, time::Duration};
+use std::{fmt::Write as _, fs, path::PathBuf, sync::Arc, time::Duration};
 
 use std::hint::black_box;
 
@@ -33,6 +35,7 @@ use gpuqueue_core::model::{
 };
 use gpuqueue_core::placement::{BestFit, TieBreak};
 use gpuqueue_core::reclaim::plan_reclaim;
+use gpuqueue_core::snapshot::kept::{KeptSnapshot, Made};
 use jiff::{SignedDuration, Timestamp};
 
 const GPU: &str = "nvidia.com/gpu";
@@ -192,6 +195,45 @@ fn benches(c: &mut Criterion) {
             BatchSize::LargeInput,
         );
     });
+    // The operator's pass on a kept snapshot: one pod gone and one new since the last pass
+    // (alternately, so each iteration is a change), brought up to date and copied. With the
+    // mix, which changes with the pods and is measured on every node again.
+    let (queues, nodes, pods) = inputs(false);
+    let pods: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
+    let mut changed = pods.clone();
+    changed.remove(100);
+    changed.push(Arc::new(pod(0, 30_000, 2)));
+    let builder = |pods: &[Arc<Pod>]| {
+        Snapshot::builder()
+            .queues(queues.clone())
+            .nodes(nodes.clone())
+            .pods(pods.iter().cloned())
+            .workload_mix(WorkloadMix::from_pods(
+                pods.iter().map(AsRef::as_ref),
+                DEFAULT_POPULARITY,
+            ))
+    };
+    let (one, other) = (builder(&pods), builder(&changed));
+    let mut kept = KeptSnapshot::default();
+    assert_eq!(kept.build(one).2, Made::Built);
+    assert_eq!(
+        kept.build(other).2,
+        Made::Updated {
+            removed: 1,
+            added: 1
+        }
+    );
+    let mut flip = false;
+    group.bench_function("update-snapshot", |b| {
+        b.iter_batched(
+            || {
+                flip = !flip;
+                builder(if flip { &pods } else { &changed })
+            },
+            |builder| kept.build(builder),
+            BatchSize::LargeInput,
+        );
+    });
     group.finish();
 }
 
@@ -234,6 +276,7 @@ fn write_report() {
         "decide-reclaim",
         "plan-reclaim",
         "build-snapshot",
+        "update-snapshot",
     ];
     let medians: Vec<(&str, f64)> = names
         .iter()

@@ -13,8 +13,9 @@
 //! - [`ledger`]: per queue and resource: allocated, borrowed, pending; which pods borrow.
 //! - [`fragmentation`]: the FGD fragmentation measure and the workload mix it weighs.
 //! - [`snapshot`]: the cluster's state, indexed, with read-only queries; building it
-//!   (`snapshot/build.rs`), keeping devices and ledger in step (`snapshot/seating.rs`) and the
-//!   changes planning tries (`snapshot/what_if.rs`).
+//!   (`snapshot/build.rs`), keeping it from build to build (`snapshot/kept.rs`), keeping devices
+//!   and ledger in step (`snapshot/seating.rs`) and the changes planning tries
+//!   (`snapshot/what_if.rs`).
 //! - [`placement`]: node scorers (best-fit, GPU packing, FGD, ours) and tie-breaks.
 //! - [`policy`]: the scorer and tie-break the operator and the simulator both decide with, and
 //!   the placement search over a snapshot.

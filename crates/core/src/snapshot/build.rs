@@ -1,13 +1,13 @@
 //! Building a snapshot: the builder's objects indexed in a deterministic order, names interned
 //! to ids, namespace claims resolved, nodes laid out and pods added in their state.
 
-use std::collections::{BTreeMap, hash_map::Entry};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use jiff::Timestamp;
 
 use super::seating::SeatMode;
-use super::{Index, PodSlot, Snapshot, SnapshotBuilder, SnapshotError};
+use super::{Index, PodSlot, Snapshot, SnapshotBuilder, SnapshotError, slot_key};
 use crate::devices::{self, Charge, NodeState, Placement, PoolLayout, ResolvedGpu};
 use crate::fragmentation::{FragIndex, WorkloadMix};
 use crate::ids::{ModelId, NodeId, PodId, QueueId, ResourceId};
@@ -83,7 +83,15 @@ impl SnapshotBuilder {
 
     /// Indexes everything. Objects that cannot be used are reported and left out; the
     /// snapshot is usable either way.
-    pub fn build(mut self) -> (Snapshot, Vec<SnapshotError>) {
+    pub fn build(self) -> (Snapshot, Vec<SnapshotError>) {
+        self.build_telling(|_, _| {})
+    }
+
+    /// [`Self::build`], telling `added` of every pod given, with its id (`None`: left out).
+    pub(super) fn build_telling(
+        mut self,
+        mut added: impl FnMut(Arc<Pod>, Option<PodId>),
+    ) -> (Snapshot, Vec<SnapshotError>) {
         let mut issues = Vec::new();
         let mut snapshot = Snapshot::default();
 
@@ -113,18 +121,16 @@ impl SnapshotBuilder {
                 issues.push(e);
             }
         }
-        for (queue, at) in self.reclaimed_from {
-            if let Some(id) = snapshot.queue_ids.get(&queue) {
-                let entry = snapshot.reclaimed_from.entry(*id).or_insert(at);
-                *entry = (*entry).max(at);
-            }
-        }
+        snapshot.set_reclaimed_from(self.reclaimed_from);
         // Pods that really hold devices first (bound, oldest first), then pinned ones, so a
         // node over-subscribed by a reclaim's owner records the owner as its deficit.
         for pod in in_seating_order(self.pods) {
-            match snapshot.add_pod(pod) {
-                Ok(_) => {}
-                Err(e) => issues.push(e),
+            match snapshot.add_pod(pod.clone()) {
+                Ok(id) => added(pod, Some(id)),
+                Err(e) => {
+                    issues.push(e);
+                    added(pod, None);
+                }
             }
         }
         // The mix last: it measures every node once, where set first each pod seated would
@@ -143,26 +149,29 @@ impl SnapshotBuilder {
 /// read once per pod: at 10,000 pods, comparing through each pod's pointer was a tenth of a
 /// pass.
 fn in_seating_order(pods: Vec<Arc<Pod>>) -> impl Iterator<Item = Arc<Pod>> {
-    let rank = |p: &Pod| match &p.state {
+    let mut order: Vec<((u8, Timestamp), usize)> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (seating_rank(p), i))
+        .collect();
+    order.sort_unstable_by(|a, b| {
+        a.0.cmp(&b.0)
+            .then_with(|| pods[a.1].key.cmp(&pods[b.1].key))
+            .then(a.1.cmp(&b.1))
+    });
+    let mut pods: Vec<Option<Arc<Pod>>> = pods.into_iter().map(Some).collect();
+    order.into_iter().filter_map(move |(_, i)| pods[i].take())
+}
+
+/// Where a pod comes in the seating order, before its key: bound, then pinned, then pending,
+/// each oldest first. A node's devices go to its pods in this order.
+pub(super) fn seating_rank(pod: &Pod) -> (u8, Timestamp) {
+    let rank = match &pod.state {
         PodState::Admitted(Assignment { bound: true, .. }) => 0u8,
         PodState::Admitted(_) => 1,
         PodState::Pending => 2,
     };
-    let mut order: Vec<(u8, Timestamp, usize)> = pods
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (rank(p), p.running_since(), i))
-        .collect();
-    order.sort_unstable_by(|a, b| {
-        (a.0, a.1)
-            .cmp(&(b.0, b.1))
-            .then_with(|| pods[a.2].key.cmp(&pods[b.2].key))
-            .then(a.2.cmp(&b.2))
-    });
-    let mut pods: Vec<Option<Arc<Pod>>> = pods.into_iter().map(Some).collect();
-    order
-        .into_iter()
-        .filter_map(move |(_, _, i)| pods[i].take())
+    (rank, pod.running_since())
 }
 
 fn snapshot_intern(
@@ -232,6 +241,17 @@ impl Snapshot {
             }
         }
         self.claims = claims;
+    }
+
+    /// When each queue was last reclaimed from, the latest of its entries in `reclaims`.
+    pub(super) fn set_reclaimed_from(&mut self, reclaims: Vec<(String, Timestamp)>) {
+        self.reclaimed_from.clear();
+        for (queue, at) in reclaims {
+            if let Some(id) = self.queue_ids.get(&queue) {
+                let entry = self.reclaimed_from.entry(*id).or_insert(at);
+                *entry = (*entry).max(at);
+            }
+        }
     }
 
     // ---- nodes -------------------------------------------------------------------------
@@ -338,21 +358,35 @@ impl Snapshot {
     /// Adds a pod in its state: pending pods wait; admitted pods hold quota and are seated on
     /// their node (on the devices they name, or the lowest-numbered free ones).
     pub fn add_pod(&mut self, pod: impl Into<Arc<Pod>>) -> Result<PodId, SnapshotError> {
-        let pod = pod.into();
-        let id = PodId::at(self.pods.len());
-        // One lookup: a key is hashed once per pod and pass.
-        match self.pod_ids.entry(pod.key.clone()) {
-            Entry::Occupied(_) => return Err(SnapshotError::DuplicatePod(pod.key.clone())),
-            Entry::Vacant(vacant) => {
-                devices::validate_requests(&pod.requests).map_err(|rule| {
-                    SnapshotError::InvalidRequest {
-                        pod: pod.key.clone(),
-                        rule,
-                    }
-                })?;
-                vacant.insert(id);
-            }
+        let (id, node) = self.insert_pod(pod.into())?;
+        if let Some(node) = node {
+            self.seat_as_given(id, node)?;
         }
+        self.generation += 1;
+        Ok(id)
+    }
+
+    /// Adds a pod and charges its queue, without seating it: returns the node it is to be
+    /// seated on, if it is admitted to one the snapshot has.
+    pub(super) fn insert_pod(
+        &mut self,
+        pod: Arc<Pod>,
+    ) -> Result<(PodId, Option<NodeId>), SnapshotError> {
+        let id = PodId::at(self.pods.len());
+        let hash = self.pod_ids.hash(&pod.key);
+        if self
+            .pod_ids
+            .find(|id| slot_key(&self.pods, id), hash, &pod.key)
+            .is_some()
+        {
+            return Err(SnapshotError::DuplicatePod(pod.key.clone()));
+        }
+        devices::validate_requests(&pod.requests).map_err(|rule| {
+            SnapshotError::InvalidRequest {
+                pod: pod.key.clone(),
+                rule,
+            }
+        })?;
         let (gpus, amounts) = self.resolve(&pod.requests);
         let attribution = self.attribution(&pod.key.namespace);
         let admitted_as = None;
@@ -371,7 +405,6 @@ impl Snapshot {
             }
             _ => None,
         };
-        let explicit = pod.devices.clone();
         self.pods.push(Some(PodSlot {
             pod,
             attribution,
@@ -380,26 +413,37 @@ impl Snapshot {
             seat: None,
             admitted_as,
         }));
+        self.pod_ids
+            .insert_unique(|id| slot_key(&self.pods, id), hash, id);
         self.charge_queue(id, 1);
-        if let Some(node) = node {
-            let how = if explicit.is_empty() {
-                SeatMode::CanonicalOrDeficit
-            } else {
-                match self.explicit_charges(id, node, &explicit) {
-                    Ok(charges) => SeatMode::Exact(charges),
-                    Err(e) => {
-                        self.charge_queue(id, -1);
-                        if let Some(slot) = self.pods[id.index()].take() {
-                            self.pod_ids.remove(&slot.pod.key);
-                        }
-                        return Err(e);
+        Ok((id, node))
+    }
+
+    /// Seats an inserted pod on `node`: on the devices it names, or the lowest-numbered free
+    /// ones (else as the node's deficit). A pod naming devices it cannot hold there is taken
+    /// out of the snapshot again.
+    pub(super) fn seat_as_given(&mut self, id: PodId, node: NodeId) -> Result<(), SnapshotError> {
+        let explicit = match self.slot(id) {
+            Some(slot) if !slot.pod.devices.is_empty() => slot.pod.devices.clone(),
+            Some(_) => Vec::new(),
+            None => return Ok(()),
+        };
+        let how = if explicit.is_empty() {
+            SeatMode::CanonicalOrDeficit
+        } else {
+            match self.explicit_charges(id, node, &explicit) {
+                Ok(charges) => SeatMode::Exact(charges),
+                Err(e) => {
+                    self.charge_queue(id, -1);
+                    if let Some(slot) = self.pods[id.index()].take() {
+                        self.pod_ids.remove(&slot.pod.key, id);
                     }
+                    return Err(e);
                 }
-            };
-            self.seat(id, node, how);
-        }
-        self.generation += 1;
-        Ok(id)
+            }
+        };
+        self.seat(id, node, how);
+        Ok(())
     }
 
     fn explicit_charges(

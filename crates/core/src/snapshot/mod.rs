@@ -2,8 +2,9 @@
 //! each queue's ledger and each node's fragmentation kept up to date as pods are added,
 //! admitted and removed.
 //!
-//! The operator builds one per cycle from its reflector stores; the simulator keeps one and
-//! mutates it. Planning tries removals with [`Snapshot::simulate_removal`] and rolls them back
+//! The operator describes the whole cluster to a [`kept::KeptSnapshot`] every pass, which
+//! brings the last pass's snapshot up to date when only a few pods changed and builds one
+//! otherwise, and gives the pass a copy; the simulator keeps one and mutates it. Planning tries removals with [`Snapshot::simulate_removal`] and rolls them back
 //! with [`Snapshot::restore`] (Kueue's `SimulateWorkloadRemoval`, Volcano's `Statement`); a
 //! snapshot is also `Clone` for a working copy.
 //!
@@ -14,7 +15,8 @@
 //! new pods until the deficit is seated, which happens as soon as room is freed.
 //!
 //! This file holds the indices and the read-only queries (the planners ask through them and
-//! never index the tables); `build.rs` adds objects, `seating.rs` keeps devices and ledger in
+//! never index the tables); `pod_index.rs` is the pod key index; `build.rs` adds objects,
+//! `kept.rs` brings a kept snapshot up to date, `seating.rs` keeps devices and ledger in
 //! step as pods come and go, `what_if.rs` admits, marks and removes pods (and simulates
 //! removals) for planning, and `promised.rs` says what a node owes the owners waiting on it. The per-node device arithmetic is [`crate::devices`].
 
@@ -33,7 +35,11 @@ use crate::model::{
 use crate::quantity::{Milli, ResourceName};
 use crate::termination::Terminations;
 
+use pod_index::PodIndex;
+
 mod build;
+pub mod kept;
+mod pod_index;
 pub(crate) mod promised;
 mod seating;
 mod what_if;
@@ -106,10 +112,18 @@ pub(crate) struct PodSlot {
     pub admitted_as: Option<AdmittedAs>,
 }
 
-/// The snapshot's indices, rebuilt every admission pass: hashed with foldhash (seeded per map,
+/// The snapshot's indices, copied every admission pass and rebuilt often: hashed with foldhash (seeded per map,
 /// like std's), since SipHash of every pod's key and node name was an eighth of the operator's
 /// time in a pass at 10,000 pods.
 pub(crate) type Index<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// The key of the pod in slot `id`, for the pod index (a function of the slots alone, so the
+/// index can be changed while they are read).
+fn slot_key(pods: &[Option<PodSlot>], id: PodId) -> Option<&PodKey> {
+    pods.get(id.index())
+        .and_then(Option::as_ref)
+        .map(|slot| &slot.pod.key)
+}
 
 /// Removed pods that [`Snapshot::restore`] puts back exactly.
 #[derive(Debug)]
@@ -142,7 +156,7 @@ pub struct Snapshot {
     node_ids: Index<String, NodeId>,
     hostnames: Index<String, NodeId>,
     pods: Vec<Option<PodSlot>>,
-    pod_ids: Index<PodKey, PodId>,
+    pod_ids: PodIndex,
     queues: Vec<QueueState>,
     queue_ids: Index<String, QueueId>,
     namespaces: BTreeMap<String, Namespace>,
@@ -364,7 +378,7 @@ impl Snapshot {
     // ---- pods --------------------------------------------------------------------------
 
     pub fn pod_id(&self, key: &PodKey) -> Option<PodId> {
-        self.pod_ids.get(key).copied()
+        self.pod_ids.get(|id| slot_key(&self.pods, id), key)
     }
 
     pub(crate) fn slot(&self, id: PodId) -> Option<&PodSlot> {

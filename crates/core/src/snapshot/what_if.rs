@@ -7,7 +7,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use super::seating::SeatMode;
-use super::{Removal, Snapshot, SnapshotError};
+use super::{Removal, Snapshot, SnapshotError, slot_key};
 use crate::devices::Placement;
 use crate::ids::{NodeId, PodId, QueueId};
 use crate::model::{AdmittedAs, Assignment, Pod, PodState, ReclaimMark, ReclaimRole};
@@ -125,7 +125,7 @@ impl Snapshot {
         self.unseat(id, true);
         self.charge_queue(id, -1);
         let slot = self.pods[id.index()].take()?;
-        self.pod_ids.remove(&slot.pod.key);
+        self.pod_ids.remove(&slot.pod.key, id);
         self.generation += 1;
         Some(Arc::unwrap_or_clone(slot.pod))
     }
@@ -143,7 +143,7 @@ impl Snapshot {
             self.charge_queue(*id, -1);
             self.pods[id.index()] = None;
             if let Some(slot) = saved {
-                self.pod_ids.remove(&slot.pod.key);
+                self.pod_ids.remove(&slot.pod.key, *id);
                 slots.push((*id, slot));
             }
         }
@@ -161,8 +161,10 @@ impl Snapshot {
         }
         for (id, mut slot) in removal.slots.into_iter().rev() {
             let seat = slot.seat.take();
-            self.pod_ids.insert(slot.pod.key.clone(), id);
+            let hash = self.pod_ids.hash(&slot.pod.key);
             self.pods[id.index()] = Some(slot);
+            self.pod_ids
+                .insert_unique(|id| slot_key(&self.pods, id), hash, id);
             self.charge_queue(id, 1);
             if let Some(seat) = seat {
                 let how = if seat.deficit {
