@@ -162,6 +162,10 @@ fn pass_stats(
         cpu_p50_ms: percentile(&cpu, 0.5),
         cpu_p99_ms: percentile(&cpu, 0.99),
         cpu_max_ms: cpu.last().copied(),
+        updated: passes
+            .iter()
+            .filter(|pass| pass.updated == Some(true))
+            .count(),
     }
 }
 

@@ -78,6 +78,9 @@ pub struct LoggedPass {
     /// The pass thread's CPU time: the wall time less the time other processes held the CPU
     /// (operators from before it was logged have none).
     pub cpu_millis: Option<f64>,
+    /// Whether the pass brought the last snapshot up to date rather than building one
+    /// (operators from before it was logged say nothing).
+    pub updated: Option<bool>,
 }
 
 /// The passes in an operator log (`admission pass took=…`), colours and all.
@@ -94,6 +97,7 @@ pub fn logged_passes(log: &str) -> Vec<LoggedPass> {
                 at,
                 millis: duration_millis(field("took=")?)?,
                 cpu_millis: field(" cpu=").and_then(duration_millis),
+                updated: field(" updated=").and_then(|v| v.parse().ok()),
             })
         })
         .collect()

@@ -30,6 +30,8 @@ pub struct PassStats {
     pub cpu_p50_ms: Option<f64>,
     pub cpu_p99_ms: Option<f64>,
     pub cpu_max_ms: Option<f64>,
+    /// Passes that brought the last snapshot up to date (the rest built one).
+    pub updated: usize,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -181,18 +183,19 @@ pub fn write(scale: &Scale) {
         md,
         "Operator RSS at rest {rest_rss} (its VmHWM by then {rest_hwm}).\n\n\
          Admission passes by phase (exact, from the debug log; histogram figures interpolated within its power-of-two buckets):\n\n\
-         | phase | seconds | passes | p50 | p99 | max | mean | histogram p50 | histogram p99 | CPU p50 | CPU p99 | CPU max | load average (1 min, {} cores) |\n\
-         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+         | phase | seconds | passes | snapshot updated | p50 | p99 | max | mean | histogram p50 | histogram p99 | CPU p50 | CPU p99 | CPU max | load average (1 min, {} cores) |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     for phase in &scale.phases {
         let p = &phase.passes;
         let _ = writeln!(
             md,
-            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             phase.name,
             phase.seconds,
             p.logged,
+            p.updated,
             ms(p.p50_ms),
             ms(p.p99_ms),
             ms(p.max_ms),

@@ -571,7 +571,13 @@ mod tests {
             &mut observe::Models::default(),
             now,
         );
-        let observation = observe::snapshot(observed, &stores.stores, [], now);
+        let observation = observe::snapshot(
+            observed,
+            &stores.stores,
+            &mut gpuqueue_core::snapshot::kept::KeptSnapshot::default(),
+            [],
+            now,
+        );
         let mut snapshot = observation.snapshot;
         let decisions = admission::admission_cycle(&mut snapshot, &Policy::default(), now);
         plan(

@@ -50,6 +50,7 @@ use gpuqueue_core::{
     Policy,
     admission::{self, Decision, WaitReason},
     reclaim::ReclaimPlan,
+    snapshot::kept::{KeptSnapshot, Made},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -287,6 +288,7 @@ fn run_pass(
     // 1. observe (no client): stores, assumed writes, reservations and cool-downs
     let Observation {
         mut snapshot,
+        made,
         unreadable_pods,
         invalid_queues,
         stuck_pins,
@@ -327,6 +329,7 @@ fn run_pass(
     tracing::debug!(
         ?took,
         ?cpu,
+        updated = matches!(made, Made::Updated { .. }),
         admitted = applied.admitted,
         waiting = applied.waiting,
         reclaims = applied.reclaims.len(),
@@ -373,8 +376,13 @@ fn observe_pass(
         &observed.namespaces,
         now,
     );
-    let mut observation =
-        observe::snapshot(observed, &context.stores, handovers.reclaimed_from(), now);
+    let mut observation = observe::snapshot(
+        observed,
+        &context.stores,
+        &mut carried.snapshot,
+        handovers.reclaimed_from(),
+        now,
+    );
     // The victim terminations observed per node, which the reclaim budget plans with.
     observation
         .snapshot
@@ -387,6 +395,7 @@ fn observe_pass(
 struct PassMemory {
     waiting_since: WaitingSince,
     models: Models,
+    snapshot: KeptSnapshot,
     enforce: enforce::EnforceMemory,
 }
 

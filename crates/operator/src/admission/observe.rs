@@ -10,6 +10,7 @@ use gpuqueue_core::{
     fragmentation::{DEFAULT_POPULARITY, WorkloadMix},
     model::{self, Converted, FieldError, NodeError, PodError, QueueError},
     pins::{self, Released, UNBINDABLE_AFTER},
+    snapshot::kept::{KeptSnapshot, Made},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -272,6 +273,8 @@ pub struct Observation {
     /// The core's snapshot: queues, namespaces, nodes and pods (reservations included), with
     /// the workload mix and each queue's last reclaim.
     pub snapshot: Snapshot,
+    /// Whether the snapshot was built, or the last one brought up to date.
+    pub made: Made,
     /// GPU pods the core cannot model, with why: they stay at the gate, and say so.
     pub unreadable_pods: Vec<(Arc<Pod>, String)>,
     pub invalid_queues: Vec<InvalidQueue>,
@@ -308,6 +311,7 @@ pub fn read(
 pub fn snapshot(
     observed: Observed,
     stores: &Stores,
+    kept: &mut KeptSnapshot,
     reclaimed_from: impl IntoIterator<Item = (String, Timestamp)>,
     now: Timestamp,
 ) -> Observation {
@@ -326,12 +330,14 @@ pub fn snapshot(
     for (queue, at) in last_reclaims(stores, now).into_iter().chain(reclaimed_from) {
         builder = builder.reclaimed_from(queue, at);
     }
-    let (snapshot, issues) = builder.build();
+    // The last pass's snapshot brought up to date where only a few pods changed.
+    let (snapshot, issues, made) = kept.build(builder);
     for issue in &issues {
         tracing::debug!(%issue, "snapshot left an object out");
     }
     Observation {
         snapshot,
+        made,
         unreadable_pods: observed.unreadable_pods,
         invalid_queues: observed.invalid_queues,
         stuck_pins: observed.stuck_pins,

@@ -448,7 +448,13 @@ mod tests {
             &mut observe::Models::default(),
             now,
         );
-        let observation = observe::snapshot(observed, &stores.stores, [], now);
+        let observation = observe::snapshot(
+            observed,
+            &stores.stores,
+            &mut gpuqueue_core::snapshot::kept::KeptSnapshot::default(),
+            [],
+            now,
+        );
         let budgets = gpuqueue_core::status::HandoverBudgets::default();
         let reports = queue_reports(&observation.snapshot, &budgets);
         let (desired, rows) = desired_statuses(&assumed, &stores.stores, &reports, &[], now);
