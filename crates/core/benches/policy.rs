@@ -197,7 +197,8 @@ fn benches(c: &mut Criterion) {
     });
     // The operator's pass on a kept snapshot: one pod gone and one new since the last pass
     // (alternately, so each iteration is a change), brought up to date and copied. With the
-    // mix, which changes with the pods and is measured on every node again.
+    // pods' mix, which changes with them (counted for the changed pods, then measured on every
+    // node again).
     let (queues, nodes, pods) = inputs(false);
     let pods: Vec<Arc<Pod>> = pods.into_iter().map(Arc::new).collect();
     let mut changed = pods.clone();
@@ -208,10 +209,7 @@ fn benches(c: &mut Criterion) {
             .queues(queues.clone())
             .nodes(nodes.clone())
             .pods(pods.iter().cloned())
-            .workload_mix(WorkloadMix::from_pods(
-                pods.iter().map(AsRef::as_ref),
-                DEFAULT_POPULARITY,
-            ))
+            .workload_mix_of_pods(DEFAULT_POPULARITY)
     };
     let (one, other) = (builder(&pods), builder(&changed));
     let mut kept = KeptSnapshot::default();

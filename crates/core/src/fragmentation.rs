@@ -72,6 +72,54 @@ impl<'a> ShapeOf<'a> {
 /// Tasks per shape.
 type Counts<K> = HashMap<K, u64, foldhash::fast::RandomState>;
 
+/// Pods counted by [`TaskShape`], kept as pods come and go: the mix of 10,000 pods is not
+/// counted again for each one that changes.
+#[derive(Clone, Debug, Default)]
+pub struct ShapeCounts {
+    counts: Counts<TaskShape>,
+}
+
+impl ShapeCounts {
+    /// The pods' shapes, counted without copying them.
+    pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
+        let mut counts: Counts<ShapeOf<'a>> = HashMap::default();
+        for pod in pods {
+            *counts.entry(ShapeOf::of(pod)).or_default() += 1;
+        }
+        Self {
+            counts: counts
+                .into_iter()
+                .map(|(shape, n)| (shape.to_owned(), n))
+                .collect(),
+        }
+    }
+
+    pub fn add(&mut self, pod: &Pod) {
+        *self.counts.entry(TaskShape::of_pod(pod)).or_default() += 1;
+    }
+
+    /// Uncounts a pod counted before.
+    pub fn remove(&mut self, pod: &Pod) {
+        let shape = TaskShape::of_pod(pod);
+        if let Some(n) = self.counts.get_mut(&shape) {
+            *n -= 1;
+            if *n == 0 {
+                self.counts.remove(&shape);
+            }
+        }
+    }
+
+    /// [`WorkloadMix::from_shapes`] of the pods counted.
+    pub fn mix(&self, popularity: f64) -> WorkloadMix {
+        let groups = self
+            .counts
+            .iter()
+            .map(|(shape, n)| (shape.clone(), *n))
+            .collect();
+        WorkloadMix::from_counts(groups, popularity)
+    }
+}
+
 /// The workload mix fragmentation is measured against: task classes with shares summing to 1.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct WorkloadMix {
@@ -94,15 +142,7 @@ impl WorkloadMix {
     /// [`Self::from_shapes`] of the pods' shapes ([`TaskShape::of_pod`]), counted without
     /// copying them: the operator measures every pod in every pass.
     pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>, popularity: f64) -> Self {
-        let mut counts: Counts<ShapeOf<'a>> = HashMap::default();
-        for pod in pods {
-            *counts.entry(ShapeOf::of(pod)).or_default() += 1;
-        }
-        let groups = counts
-            .into_iter()
-            .map(|(shape, n)| (shape.to_owned(), n))
-            .collect();
-        Self::from_counts(groups, popularity)
+        ShapeCounts::of(pods).mix(popularity)
     }
 
     fn from_counts(mut groups: Vec<(TaskShape, u64)>, popularity: f64) -> Self {

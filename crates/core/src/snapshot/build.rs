@@ -73,6 +73,14 @@ impl SnapshotBuilder {
         self
     }
 
+    /// The task mix of the pods given, with FGD's `popularity` cut
+    /// ([`WorkloadMix::from_pods`]); a kept snapshot counts only the pods that changed.
+    #[must_use]
+    pub fn workload_mix_of_pods(mut self, popularity: f64) -> Self {
+        self.mix_of_pods = Some(popularity);
+        self
+    }
+
     /// A reclaim took GPUs from `queue` at `at`: it does not borrow again within its
     /// `minBorrowDuration` (the operator reads this from the queues' handover records).
     #[must_use]
@@ -94,6 +102,10 @@ impl SnapshotBuilder {
     ) -> (Snapshot, Vec<SnapshotError>) {
         let mut issues = Vec::new();
         let mut snapshot = Snapshot::default();
+        if let Some(popularity) = self.mix_of_pods.take() {
+            let mix = WorkloadMix::from_pods(self.pods.iter().map(AsRef::as_ref), popularity);
+            self.mix = Some(mix);
+        }
 
         self.queues.sort_by(|a, b| a.name.cmp(&b.name));
         for queue in self.queues {

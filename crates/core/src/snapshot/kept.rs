@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use super::build::seating_rank;
 use super::{Index, Snapshot, SnapshotBuilder, SnapshotError};
-use crate::fragmentation::WorkloadMix;
+use crate::fragmentation::{ShapeCounts, WorkloadMix};
 use crate::ids::{NodeId, PodId};
 use crate::model::{Assignment, Namespace, Node, Pod, PodState, Queue};
 
@@ -59,6 +59,8 @@ struct Last {
     namespaces: Vec<Namespace>,
     nodes: Vec<Arc<Node>>,
     mix: Option<WorkloadMix>,
+    /// The pods' shapes and the popularity cut, where the mix is the pods'.
+    shapes: Option<(ShapeCounts, f64)>,
     /// Every pod given, by address, with its id (`None`: left out).
     pods: Index<usize, Given>,
     /// Counts updates, to find the pods a build was not given again.
@@ -70,8 +72,8 @@ struct Given {
     id: Option<PodId>,
     round: u64,
     /// Held, so that no other object takes this address while the entry lives (an accepted
-    /// pod is held by its slot too).
-    _pod: Arc<Pod>,
+    /// pod is held by its slot too), and uncounted from the mix when gone.
+    pod: Arc<Pod>,
 }
 
 /// Why an update gave way to a build (for the caller's log only).
@@ -113,7 +115,12 @@ impl SnapshotBuilder {
 }
 
 impl Last {
-    fn build(builder: SnapshotBuilder) -> (Self, Vec<SnapshotError>) {
+    fn build(mut builder: SnapshotBuilder) -> (Self, Vec<SnapshotError>) {
+        let shapes = builder.mix_of_pods.take().map(|popularity| {
+            let counts = ShapeCounts::of(builder.pods.iter().map(AsRef::as_ref));
+            builder.mix = Some(counts.mix(popularity));
+            (counts, popularity)
+        });
         let queues = builder.queues.clone();
         let namespaces = builder.namespaces.clone();
         let nodes = builder.nodes.clone();
@@ -123,14 +130,7 @@ impl Last {
             foldhash::fast::RandomState::default(),
         );
         let (snapshot, issues) = builder.build_telling(|pod, id| {
-            pods.insert(
-                address(&pod),
-                Given {
-                    id,
-                    round: 0,
-                    _pod: pod,
-                },
-            );
+            pods.insert(address(&pod), Given { id, round: 0, pod });
         });
         let last = Self {
             snapshot,
@@ -138,6 +138,7 @@ impl Last {
             namespaces,
             nodes,
             mix,
+            shapes,
             pods,
             round: 0,
         };
@@ -156,9 +157,11 @@ impl Last {
             .set_reclaimed_from(builder.reclaimed_from.clone());
         // The mix follows the pods, so it changes with almost every update; `build` measures
         // the nodes against it last, and so does this.
-        let mix = (self.mix != builder.mix)
-            .then(|| builder.mix.clone())
-            .flatten();
+        let mix = match &self.shapes {
+            Some((counts, popularity)) => Some(counts.mix(*popularity)),
+            None => builder.mix.clone(),
+        };
+        let mix = mix.filter(|mix| self.mix.as_ref() != Some(mix));
         let issues = if changes.gone.is_empty() && changes.added.is_empty() {
             Vec::new()
         } else {
@@ -179,10 +182,15 @@ impl Last {
                 .iter()
                 .zip(&builder.nodes)
                 .all(|(a, b)| Arc::ptr_eq(a, b) || a == b);
+        let same_mix_rule = match (&self.shapes, builder.mix_of_pods) {
+            (Some((_, kept)), Some(given)) => kept.total_cmp(&given).is_eq(),
+            (None, None) => self.mix.is_none() || builder.mix.is_some(),
+            _ => false,
+        };
         same_nodes
+            && same_mix_rule
             && self.queues == builder.queues
             && self.namespaces == builder.namespaces
-            && (self.mix.is_none() || builder.mix.is_some())
     }
 
     /// The pods gone since the last build and those to add (new ones, and those left out
@@ -194,21 +202,28 @@ impl Last {
         let mut added = Vec::new();
         let mut new = 0;
         for pod in &builder.pods {
-            match self.pods.get_mut(&address(pod)) {
-                Some(given) if given.id.is_some() => given.round = round,
-                Some(_) => added.push(pod.clone()),
-                None => {
-                    new += 1;
+            if let Some(given) = self.pods.get_mut(&address(pod)) {
+                given.round = round;
+                if given.id.is_none() {
                     added.push(pod.clone());
+                }
+            } else {
+                new += 1;
+                added.push(pod.clone());
+                if let Some((counts, _)) = &mut self.shapes {
+                    counts.add(pod);
                 }
             }
         }
-        let gone: Vec<(usize, Option<PodId>)> = self
-            .pods
-            .iter()
-            .filter(|(_, given)| given.round != round)
-            .map(|(at, given)| (*at, given.id))
-            .collect();
+        let mut gone = Vec::new();
+        for (at, given) in &self.pods {
+            if given.round != round {
+                gone.push((*at, given.id));
+                if let Some((counts, _)) = &mut self.shapes {
+                    counts.remove(&given.pod);
+                }
+            }
+        }
         let live = builder.pods.len().max(64);
         let holes = (self.snapshot.pods.len() + added.len()).saturating_sub(builder.pods.len());
         if (gone.len() + added.len()) * MAX_CHANGED_SHARE > live || holes * 4 > live {
@@ -262,7 +277,7 @@ impl Last {
             let given = Given {
                 id,
                 round: self.round,
-                _pod: pod.clone(),
+                pod: pod.clone(),
             };
             self.pods.insert(address(pod), given);
         }

@@ -142,6 +142,8 @@ pub struct SnapshotBuilder {
     nodes: Vec<Arc<Node>>,
     pods: Vec<Arc<Pod>>,
     mix: Option<WorkloadMix>,
+    /// The mix is the pods', with this popularity cut.
+    mix_of_pods: Option<f64>,
     reclaimed_from: Vec<(String, Timestamp)>,
 }
 

@@ -7,7 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
     Snapshot,
-    fragmentation::{DEFAULT_POPULARITY, WorkloadMix},
+    fragmentation::DEFAULT_POPULARITY,
     model::{self, Converted, FieldError, NodeError, PodError, QueueError},
     pins::{self, Released, UNBINDABLE_AFTER},
     snapshot::kept::{KeptSnapshot, Made},
@@ -318,13 +318,12 @@ pub fn snapshot(
     for problem in &observed.problems {
         tracing::debug!(%problem, "object left out of the snapshot");
     }
-    let mix = WorkloadMix::from_pods(observed.pods.iter().map(AsRef::as_ref), DEFAULT_POPULARITY);
     let mut builder = Snapshot::builder()
         .queues(observed.queues)
         .namespaces(observed.namespaces)
         .nodes(observed.nodes)
         .pods(observed.pods)
-        .workload_mix(mix);
+        .workload_mix_of_pods(DEFAULT_POPULARITY);
     // When each queue was last reclaimed from (its borrowing cool-down): from the queues'
     // handover records, and from this process's handovers whose records are not written yet.
     for (queue, at) in last_reclaims(stores, now).into_iter().chain(reclaimed_from) {
