@@ -11,6 +11,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::ids::{ModelId, NodeId, PodId, ResourceId};
 use crate::model::{
     DeviceMemory, DeviceSet, GpuRequest, MAX_DEVICES_PER_POOL, Node, Pod, Requests, Sharing,
@@ -175,7 +177,7 @@ impl ResolvedGpu {
 #[derive(Clone, Debug)]
 pub(crate) struct Seat {
     pub node: NodeId,
-    pub charges: Vec<Charge>,
+    pub charges: SmallVec<[Charge; 2]>,
     /// Pinned here but holding no devices yet.
     pub deficit: bool,
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use super::seating::SeatMode;
-use super::{Index, PodSlot, Snapshot, SnapshotBuilder, SnapshotError, slot_key};
+use super::{
+    Index, PodSlot, SlotAmounts, SlotGpus, Snapshot, SnapshotBuilder, SnapshotError, slot_key,
+};
 use crate::devices::{self, Charge, NodeState, Placement, PoolLayout, ResolvedGpu};
 use crate::fragmentation::{FragIndex, WorkloadMix};
 use crate::ids::{ModelId, NodeId, PodId, QueueId, ResourceId};
@@ -350,9 +352,9 @@ impl Snapshot {
         }
     }
 
-    fn resolve(&mut self, requests: &Requests) -> (Vec<ResolvedGpu>, Vec<(ResourceId, Milli)>) {
-        let mut gpus = Vec::new();
-        let mut amounts = Vec::new();
+    fn resolve(&mut self, requests: &Requests) -> (SlotGpus, SlotAmounts) {
+        let mut gpus = SlotGpus::new();
+        let mut amounts = SlotAmounts::new();
         for g in &requests.gpus {
             let resource = self.intern_resource(&g.resource);
             gpus.push(ResolvedGpu::new(resource, g).unwrap_or(ResolvedGpu {
@@ -370,7 +372,7 @@ impl Snapshot {
     /// Adds a pod in its state: pending pods wait; admitted pods hold quota and are seated on
     /// their node (on the devices they name, or the lowest-numbered free ones).
     pub fn add_pod(&mut self, pod: impl Into<Arc<Pod>>) -> Result<PodId, SnapshotError> {
-        let (id, node) = self.insert_pod(pod.into())?;
+        let (id, node) = self.insert_pod(pod.into(), None)?;
         if let Some(node) = node {
             self.seat_as_given(id, node)?;
         }
@@ -378,13 +380,16 @@ impl Snapshot {
         Ok(id)
     }
 
-    /// Adds a pod and charges its queue, without seating it: returns the node it is to be
-    /// seated on, if it is admitted to one the snapshot has.
+    /// Adds a pod and charges its queue, without seating it, in the empty slot `hole` if
+    /// given (else a new one): returns the node it is to be seated on, if it is admitted to
+    /// one the snapshot has.
     pub(super) fn insert_pod(
         &mut self,
         pod: Arc<Pod>,
+        hole: Option<PodId>,
     ) -> Result<(PodId, Option<NodeId>), SnapshotError> {
-        let id = PodId::at(self.pods.len());
+        let hole = hole.filter(|id| matches!(self.pods.get(id.index()), Some(None)));
+        let id = hole.unwrap_or_else(|| PodId::at(self.pods.len()));
         let hash = self.pod_ids.hash(&pod.key);
         if self
             .pod_ids
@@ -417,14 +422,18 @@ impl Snapshot {
             }
             _ => None,
         };
-        self.pods.push(Some(PodSlot {
+        let slot = Some(PodSlot {
             pod,
             attribution,
             gpus,
             amounts,
             seat: None,
             admitted_as,
-        }));
+        });
+        match hole {
+            Some(id) => self.pods[id.index()] = slot,
+            None => self.pods.push(slot),
+        }
         self.pod_ids
             .insert_unique(|id| slot_key(&self.pods, id), hash, id);
         self.charge_queue(id, 1);

@@ -6,8 +6,7 @@
 //!
 //! A pod is the same when it is the same object (`Arc` address): the caller shares unchanged
 //! models from build to build, and any change makes a new one. An update gives the snapshot a
-//! full build would give, but for the pods' ids (a removed pod leaves a hole, an added one is
-//! appended): every node a changed pod was or is seated on is seated again from empty, its pods
+//! full build would give, but for the pods' ids (an added pod takes a removed one's slot): every node a changed pod was or is seated on is seated again from empty, its pods
 //! in the seating order `build` uses, so devices, deficits, ledger and fragmentation come out
 //! as a build's. Where an update cannot promise that, the snapshot is built again:
 //!
@@ -19,7 +18,7 @@
 //! - an added pod brings a resource name the snapshot did not know (ids are handed out in the
 //!   order names are first seen), shares a key with another pod, or names devices that are no
 //!   longer free in the new order;
-//! - the holes outnumber a quarter of the pods.
+//! - empty slots outnumber a quarter of the pods.
 //!
 //! The issues an update reports are those of the pods it added; the last build's are not
 //! repeated.
@@ -65,6 +64,8 @@ struct Last {
     pods: Index<usize, Given>,
     /// Counts updates, to find the pods a build was not given again.
     round: u64,
+    /// Empty slots, which added pods take first.
+    holes: Vec<PodId>,
 }
 
 #[derive(Debug)]
@@ -133,12 +134,16 @@ impl Last {
             pods.insert(address(&pod), Given { id, round: 0, pod });
         });
         let last = Self {
-            snapshot,
             queues,
             namespaces,
             nodes,
             mix,
             shapes,
+            holes: (0..snapshot.pods.len())
+                .map(PodId::at)
+                .filter(|id| snapshot.slot(*id).is_none())
+                .collect(),
+            snapshot,
             pods,
             round: 0,
         };
@@ -225,8 +230,7 @@ impl Last {
             }
         }
         let live = builder.pods.len().max(64);
-        let holes = (self.snapshot.pods.len() + added.len()).saturating_sub(builder.pods.len());
-        if (gone.len() + added.len()) * MAX_CHANGED_SHARE > live || holes * 4 > live {
+        if (gone.len() + added.len()) * MAX_CHANGED_SHARE > live || self.holes.len() * 4 > live {
             return Err(Rebuild);
         }
         Ok(Changes {
@@ -249,6 +253,7 @@ impl Last {
         for (at, id) in &changes.gone {
             if let Some(id) = id {
                 s.remove_pod(*id);
+                self.holes.push(*id);
             }
             self.pods.remove(at);
         }
@@ -263,7 +268,14 @@ impl Last {
         let resources = s.resources.len();
         let mut issues = Vec::new();
         for pod in &changes.added {
-            let id = match s.insert_pod(pod.clone()) {
+            let hole = self.holes.pop();
+            let inserted = s.insert_pod(pod.clone(), hole);
+            if let Some(hole) = hole
+                && !matches!(inserted, Ok((id, _)) if id == hole)
+            {
+                self.holes.push(hole);
+            }
+            let id = match inserted {
                 Ok((id, node)) => {
                     reseat.extend(node.map(|node| (node, id)));
                     Some(id)
@@ -297,6 +309,7 @@ impl Last {
         for (node, _, pod, id) in reseat {
             if let Err(e) = s.seat_as_given(id, node) {
                 issues.push(e);
+                self.holes.push(id);
                 if let Some(given) = self.pods.get_mut(&address(&pod)) {
                     given.id = None;
                 }

@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use smallvec::SmallVec;
 
 use crate::devices::{self, Charge, NodeState, NodeView, Request, ResolvedGpu, Seat};
 use crate::fragmentation::{ClusterFragmentation, FragIndex, WorkloadMix};
@@ -99,15 +100,21 @@ pub enum SnapshotError {
     StaleRemoval,
 }
 
+/// A pod's GPU requests, resolved (one, nearly always): inline, so a copy allocates nothing.
+pub(crate) type SlotGpus = SmallVec<[ResolvedGpu; 1]>;
+
+/// A pod's requested amount per resource, inline like [`SlotGpus`].
+pub(crate) type SlotAmounts = SmallVec<[(ResourceId, Milli); 1]>;
+
 #[derive(Clone, Debug)]
 pub(crate) struct PodSlot {
     /// Shared with whoever gave it (the operator keeps each pod's model from pass to pass):
     /// a pass copies a pointer, not the pod, and only a pod this snapshot changes is copied.
     pub pod: Arc<Pod>,
     pub attribution: Attribution,
-    pub gpus: Vec<ResolvedGpu>,
+    pub gpus: SlotGpus,
     /// Requested amount per resource (for the ledger).
-    pub amounts: Vec<(ResourceId, Milli)>,
+    pub amounts: SlotAmounts,
     pub seat: Option<Seat>,
     pub admitted_as: Option<AdmittedAs>,
 }

@@ -1,6 +1,8 @@
 //! Seating: keeps each node's devices, each queue's ledger and each node's fragmentation in
 //! step as a pod is charged, seated on devices (or pinned as a node's deficit) and unseated.
 
+use smallvec::SmallVec;
+
 use super::{Attribution, Snapshot};
 use crate::devices::{Charge, Seat, host_amount, unit_cost};
 use crate::ids::{NodeId, PodId, ResourceId};
@@ -78,7 +80,7 @@ impl Snapshot {
                 }
                 slot.seat = Some(Seat {
                     node,
-                    charges,
+                    charges: SmallVec::from_slice(&charges),
                     deficit: false,
                 });
             }
@@ -86,7 +88,7 @@ impl Snapshot {
                 n.add_deficit(id);
                 slot.seat = Some(Seat {
                     node,
-                    charges: Vec::new(),
+                    charges: SmallVec::new(),
                     deficit: true,
                 });
             }

@@ -170,7 +170,7 @@ impl Snapshot {
                 let how = if seat.deficit {
                     SeatMode::Deficit
                 } else {
-                    SeatMode::Exact(seat.charges)
+                    SeatMode::Exact(seat.charges.to_vec())
                 };
                 self.seat(id, seat.node, how);
             }
