@@ -6,22 +6,24 @@
 //!
 //! A pod is the same when it is the same object (`Arc` address): the caller shares unchanged
 //! models from build to build, and any change makes a new one. An update gives the snapshot a
-//! full build would give, but for the pods' ids (an added pod takes a removed one's slot): every node a changed pod was or is seated on is seated again from empty, its pods
-//! in the seating order `build` uses, so devices, deficits, ledger and fragmentation come out
-//! as a build's. Where an update cannot promise that, the snapshot is built again:
+//! full build would give, but for the pods' ids (an added pod takes a removed one's slot):
+//! every node a changed pod was or is seated on is seated again from empty, its pods in the
+//! seating order `build` uses, so devices, deficits, ledger and fragmentation come out as a
+//! build's, and a pod naming devices another took first is left out as a build leaves it out.
+//! The workload mix, where it is the pods' own ([`SnapshotBuilder::workload_mix_of_pods`]), is
+//! counted for the changed pods only, and every node is measured against a new one last, as
+//! `build` does. Where an update cannot promise a build's snapshot, it builds one:
 //!
-//! - a queue, namespace or node changed (by value: a node's object may be new and equal); a
-//!   new workload mix is taken as `build` takes it, measuring every node against it last;
-//! - many pods changed (more than [`MAX_CHANGED_SHARE`] of them): building is cheaper then;
+//! - a queue, namespace or node changed (by value: a node's object may be new and equal);
+//! - many pods changed (more than one in [`MAX_CHANGED_SHARE`]): building is cheaper then;
 //! - a changed pod's node has pinned pods waiting for room (a deficit): who waits depends on
 //!   the order the node's pods came in since;
 //! - an added pod brings a resource name the snapshot did not know (ids are handed out in the
-//!   order names are first seen), shares a key with another pod, or names devices that are no
-//!   longer free in the new order;
+//!   order names are first seen) or shares a key with another pod;
 //! - empty slots outnumber a quarter of the pods.
 //!
-//! The issues an update reports are those of the pods it added; the last build's are not
-//! repeated.
+//! The issues an update reports are those of the pods it added or left out; the last build's
+//! are not repeated.
 
 use std::sync::Arc;
 
@@ -77,7 +79,7 @@ struct Given {
     pod: Arc<Pod>,
 }
 
-/// Why an update gave way to a build (for the caller's log only).
+/// An update that must give way to a build.
 struct Rebuild;
 
 fn address(pod: &Arc<Pod>) -> usize {
