@@ -21,6 +21,7 @@ use gpuqueue_core::{
     enforcement::{Enforcement, enforce},
     pins::StuckPin,
 };
+use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 use tokio::task::JoinSet;
 
@@ -43,7 +44,7 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// What enforcement remembers from pass to pass (this term's only).
 #[derive(Debug, Default)]
 pub(super) struct EnforceMemory {
-    /// Pods whose eviction the API server accepted, until the store shows them leaving: not
+    /// Pods whose eviction the API server accepted, until the store no longer holds them: not
     /// evicted, counted or announced twice.
     evicted: Arc<Mutex<HashSet<String>>>,
     /// Pods whose released pin was announced, for as long as it stays released.
@@ -77,14 +78,8 @@ fn evict(
     {
         let mut evicted = crate::sync::lock(&memory.evicted);
         if !evicted.is_empty() {
-            let staying: HashSet<String> = stores
-                .pods
-                .state()
-                .iter()
-                .filter(|pod| pod.metadata.deletion_timestamp.is_none())
-                .filter_map(|pod| pod.metadata.uid.clone())
-                .collect();
-            evicted.retain(|uid| staying.contains(uid));
+            let pods = stores.pods.state();
+            forget_gone(&mut evicted, pods.iter().map(AsRef::as_ref));
         }
     }
     for enforcement in enforcements {
@@ -133,6 +128,17 @@ fn evict(
             }
         });
     }
+}
+
+/// Forgets the evicted pods the store no longer holds. A pod the store shows terminating is
+/// kept: the pass that chose it again read the store before its deletion showed (the soak
+/// caught a second eviction 18 ms after the first, when this read kept only pods not yet
+/// terminating).
+fn forget_gone<'a>(evicted: &mut HashSet<String>, stored: impl Iterator<Item = &'a Pod>) {
+    let held: HashSet<&str> = stored
+        .filter_map(|pod| pod.metadata.uid.as_deref())
+        .collect();
+    evicted.retain(|uid| held.contains(uid.as_str()));
 }
 
 /// The `QuotaBypass` event of an evicted pod.
@@ -213,6 +219,26 @@ mod tests {
             .pods(pods)
             .build();
         enforce(&snapshot, &[])
+    }
+
+    #[test]
+    fn an_evicted_pod_is_remembered_while_it_terminates_and_forgotten_once_gone() {
+        let pod = |uid: &str, terminating: bool| {
+            let mut pod = Pod::default();
+            pod.metadata.uid = Some(uid.to_owned());
+            if terminating {
+                pod.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+                );
+            }
+            pod
+        };
+        let mut evicted: HashSet<String> = ["a", "b", "c"].map(String::from).into();
+        let stored = [pod("a", true), pod("b", false)];
+        forget_gone(&mut evicted, stored.iter());
+        let mut kept: Vec<&str> = evicted.iter().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["a", "b"]);
     }
 
     #[test]
