@@ -9,8 +9,9 @@ mod common;
 
 use std::sync::Arc;
 
+use common::decisions::describe;
 use common::world::{GPU, at, node, queue};
-use gpuqueue_core::admission::{Decision, admission_cycle};
+use gpuqueue_core::admission::admission_cycle;
 use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, WorkloadMix};
 use gpuqueue_core::model::{
     Assignment, DeviceSet, GpuRequest, Pod, PodKey, PodState, ReclaimMark, ReclaimRole, Requests,
@@ -232,28 +233,6 @@ fn figures(snapshot: &Snapshot) -> Vec<String> {
     }
     out.push(format!("{:?}", snapshot.fragmentation()));
     out
-}
-
-fn describe(decisions: &[Decision]) -> Vec<String> {
-    decisions
-        .iter()
-        .map(|d| match d {
-            Decision::Admit(a) => format!(
-                "admit {} on {} {:?} as {}",
-                a.key, a.placement.node_name, a.placement.devices, a.admitted_as
-            ),
-            Decision::Reclaim(p) => format!(
-                "reclaim for {} on {}: {:?}",
-                p.owner_key,
-                p.node_name,
-                p.victims
-                    .iter()
-                    .map(|v| v.key.to_string())
-                    .collect::<Vec<_>>()
-            ),
-            Decision::Wait(w) => format!("wait {}: {}", w.key, w.reason),
-        })
-        .collect()
 }
 
 proptest! {

@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::decisions::describe;
 use common::world::{at, node, pending, queue, running};
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
@@ -213,29 +214,6 @@ fn owner_fits(snapshot: &Snapshot, owner: &Pod, node: NodeId) -> bool {
     Policy::new(&BestFit, TieBreak::First)
         .find_placement_where(snapshot, owner, &|n| n == node)
         .is_some()
-}
-
-/// A summary of decisions that does not depend on pod ids.
-fn describe(decisions: &[Decision]) -> Vec<String> {
-    decisions
-        .iter()
-        .map(|d| match d {
-            Decision::Admit(a) => format!(
-                "admit {} on {} as {}",
-                a.key, a.placement.node_name, a.admitted_as
-            ),
-            Decision::Reclaim(p) => format!(
-                "reclaim for {} on {}: {:?}",
-                p.owner_key,
-                p.node_name,
-                p.victims
-                    .iter()
-                    .map(|v| v.key.to_string())
-                    .collect::<Vec<_>>()
-            ),
-            Decision::Wait(w) => format!("wait {}: {}", w.key, w.reason),
-        })
-        .collect()
 }
 
 proptest! {

@@ -2,5 +2,6 @@
 
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod decisions;
 pub mod trace;
 pub mod world;
