@@ -314,6 +314,75 @@ async fn a_create_refused_after_the_webhook_holds_no_lasting_reservation_and_bre
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_refused_after_the_webhook_makes_no_pod_within_its_guarantee_a_victim() {
+    // The soak's case: creates the API server refused after the webhook had reserved them
+    // inflated a queue, and a reclaim evicted one of its real pods as a borrower while the
+    // queue held no more than its guarantee. Here batch is guaranteed 4 and holds 4.
+    let world = World::start("tenant_creation_refused_within_guarantee", Vec::new()).await;
+    apply_queue(
+        &world.client,
+        &queue_yaml("online", &[world.online.name()], 4, 0),
+    )
+    .await;
+    apply_queue(
+        &world.client,
+        &queue_yaml("batch", &[world.batch.name()], 4, 4),
+    )
+    .await;
+    for queue in ["online", "batch"] {
+        queue_status(&world.client, queue, "a status of guaranteed 4", |q| {
+            q.status
+                .as_ref()
+                .and_then(|s| s.resources.first())
+                .is_some_and(|r| r.guaranteed == 4)
+        })
+        .await;
+    }
+    let tenant_pods = world.tenant_pods();
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let name = format!("batch-{i}");
+        tenant_pods
+            .create(&PostParams::default(), &gpu_pod(&name, NVIDIA_GPU, 1))
+            .await
+            .unwrap();
+        held.push(bound(&tenant_pods, &name).await);
+    }
+    // 4 more reserved (borrowed from online's idle guarantee) for a pod that never exists.
+    let admitted = world.answered("admitted").await;
+    world.create_refused_after_mutation(4).await;
+    assert_eq!(world.answered("admitted").await, admitted + 1);
+
+    // online wants its 4 back: nothing batch holds is borrowed, so no reclaim evicts it; online
+    // gets the phantom's room at its expiry.
+    let pods = world.online_pods();
+    pods.create(&PostParams::default(), &gpu_pod("vllm", NVIDIA_GPU, 4))
+        .await
+        .unwrap();
+    wait_for("online's pod bound", AFTER_EXPIRY, || async {
+        let pod = pods.get("vllm").await.map_err(|e| e.to_string())?;
+        pod.spec
+            .and_then(|s| s.node_name)
+            .map(drop)
+            .ok_or_else(|| "not bound yet".to_owned())
+    })
+    .await
+    .unwrap();
+    for pod in &held {
+        let name = pod.metadata.name.as_deref().unwrap();
+        let now = tenant_pods.get(name).await.unwrap();
+        assert_eq!(now.metadata.uid, pod.metadata.uid, "{name} was replaced");
+        assert!(
+            now.metadata.deletion_timestamp.is_none(),
+            "{name} was evicted"
+        );
+    }
+    let log = world.operator.process.log();
+    assert!(!log.contains("reclaim for"), "no reclaim was planned");
+    assert!(log.contains("a pod admitted at creation never appeared; its reservation is released"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_creates_refused_after_the_webhook_hold_at_most_the_namespace_cap() {
     let cap = vec![(
         "GPUQUEUE_CREATION_RESERVATIONS_PER_NAMESPACE".to_owned(),

@@ -7,6 +7,15 @@
 //! unadmitted pods first (they hold quota without passing admission), then lowest priority,
 //! then most recently admitted, then name.
 //!
+//! **Pods reserved at creation that the store has not shown yet are never borrowers, and do not
+//! make one.** Their creates may still fail after the webhook answered (another admission
+//! plugin refuses the pod), so the borrowed amount the real pods are marked for is what they
+//! hold above the guarantee by themselves: otherwise a reclaim could evict a queue that is
+//! within its guarantee (the soak caught it: an API server whose policies had not synced refused
+//! three pods the webhook had reserved, and a real pod was evicted as a borrower). The price:
+//! an owner that needs the room of a reservation waits until the pod shows (milliseconds) or the
+//! reservation expires.
+//!
 //! Why the straddler is a borrower: otherwise a queue that borrows with pods bigger than what
 //! it borrows (guarantee 20, two pods of 6 GPUs on top) has no borrower at all and keeps the
 //! borrowed GPUs for good (issue 13, case 8), which breaks the owner's guarantee. The price is
@@ -85,8 +94,8 @@ impl ResourceUsage {
 /// creation but not seen yet last, so iteration yields borrowers first.
 #[derive(Clone, Debug)]
 pub(crate) struct Protection {
-    /// Reserved at creation and not seen yet: the most protected, since a reclaim cannot evict
-    /// it, so the queue's real pods are the ones marked as its borrowers.
+    /// Reserved at creation and not seen yet: last, so the real pods are iterated first; it is
+    /// neither a borrower nor counted towards what the real ones borrow.
     pub reserved_unseen: bool,
     /// Admitted by gpuqueue (`false` for an unadmitted pod, which is the least protected).
     pub recorded: bool,
@@ -274,8 +283,22 @@ impl QueueState {
             return Vec::new();
         }
         let mut room = over;
+        // A reservation the store has not shown may never exist (its create can fail after the
+        // webhook answered): the real pods are borrowers only for what they hold above the
+        // guarantee by themselves, or a reclaim could evict a queue within its guarantee.
+        for member in self.members.iter().rev().take_while(|m| m.reserved_unseen) {
+            for (resource, amount) in requests(member.id) {
+                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
+                    *left = left.saturating_sub(*amount);
+                }
+            }
+        }
+        room.retain(|(_, left)| *left > Milli::ZERO);
         let mut borrowers = Vec::new();
-        for member in &self.members {
+        for member in self.members.iter().take_while(|m| !m.reserved_unseen) {
+            if room.is_empty() {
+                break;
+            }
             let wants = requests(member.id);
             // Only pods made entirely of what the queue borrows, and that cover some of what
             // is still uncovered: the straddler is one of them.

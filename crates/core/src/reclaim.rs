@@ -404,16 +404,14 @@ fn within_guarantee(
     Ok(())
 }
 
-/// Borrower pods of other queues, by pod index, that may be evicted: seated on a node, not
-/// already part of a reclaim, and real (not a reservation whose pod may never exist).
+/// Borrower pods of other queues, by pod index, that may be evicted: seated on a node and not
+/// already part of a reclaim (a reservation whose pod may never exist is no borrower).
 fn evictable_borrowers(snapshot: &Snapshot, owner_queue: QueueId) -> Vec<bool> {
     let mut evictable = vec![false; snapshot.pod_index_bound()];
     for q in snapshot.queue_ids().filter(|q| *q != owner_queue) {
         for pod in snapshot.borrowers(q) {
             let seated = snapshot.slot(pod).is_some_and(|s| {
-                s.pod.reclaim.is_none()
-                    && !s.pod.reserved_unseen
-                    && s.seat.as_ref().is_some_and(|seat| !seat.deficit)
+                s.pod.reclaim.is_none() && s.seat.as_ref().is_some_and(|seat| !seat.deficit)
             });
             evictable[pod.index()] = seated;
         }
