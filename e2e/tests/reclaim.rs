@@ -751,10 +751,21 @@ async fn a_disruption_budget_holds_the_eviction_until_the_deadline_then_the_borr
     assert!(now.metadata.deletion_timestamp.is_none());
 }
 
-/// Kills the operator right after `phase` of a handover (the crash hook), starts another
-/// one, and checks that the handover is finished with no checkpoint and no eviction done
-/// twice. Returns the record, the victim's name and the namespaces.
-async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
+/// A handover whose operator the crash hook ended right after `phase`: two borrowers of batch
+/// with a fake vLLM each, online's owner of one GPU, and no operator running.
+struct Crashed {
+    world: World,
+    pods: Api<Pod>,
+    owners: Api<Pod>,
+    borrowers: Vec<Pod>,
+    servers: HashMap<String, FakeVllm>,
+    /// Kept for the test's length: dropping one deletes the namespace.
+    batch: TempNamespace,
+    online: TempNamespace,
+}
+
+/// Ends the operator right after `phase` of a handover (the crash hook).
+async fn crash_in_handover(phase: &str) -> Crashed {
     let mut world = World::start_with(
         &format!("reclaim_crash_{phase}"),
         vec![GpuNode::whole_gpus("gpu-node-0", 2)],
@@ -797,18 +808,38 @@ async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
         "{}",
         world.operator.process.log_tail(20)
     );
+    Crashed {
+        world,
+        pods,
+        owners,
+        borrowers,
+        servers,
+        batch,
+        online,
+    }
+}
+
+/// Kills the operator right after `phase` of a handover (the crash hook), starts another
+/// one, and checks that the handover is finished with no checkpoint and no eviction done
+/// twice. Returns the record, the victim's name and the namespaces.
+async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
+    let Crashed {
+        mut world,
+        pods,
+        owners,
+        borrowers,
+        servers,
+        batch,
+        online,
+    } = crash_in_handover(phase).await;
+    let client = world.client.clone();
+    let (batch, online) = (batch.name().to_owned(), online.name().to_owned());
 
     // Another operator takes over (after the dead one's lease expires) and finishes.
     world.operator =
         Operator::start(&world.cluster, Options::new("second", world.webhook_port)).await;
     bound(&owners, "owner").await;
-    let record = handover_record(
-        &client,
-        "online",
-        "owner",
-        &format!("{}/owner", online.name()),
-    )
-    .await;
+    let record = handover_record(&client, "online", "owner", &format!("{online}/owner")).await;
     assert_eq!(record.outcome, "Completed", "{record:?}");
     assert_eq!(record.victims.len(), 1, "one GPU needs one victim");
     let victim = record.victims[0].split('/').nth(1).unwrap().to_owned();
@@ -825,7 +856,7 @@ async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
     );
     assert!(servers[&name(survivor)].calls_to("/pause").is_empty());
     for pod in &borrowers {
-        let evictions = events(&client, batch.name(), &name(pod), "Evicted").await;
+        let evictions = events(&client, &batch, &name(pod), "Evicted").await;
         assert!(evictions.len() <= 1, "{evictions:?}");
         assert!(
             evictions.iter().all(|e| e.count.unwrap_or(1) == 1),
@@ -834,7 +865,7 @@ async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
     }
     // Nothing is left marked: the owner's intent is cleared last, after the records.
     intent_cleared(&owners, "owner").await;
-    (world, record, victim, batch.name().to_owned())
+    (world, record, victim, batch)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -888,6 +919,63 @@ async fn an_operator_killed_after_the_checkpoint_is_resumed_without_a_second_one
         phase_names(&record).contains(&"evictAccepted"),
         "the second leader evicted: {record:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_resumed_not_evicted()
+ {
+    // The operator dies after the checkpoint paused the victim's server, and the owner is
+    // deleted before another takes over: no owner waits any more, so the victim is no longer one,
+    // and its queue may be within its guarantee by now (the soak caught an eviction here).
+    let Crashed {
+        mut world,
+        pods,
+        owners,
+        borrowers,
+        servers,
+        batch,
+        ..
+    } = crash_in_handover("checkpoint").await;
+    let batch = batch.name();
+    let paused: Vec<&String> = servers
+        .iter()
+        .filter(|(_, server)| !server.calls_to("/pause").is_empty())
+        .map(|(pod, _)| pod)
+        .collect();
+    let [victim] = paused[..] else {
+        panic!("one victim paused: {paused:?}")
+    };
+    owners
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&owners, "owner").await;
+
+    world.operator =
+        Operator::start(&world.cluster, Options::new("second", world.webhook_port)).await;
+    let abandoned = event(&world.client, batch, victim, "ReclaimAbandoned").await;
+    assert!(
+        abandoned.contains("was resumed") && abandoned.contains("its intent was removed"),
+        "{abandoned}"
+    );
+    assert_eq!(servers[victim].calls_to("/resume").len(), 1, "resumed once");
+    assert_eq!(servers[victim].calls_to("/pause").len(), 1, "paused once");
+    intent_cleared(&pods, victim).await;
+    // Both borrowers are the pods they were: nobody was evicted.
+    for pod in &borrowers {
+        let now = pods.get(&name(pod)).await.unwrap();
+        assert_eq!(uid(&now), uid(pod));
+        assert!(
+            now.metadata.deletion_timestamp.is_none(),
+            "{} deleted",
+            name(pod)
+        );
+        assert!(
+            events(&world.client, batch, &name(pod), "Evicted")
+                .await
+                .is_empty()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1111,14 +1199,14 @@ async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_cou
     );
 }
 
-/// Waits until the owner `name` no longer carries a reclaim intent.
-async fn intent_cleared(owners: &Api<Pod>, name: &str) {
+/// Waits until the pod `name` no longer carries a reclaim intent.
+async fn intent_cleared(pods: &Api<Pod>, name: &str) {
     wait_for(
-        "the owner's intent to be cleared",
+        format!("the intent on {name} to be cleared"),
         DEFAULT_TIMEOUT,
         || async {
-            let owner = owners.get(name).await.map_err(|e| e.to_string())?;
-            match annotation(&owner, annotations::RECLAIM_ID) {
+            let pod = pods.get(name).await.map_err(|e| e.to_string())?;
+            match annotation(&pod, annotations::RECLAIM_ID) {
                 None => Ok(()),
                 Some(id) => Err(format!("still marked with reclaim {id}")),
             }

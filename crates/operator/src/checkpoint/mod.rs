@@ -4,7 +4,9 @@
 //! the API reports it and the queue's port, to get ready for eviction: `vllm` pauses the server
 //! and waits until its metrics show it idle, `http` posts to a sidecar, `none` does nothing.
 //! Whatever happens, the call returns a [`CheckpointReport`] by the deadline the caller gives:
-//! a checkpoint never blocks an eviction, it is recorded and the owner's guarantee wins.
+//! a checkpoint never blocks an eviction, it is recorded and the owner's guarantee wins. When
+//! the eviction will not come (the reclaim was abandoned), [`Checkpointer::resume`] lets a
+//! paused server serve again.
 //!
 //! This file builds a driver from the policy and runs it under the deadline; the drivers
 //! (`vllm`, `http`) share the `client`, report through `outcome`, and leave their
@@ -163,7 +165,41 @@ impl Checkpointer {
         );
         report
     }
+
+    /// Lets the pod at `address` serve again after a checkpoint whose eviction will not come
+    /// (its reclaim was abandoned): `vllm` posts `/resume`, the other drivers pause nothing.
+    pub async fn resume(&self, address: Result<IpAddr, SkipReason>) -> Resumed {
+        let Driver::Vllm { port, .. } = &self.driver else {
+            return Resumed::NothingPaused;
+        };
+        let target = match address.and_then(|ip| pod_target(ip, *port)) {
+            Ok(target) => target,
+            Err(reason) => return Resumed::Failed(reason.to_string()),
+        };
+        match tokio::time::timeout(RESUME_TIMEOUT, vllm::resume(&self.client, target)).await {
+            Ok(Ok(())) => Resumed::Resumed,
+            Ok(Err(error)) => Resumed::Failed(format!("{target}: {error}")),
+            Err(_) => Resumed::Failed(format!(
+                "{target}: no answer within {} ms",
+                RESUME_TIMEOUT.as_millis()
+            )),
+        }
+    }
 }
+
+/// What asking a checkpointed pod to serve again came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resumed {
+    /// The server answered that it serves again.
+    Resumed,
+    /// The driver pauses nothing (`http`, `none`): there is nothing to undo.
+    NothingPaused,
+    /// The server could not be asked, or refused.
+    Failed(String),
+}
+
+/// A control route answers at once; the pass that abandons a reclaim waits on the call.
+const RESUME_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// The address to call, refusing addresses no pod can have: a pod IP comes from the API, but
 /// the operator still never calls the metadata service or a broadcast address on its behalf.

@@ -89,6 +89,17 @@ pub(super) async fn checkpoint(
     }
 }
 
+/// `POST /resume`: lets a server a checkpoint paused serve again (its reclaim was abandoned).
+pub(super) async fn resume(client: &CheckpointClient, target: SocketAddr) -> Result<(), CallError> {
+    let url = format!("http://{target}/resume");
+    let reply = client.post(&url, None, CONTROL_BODY_CAP).await?;
+    if reply.is_success() {
+        Ok(())
+    } else {
+        Err(CallError::Status(reply.status))
+    }
+}
+
 /// Reads the metrics until the server is idle (or, with `keep`, until the offload counters
 /// settle). Abort reaches the engine asynchronously, so the gauges lag the pause call.
 async fn drain(

@@ -157,8 +157,8 @@ pub async fn evict(
 }
 
 /// One request to the Eviction API, honouring PodDisruptionBudgets: `Evicted` or `AlreadyGone`,
-/// or the refusal. For a victim no owner waits for any more (its reclaim was abandoned), this
-/// is all: a budget that refuses is respected.
+/// or the refusal. For a pod no owner waits for (an owner sent back to the gate, a pod that
+/// bypassed admission), this is all: a budget that refuses is respected.
 pub async fn try_evict(client: &Client, target: &EvictionTarget<'_>) -> Result<Eviction, Refusal> {
     let refused = |error: kube::Error| match error {
         kube::Error::Api(status) => Refusal {

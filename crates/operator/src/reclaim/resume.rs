@@ -11,7 +11,7 @@
 //! | what the store shows for reclaim id X | what it means | what is done |
 //! | --- | --- | --- |
 //! | an owner, released | the owner was promised the node | **resume**: checkpoint the victims not marked `checkpointing`, evict those not terminating, wait, record, clear |
-//! | victims only (or a gated owner), deadline passed | the intent was never committed | **abandon**: clear the victims' marks; a victim already marked `checkpointing` (its server is paused) is evicted, honouring its PodDisruptionBudget |
+//! | victims only (or a gated owner), deadline passed | the intent was never committed, or its owner is gone | **abandon**: clear the victims' marks; a victim already marked `checkpointing` (its server is paused) is resumed first, never evicted: with no owner waiting it is no longer a victim, and its queue may be within its guarantee by now |
 //! | victims only, deadline not passed | another writer may still be committing it | wait for the deadline |
 //!
 //! No step is ever repeated: a victim marked `checkpointing` is never called again, a
@@ -32,14 +32,16 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use super::{
-    evict::{self, Eviction},
     handover::{Handover, HandoverPod, Victim, admitted_queue, checkpoint_policy},
     intent::{self, Mark, Role},
     reclaimer::Reclaimer,
     timeline::Timeline,
     trust::{Claims, Recorded},
 };
-use crate::{checkpoint::Checkpointer, leader::Term};
+use crate::{
+    checkpoint::{Checkpointer, Resumed, pod_address},
+    leader::Term,
+};
 
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]
@@ -233,9 +235,11 @@ impl Reclaimer {
         settled
     }
 
-    /// Takes one pod out of an abandoned reclaim: a victim whose checkpoint was made (its
-    /// server is paused) is evicted, honouring its PodDisruptionBudget; any other pod has the
-    /// intent removed. `reason` says why the reclaim was abandoned.
+    /// Takes one pod out of an abandoned reclaim: its intent is removed, and a victim whose
+    /// checkpoint was made (its server is paused) is asked to serve again first. Never evicted:
+    /// the owner it was for is gone or was never released, and its queue may be within its
+    /// guarantee by now (the soak caught the eviction that used to follow). `reason` says why
+    /// the reclaim was abandoned.
     async fn abandon_pod(
         &self,
         id: &str,
@@ -245,39 +249,32 @@ impl Reclaimer {
     ) -> PodAbandon {
         let paused = Mark::read(pod).is_some_and(|m| m.checkpoint_started)
             && pod.metadata.deletion_timestamp.is_none();
-        if paused {
+        let resumed = if paused {
             let queue = admitted_queue(pod).unwrap_or_default();
-            let (_, grace) = self.victim_settings(queue);
-            let evicting = evict::EvictionTarget {
-                namespace: &target.key.namespace,
-                name: &target.key.name,
-                uid: &target.uid,
-                grace,
-            };
-            return match evict::try_evict(&self.client, &evicting).await {
-                Ok(eviction) => {
-                    self.metrics.evicted(eviction.outcome());
-                    if matches!(eviction, Eviction::AlreadyGone) {
-                        return PodAbandon::Nothing;
-                    }
-                    PodAbandon::Done(format!(
-                        "reclaim {id} was abandoned: {reason}; its checkpoint had been made (the server is paused), so it is evicted"
-                    ))
+            let (policy, _) = self.victim_settings(queue);
+            let checkpointer = Checkpointer::from_policy(&policy, &self.checkpoints);
+            match checkpointer.resume(pod_address(pod)).await {
+                Resumed::Resumed => {
+                    "its server, paused by the checkpoint, was resumed; ".to_owned()
                 }
-                Err(refusal) => {
-                    tracing::warn!(reclaim = id, pod = %target.key, message = %refusal.message,
-                        "evicting the checkpointed victim of an abandoned reclaim was refused; tried again later");
-                    PodAbandon::Later
+                Resumed::NothingPaused => String::new(),
+                Resumed::Failed(why) => {
+                    tracing::warn!(reclaim = id, pod = %target.key, %why, "resuming the checkpointed victim of an abandoned reclaim failed; it is left paused");
+                    format!(
+                        "its server, paused by the checkpoint, could not be resumed ({why}) and is left paused; "
+                    )
                 }
-            };
-        }
+            }
+        } else {
+            String::new()
+        };
         let cleared = match intent::clear_patch(pod, id) {
             Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
             Err(error) => Err(error),
         };
         match cleared {
             Ok(()) => PodAbandon::Done(format!(
-                "reclaim {id} was abandoned: {reason}; its intent was removed and the pod is decided again"
+                "reclaim {id} was abandoned: {reason}; {resumed}its intent was removed and the pod is decided again"
             )),
             Err(error) if error.is_stale() => PodAbandon::Nothing,
             Err(error) => {
