@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::HandoverRecord;
-use gpuqueue_e2e::{InvariantReport, repo_root};
+use gpuqueue_e2e::{FaultKind, InvariantReport, repo_root};
 
 use super::fleet::FleetTally;
 use super::load::LoadTally;
@@ -22,10 +23,35 @@ pub struct Handovers {
     pub completed_over_budget: usize,
     /// Outcomes other than Completed, by outcome.
     pub not_completed: BTreeMap<String, usize>,
-    pub over_budget: Vec<HandoverRecord>,
+    pub over_budget: Vec<OverBudget>,
 }
 
-pub fn handovers(records: &BTreeMap<String, HandoverRecord>) -> Handovers {
+/// A handover over its budget, and the control-plane faults that overlapped it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OverBudget {
+    pub record: HandoverRecord,
+    /// The API server or etcd down (or restarted to force relists) while it ran, or within
+    /// `settle` before it: the handover could not reach the API (`kind at_unix_ms`).
+    pub faults: Vec<String>,
+}
+
+impl Handovers {
+    /// Over budget with no control-plane fault to explain it.
+    pub fn over_budget_unexplained(&self) -> usize {
+        self.over_budget
+            .iter()
+            .filter(|o| o.faults.is_empty())
+            .count()
+    }
+}
+
+/// Sorts the owner `records` by outcome; an over-budget one is set against the `injected`
+/// control-plane faults whose outage (plus `settle`, for watches to come back) overlapped it.
+pub fn handovers(
+    records: &BTreeMap<String, HandoverRecord>,
+    injected: &[Injected],
+    settle: Duration,
+) -> Handovers {
     let mut out = Handovers::default();
     for record in records.values() {
         let resumed = record.phases.first().is_none_or(|p| p.phase != "plan");
@@ -36,13 +62,50 @@ pub fn handovers(records: &BTreeMap<String, HandoverRecord>) -> Handovers {
                 out.completed_within_budget += 1;
             } else {
                 out.completed_over_budget += 1;
-                out.over_budget.push(record.clone());
+                out.over_budget.push(OverBudget {
+                    faults: overlapping_outages(record, injected, settle),
+                    record: record.clone(),
+                });
             }
         } else {
             *out.not_completed.entry(record.outcome.clone()).or_default() += 1;
         }
     }
     out
+}
+
+/// The control-plane faults whose outage overlapped `record`'s run (its start has whole
+/// seconds, so the run is taken as one second longer).
+fn overlapping_outages(
+    record: &HandoverRecord,
+    injected: &[Injected],
+    settle: Duration,
+) -> Vec<String> {
+    let Some(started) = record.started_at.as_ref() else {
+        return Vec::new();
+    };
+    let start = u64::try_from(started.0.as_millisecond()).unwrap_or(0);
+    let end = start + 1000 + u64::try_from(record.total_millis).unwrap_or(0);
+    injected
+        .iter()
+        .filter(|f| !matches!(f.kind, FaultKind::KillLeader | FaultKind::PauseLeader))
+        .filter(|f| {
+            let outage_end = f.at_unix_ms + f.down_ms + millis(settle);
+            f.at_unix_ms <= end && start <= outage_end
+        })
+        .map(|f| {
+            format!(
+                "{} at {} ms, down {} ms",
+                f.kind.name(),
+                f.at_unix_ms,
+                f.down_ms
+            )
+        })
+        .collect()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -120,7 +183,7 @@ fn markdown(soak: &Soak) -> String {
     let _ = writeln!(
         md,
         "## Outcomes\n\n| | |\n| --- | ---: |\n| handovers completed within budget | {} |\n\
-         | handovers completed over budget | {} |\n| handovers resumed by a new leader and completed | {} |\n| handovers not completed | {} |\n\
+         | handovers completed over budget (with the API server or etcd down during it) | {} ({}) |\n| handovers resumed by a new leader and completed | {} |\n| handovers not completed | {} |\n\
          | evictions (accepted, by the operator) | {} |\n| of which unbound owners requeued | {} |\n| checkpoint calls | {} |\n\
          | **invariant violations** | **{}** |\n| operator restarts | {} |\n\
          | unexpected operator exits | {} |\n| leader changes | {} |\n\
@@ -128,6 +191,7 @@ fn markdown(soak: &Soak) -> String {
          | API requests of the load refused during faults | {} |\n",
         h.completed_within_budget,
         h.completed_over_budget,
+        h.completed_over_budget - h.over_budget_unexplained(),
         h.completed_resumed,
         h.not_completed.values().sum::<usize>(),
         soak.invariants.tally.evictions,
@@ -147,6 +211,7 @@ fn markdown(soak: &Soak) -> String {
     if !h.not_completed.is_empty() {
         let _ = writeln!(md, "Not completed, by outcome: {:?}\n", h.not_completed);
     }
+    over_budget_lines(&mut md, h);
     for v in &soak.invariants.violations {
         let _ = writeln!(
             md,
@@ -154,12 +219,43 @@ fn markdown(soak: &Soak) -> String {
             v.rule, v.at_ms, v.detail, v.objects
         );
     }
+    rss_table(&mut md, &soak.rss);
+    let _ = writeln!(md, "\nEvery 10 s sample is in `soak.json` (`rss`).");
+    md
+}
+
+/// One line per handover over its budget: its phases, and the outage that explains it.
+fn over_budget_lines(md: &mut String, h: &Handovers) {
+    for o in &h.over_budget {
+        let why = if o.faults.is_empty() {
+            "no control-plane fault overlapped it".to_owned()
+        } else {
+            o.faults.join("; ")
+        };
+        let _ = writeln!(
+            md,
+            "- over budget: {} ({} ms of {}), {}: {why}",
+            o.record.id,
+            o.record.total_millis,
+            o.record.budget_millis,
+            o.record
+                .phases
+                .iter()
+                .map(|p| format!("{} {}", p.phase, p.at_millis))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// The replicas' RSS: min, median and max per replica.
+fn rss_table(md: &mut String, rss: &[RssSample]) {
     let _ = writeln!(
         md,
         "\n## Operator RSS (MiB)\n\n| replica | min | median | max |\n| --- | ---: | ---: | ---: |"
     );
     let mut by_replica: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    for s in &soak.rss {
+    for s in rss {
         by_replica.entry(&s.replica).or_default().push(s.rss_mib);
     }
     for (replica, mut values) in by_replica {
@@ -172,6 +268,4 @@ fn markdown(soak: &Soak) -> String {
             values[values.len() - 1]
         );
     }
-    let _ = writeln!(md, "\nEvery 10 s sample is in `soak.json` (`rss`).");
-    md
 }
