@@ -927,16 +927,10 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
     // The operator dies after the checkpoint paused the victim's server, and the owner is
     // deleted before another takes over: no owner waits any more, so the victim is no longer one,
     // and its queue may be within its guarantee by now (the soak caught an eviction here).
-    let Crashed {
-        mut world,
-        pods,
-        owners,
-        borrowers,
-        servers,
-        batch,
-        ..
-    } = crash_in_handover("checkpoint").await;
-    let batch = batch.name();
+    let mut crashed = crash_in_handover("checkpoint").await;
+    let (pods, servers) = (&crashed.pods, &crashed.servers);
+    let batch = crashed.batch.name().to_owned();
+    let batch = batch.as_str();
     let paused: Vec<&String> = servers
         .iter()
         .filter(|(_, server)| !server.calls_to("/pause").is_empty())
@@ -945,12 +939,14 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
     let [victim] = paused[..] else {
         panic!("one victim paused: {paused:?}")
     };
-    owners
+    crashed
+        .owners
         .delete("owner", &DeleteParams::default())
         .await
         .unwrap();
-    gone(&owners, "owner").await;
+    gone(&crashed.owners, "owner").await;
 
+    let world = &mut crashed.world;
     world.operator =
         Operator::start(&world.cluster, Options::new("second", world.webhook_port)).await;
     let abandoned = event(&world.client, batch, victim, "ReclaimAbandoned").await;
@@ -960,9 +956,9 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
     );
     assert_eq!(servers[victim].calls_to("/resume").len(), 1, "resumed once");
     assert_eq!(servers[victim].calls_to("/pause").len(), 1, "paused once");
-    intent_cleared(&pods, victim).await;
+    intent_cleared(pods, victim).await;
     // Both borrowers are the pods they were: nobody was evicted.
-    for pod in &borrowers {
+    for pod in &crashed.borrowers {
         let now = pods.get(&name(pod)).await.unwrap();
         assert_eq!(uid(&now), uid(pod));
         assert!(

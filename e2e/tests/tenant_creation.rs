@@ -87,6 +87,20 @@ impl World {
         Api::namespaced(self.tenant.client.clone(), self.batch.name())
     }
 
+    /// The tenant creates `count` one-GPU pods `batch-<i>`; returns them once bound.
+    async fn tenant_runs(&self, count: usize) -> Vec<Pod> {
+        let pods = self.tenant_pods();
+        let mut bound_pods = Vec::with_capacity(count);
+        for i in 0..count {
+            let name = format!("batch-{i}");
+            pods.create(&PostParams::default(), &gpu_pod(&name, NVIDIA_GPU, 1))
+                .await
+                .unwrap();
+            bound_pods.push(bound(&pods, &name).await);
+        }
+        bound_pods
+    }
+
     fn online_pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), self.online.name())
     }
@@ -240,15 +254,7 @@ async fn a_forged_review_without_the_api_servers_client_certificate_is_refused_a
 async fn a_create_refused_after_the_webhook_holds_no_lasting_reservation_and_breaks_no_reclaim() {
     let world = World::start("tenant_creation_refused", Vec::new()).await;
     // The tenant borrows half the node with real pods.
-    let tenant_pods = world.tenant_pods();
-    for i in 0..4 {
-        let name = format!("batch-{i}");
-        tenant_pods
-            .create(&PostParams::default(), &gpu_pod(&name, NVIDIA_GPU, 1))
-            .await
-            .unwrap();
-        bound(&tenant_pods, &name).await;
-    }
+    world.tenant_runs(4).await;
     // A pod of 4 GPUs it fits the other half: the webhook reserves it, then the API server
     // refuses the pod. The node now looks full.
     let admitted = world.answered("admitted").await;
@@ -338,16 +344,8 @@ async fn a_create_refused_after_the_webhook_makes_no_pod_within_its_guarantee_a_
         })
         .await;
     }
+    let held = world.tenant_runs(4).await;
     let tenant_pods = world.tenant_pods();
-    let mut held = Vec::new();
-    for i in 0..4 {
-        let name = format!("batch-{i}");
-        tenant_pods
-            .create(&PostParams::default(), &gpu_pod(&name, NVIDIA_GPU, 1))
-            .await
-            .unwrap();
-        held.push(bound(&tenant_pods, &name).await);
-    }
     // 4 more reserved (borrowed from online's idle guarantee) for a pod that never exists.
     let admitted = world.answered("admitted").await;
     world.create_refused_after_mutation(4).await;
