@@ -3,15 +3,11 @@
 //! binary, its exit code and the message that says what is wrong. What they show of a live
 //! cluster is tested against a real control plane in `e2e/tests/cli_inspect.rs`.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gpuqueue-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::Scratch;
+
+use std::process::{Command, Output};
 
 /// The binary with `HOME` at `home` and none of the variables that point a client at a
 /// cluster, as on a laptop where nothing was set up.
@@ -40,7 +36,7 @@ fn fails(output: &Output, code: i32) -> String {
 
 #[test]
 fn without_a_kubeconfig_each_command_says_where_it_looked() {
-    let home = scratch("no-kubeconfig");
+    let home = Scratch::new("no-kubeconfig");
     let expected = format!(
         "error: cannot connect to the cluster: no kubeconfig: $KUBECONFIG is not set and {} does not exist, and this is not a pod in a cluster; pass --kubeconfig FILE or set KUBECONFIG\n",
         home.join(".kube/config").display()
@@ -87,7 +83,7 @@ fn without_a_kubeconfig_each_command_says_where_it_looked() {
 
 #[test]
 fn a_broken_kubeconfig_or_an_unreachable_server_is_named() {
-    let home = scratch("unreachable");
+    let home = Scratch::new("unreachable");
     // Port 1 on loopback: nothing listens there, so the connection is refused at once.
     let kubeconfig = home.join("config");
     std::fs::write(
@@ -142,7 +138,7 @@ fn a_broken_kubeconfig_or_an_unreachable_server_is_named() {
 
 #[test]
 fn bad_arguments_are_refused_before_connecting() {
-    let home = scratch("arguments");
+    let home = Scratch::new("arguments");
     let stderr = fails(&cli(&home, &["queues", "--request-timeout", "0s"]), 2);
     assert!(
         stderr.contains(

@@ -2,18 +2,12 @@
 //! `kubectl-gpuqueue simulate --scenario` as a user runs it: the quota study's report, a
 //! proposed quota change, and the errors a user meets.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "gpuqueue-cli-scenario-{}-{name}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::Scratch;
+
+use std::path::Path;
+use std::process::{Command, Output};
 
 fn simulate(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_kubectl-gpuqueue"));
@@ -37,7 +31,7 @@ fn quickstart() -> String {
 
 #[test]
 fn quota_study_compares_the_three_policies() {
-    let out = scratch("study");
+    let out = Scratch::new("study");
     let output = simulate(
         &[
             "--scenario",
@@ -81,7 +75,7 @@ fn quota_study_compares_the_three_policies() {
 
 #[test]
 fn a_proposed_quota_change_runs_next_to_the_current_quotas() {
-    let dir = scratch("proposal");
+    let dir = Scratch::new("proposal");
     let manifest = dir.join("batch.yaml");
     std::fs::write(
         &manifest,
@@ -111,7 +105,7 @@ fn a_proposed_quota_change_runs_next_to_the_current_quotas() {
 
 #[test]
 fn scenario_errors_name_the_field() {
-    let dir = scratch("errors");
+    let dir = Scratch::new("errors");
     let bad = dir.join("bad.yaml");
     let text_of = |path: &Path, extra: &[&str]| {
         let mut args = vec!["--scenario", path.to_str().unwrap(), "--out", "unused"];
@@ -165,7 +159,7 @@ fn scenario_errors_name_the_field() {
 
 #[test]
 fn from_cluster_without_a_cluster_says_so() {
-    let dir = scratch("no-cluster");
+    let dir = Scratch::new("no-cluster");
     let missing = dir.join("no-kubeconfig");
     let output = simulate(
         &[

@@ -2,16 +2,13 @@
 //! `kubectl-gpuqueue simulate` as a user runs it: the binary, real files, exit codes and
 //! messages.
 
-use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gpuqueue-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::Scratch;
+
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::{Command, Output};
 
 fn simulate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kubectl-gpuqueue"))
@@ -59,7 +56,7 @@ fn write(dir: &Path, name: &str, contents: &str) -> String {
 
 #[test]
 fn placement_study_writes_a_report() {
-    let dir = scratch("placement");
+    let dir = Scratch::new("placement");
     let nodes = write(&dir, "nodes.csv", NODES);
     let pods = write(&dir, "openb_pod_list_tiny.csv", &pods());
     let out = dir.join("report");
@@ -102,7 +99,7 @@ fn placement_study_writes_a_report() {
 
 #[test]
 fn same_seeds_give_the_same_tables() {
-    let dir = scratch("determinism");
+    let dir = Scratch::new("determinism");
     let nodes = write(&dir, "nodes.csv", NODES);
     let pods = write(&dir, "pods.csv", &pods());
     let run = |out: &str| {
@@ -135,7 +132,7 @@ fn same_seeds_give_the_same_tables() {
 
 #[test]
 fn a_bad_row_is_named_by_line_and_column() {
-    let dir = scratch("bad-row");
+    let dir = Scratch::new("bad-row");
     let nodes = write(&dir, "nodes.csv", NODES);
     let pods = write(
         &dir,
@@ -159,7 +156,7 @@ fn a_bad_row_is_named_by_line_and_column() {
 
 #[test]
 fn the_five_column_variant_loads() {
-    let dir = scratch("five-columns");
+    let dir = Scratch::new("five-columns");
     let nodes = write(&dir, "nodes.csv", NODES);
     let five: String = pods()
         .lines()
@@ -184,7 +181,7 @@ fn the_five_column_variant_loads() {
 
 #[test]
 fn bad_flags_are_explained() {
-    let dir = scratch("flags");
+    let dir = Scratch::new("flags");
     let nodes = write(&dir, "nodes.csv", NODES);
     let pods = write(&dir, "pods.csv", &pods());
     let stderr = |args: &[&str]| {
