@@ -197,6 +197,29 @@ impl WorkloadMix {
         self.classes.is_empty()
     }
 
+    /// The mix with each GPU class's share divided by its request in GPUs (`count × milli /
+    /// 1000`), CPU-only classes as they are, renormalised. `F_n` against it measures the
+    /// stranded capacity in copies of each class rather than in GPUs: a GPU an 8-GPU class
+    /// cannot use counts an eighth as much as one a 1-GPU class cannot use, and a device a
+    /// half-GPU class cannot use twice as much (see
+    /// [`FragmentationAware`](crate::placement::FragmentationAware) for where ours uses it).
+    #[must_use]
+    pub fn per_copy(&self) -> Self {
+        Self::new(
+            self.classes
+                .iter()
+                .map(|(shape, p)| {
+                    let gpus = shape.gpu.as_ref().map_or(0.0, |g| {
+                        f64::from(g.count) * f64::from(g.milli_per_device)
+                            / f64::from(crate::quantity::MILLI_PER_DEVICE)
+                    });
+                    let share = if gpus > 0.0 { p / gpus } else { *p };
+                    (shape.clone(), share)
+                })
+                .collect(),
+        )
+    }
+
     /// The share of the mix's expected GPU request (`Σ p_m · devices_m · milli_m` over the
     /// classes that request a GPU) that classes of two or more devices make: 0 when no
     /// typical class is multi-GPU, 1 when all are.
@@ -554,6 +577,27 @@ mod tests {
         ]);
         assert!((few.multi_device_share() - 100.0 / 1050.0).abs() < 1e-12);
         assert!(WorkloadMix::new(vec![(shape(1000, None), 1.0)]).multi_device_share() == 0.0);
+    }
+
+    #[test]
+    fn per_copy_divides_each_gpu_class_by_its_request_in_gpus() {
+        // Half-GPU 1/2 → 1/2 ÷ 0.5 = 1; 4-GPU 1/4 → 1/16; CPU-only 1/4 stays: sum 21/16, so
+        // 16/21, 1/21 and 4/21.
+        let gpu = ResourceName::nvidia_gpu();
+        let mix = WorkloadMix::new(vec![
+            (shape(1000, Some(GpuRequest::shared(gpu.clone(), 500))), 0.5),
+            (shape(8000, Some(GpuRequest::devices(gpu, 4))), 0.25),
+            (shape(2000, None), 0.25),
+        ]);
+        let shares: Vec<f64> = mix.per_copy().classes().iter().map(|(_, p)| *p).collect();
+        let expected = [16.0 / 21.0, 1.0 / 21.0, 4.0 / 21.0];
+        assert_eq!(shares.len(), 3);
+        for (share, want) in shares.iter().zip(expected) {
+            assert!((share - want).abs() < 1e-12, "{shares:?}");
+        }
+        // The shapes and their order are kept.
+        assert_eq!(mix.per_copy().classes()[1].0, mix.classes()[1].0);
+        assert!(WorkloadMix::default().per_copy().is_empty());
     }
 
     #[test]

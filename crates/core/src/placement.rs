@@ -10,7 +10,7 @@
 //! | [`BestFit`] | least CPU and GPU left on the node (the FGD paper's `05-BestFit`) |
 //! | [`GpuPacking`] | shared GPUs, then GPUs of used nodes, then idle nodes (`04-GpuPacking`) |
 //! | [`Fgd`] | the smallest growth of the node's fragmentation, as the FGD paper scores it (`06-FGD`) |
-//! | [`FragmentationAware`] | ours: FGD's score; its ties to the least growth of the capacity the mix cannot fill in whole copies (CPU and devices), then to best fit (single-device requests in a mix heavy in multi-GPU tasks: FGD's ties as FGD leaves them) |
+//! | [`FragmentationAware`] | ours: FGD's score; its ties to the least growth of the capacity the mix cannot fill in whole copies (CPU and devices), then to best fit; in a mix heavy in multi-GPU tasks, both measured per copy of each class (and single-device requests keep FGD's ties) |
 //! | [`Random`] | a seeded pseudo-random node (`01-Random`) |
 
 use std::cell::OnceCell;
@@ -41,9 +41,35 @@ pub struct Candidate<'a> {
     /// The node's unfillable capacity before, computed by the first scorer that asks: it is
     /// the same for every option on the node.
     pub(crate) unfillable_before: &'a OnceCell<f64>,
+    /// The mix per copy, and its `F_n` and unfillable capacity of the node before (computed
+    /// once per node, when asked), for [`Candidate::per_copy`].
+    pub(crate) per_copy: Option<&'a FragIndex>,
+    pub(crate) per_copy_before: &'a OnceCell<f64>,
+    pub(crate) per_copy_unfillable_before: &'a OnceCell<f64>,
 }
 
 impl Candidate<'_> {
+    /// The same option measured against the mix per copy
+    /// ([`WorkloadMix::per_copy`](crate::fragmentation::WorkloadMix::per_copy)): every
+    /// fragmentation method of the result reads that mix.
+    #[must_use]
+    pub fn per_copy(&self) -> Self {
+        let Some(index) = self.per_copy else {
+            return *self;
+        };
+        let before = &self.before;
+        let frag_before = *self.per_copy_before.get_or_init(|| {
+            index.node_fragmentation(before.model, before.cpu_free, before.layout, before.free)
+        });
+        Self {
+            frag: Some(index),
+            frag_before,
+            unfillable_before: self.per_copy_unfillable_before,
+            per_copy: None,
+            ..*self
+        }
+    }
+
     /// Whether a workload mix is known (otherwise fragmentation is 0 everywhere).
     pub fn has_workload_mix(&self) -> bool {
         self.frag.is_some()
@@ -255,58 +281,67 @@ impl Scorer for Fgd {
 }
 
 /// Ours: FGD's score, with the ties FGD leaves to the order of node names sent to the option
-/// that strands the least capacity, then to the best fit, except for single-device requests
-/// in a mix where multi-GPU tasks weigh.
+/// that strands the least capacity, then to the best fit; in a mix where multi-GPU tasks weigh,
+/// all of it measured per copy of each task class.
 ///
 /// In DESIGN §6 terms: the scorer places a pod where it increases FGD's fragmentation measure
-/// least, exactly as FGD scores it (`⌊sigmoid(ΔF_n / 1000) × 100⌋`, see [`Fgd`]), so wherever
-/// FGD prefers one option it prefers the same one. FGD's 100 levels are coarse (one level is
-/// about 40 milli of `F_n` near zero), and many options tie: FGD's simulator then takes the
-/// first node by name. Ours breaks those ties by a truer measure of the same thing,
-/// [`Candidate::unfillable_before`]: `F_n` with each class credited only with the whole copies
-/// of it that the node's free devices and CPU hold, so the leftovers inside a device, the odd
-/// GPU a multi-GPU class cannot pair, and the GPUs whose CPU is gone count as waste. The
-/// option whose waste grows least wins (in whole milli), then the one that leaves the least
-/// idle GPU on the node (best fit), then the [`TieBreak`]; within a node, the device FGD's
-/// score prefers, then the one that strands least.
+/// least, exactly as FGD scores it (`⌊sigmoid(ΔF_n / 1000) × 100⌋`, see [`Fgd`]). FGD's 100
+/// levels are coarse (one level is about 40 milli of `F_n` near zero), and many options tie:
+/// FGD's simulator then takes the first node by name. Ours breaks those ties by a truer
+/// measure of the same thing, [`Candidate::unfillable_before`]: `F_n` with each class credited
+/// only with the whole copies of it that the node's free devices and CPU hold, so the
+/// leftovers inside a device, the odd GPU a multi-GPU class cannot pair, and the GPUs whose
+/// CPU is gone count as waste. The option whose waste grows least wins (in whole milli), then
+/// the one that leaves the least idle GPU on the node (best fit), then the [`TieBreak`];
+/// within a node, the device FGD's score prefers, then the one that strands least.
 ///
-/// The exception: when the mix's multi-GPU classes make at least [`MULTI_DEVICE_MIX`] of its
-/// expected GPU request ([`Candidate::multi_device_share`]), a request for one device (a
-/// shared one or one whole GPU) keeps FGD's ties as FGD leaves them: its score alone, then
-/// the [`TieBreak`] (and the first device with the best score). Multi-GPU and CPU-only
-/// requests keep the whole-copy key there too. Measured against our FGD run with the same
-/// arrivals (openb, seeds 42–51, mean of the per-seed difference in final allocation): with
-/// the last ties of both by the run's node order, ours' keys on multi-GPU requests alone gain
-/// 0.12 points on `multigpu30` and 0.02 on `multigpu40`, while the keys on all requests
-/// lose 0.07 and 0.10; as shipped (first node by name) the rule takes ours from −0.02 to
-/// +0.11 on `multigpu30` and from −0.11 to −0.06 on `multigpu40` (still behind there, 2 of 10
-/// seeds at least as high). Why the keys hurt single-device requests there is not measured;
-/// a guess: once whole 2-, 4- and 8-GPU tasks carry a quarter or more of the request, what
-/// decides allocation is how many nodes stay whole for them, and packing small requests by
-/// the copies they strand pays too little attention to that. The mixes without multi-GPU
-/// classes among their typical pods (the `default`, `cpu*` and `gpushare*` traces) and the
-/// `gpuspec*` ones (4–5%) are untouched; `multigpu20` (15%) is switched, +0.11 against +0.09.
+/// **Per copy, where multi-GPU tasks weigh.** When the mix's multi-GPU classes make at least
+/// [`MULTI_DEVICE_MIX`] of its expected GPU request ([`Candidate::multi_device_share`]), ours
+/// measures everything above against the mix per copy
+/// ([`WorkloadMix::per_copy`](crate::fragmentation::WorkloadMix::per_copy), through
+/// [`Candidate::per_copy`]): each class's share divided by its request in GPUs, so `F_n`
+/// counts the capacity a class cannot use in copies of that class, not in GPUs. FGD charges
+/// every free GPU of a node that can no longer hold an 8-GPU task at the 8-GPU class's full
+/// share of arrivals, and so keeps whole nodes open for the large tasks while the GPUs it
+/// strands for the many 2- and 1-GPU tasks (an odd GPU here, a half-used node there) go
+/// unused; per copy, losing room for one 8-GPU task weighs as much as losing room for one
+/// 2-GPU task, each by how often it arrives. Measured against FGD with the same arrivals
+/// (openb, `crates/sim/examples/tiekeys.rs`, final allocation, mean of the per-seed
+/// difference over seeds 42–71, then again on seeds 200–229): `multigpu20` +0.55 and +0.57
+/// points (ours counted as FGD counts: +0.17 and +0.21), `multigpu30` +0.13 and +0.17 (+0.07,
+/// +0.09), `multigpu40` +0.18 and +0.15 (−0.01, −0.03), ahead on 26–30 of 30 seeds each. The same measure for every mix gains on `default`, `cpu*` and
+/// `gpuspec*` too (0.05–0.5 points more), but loses 0.21 on `gpushare40`, so it is kept to
+/// the mixes it was built for; the others are ranked as FGD counts.
+///
+/// Inside the rule above (whichever mix measures it), a request for one device (a shared one
+/// or one whole GPU) keeps FGD's ties as FGD leaves them when the mix's multi-GPU classes make
+/// at least [`MULTI_DEVICE_MIX`] of its request: its score alone, then the [`TieBreak`] (and
+/// the first device with the best score). Per copy, that share is the multi-GPU classes'
+/// share of arrivals. Measured when it was added (counted mix): it took ours from −0.02 to
+/// +0.11 on `multigpu30` and from −0.11 to −0.06 on `multigpu40`. A guess at why the
+/// whole-copy keys hurt single-device requests there: once whole 2-, 4- and 8-GPU tasks carry
+/// a large part of the request, what decides allocation is how many nodes stay whole for
+/// them, and packing small requests by the copies they strand pays too little attention to
+/// that.
 ///
 /// Earlier versions ranked by the whole-copy measure alone (through a sigmoid half FGD's
 /// slope): that led on `default` but trailed FGD where shared or multi-GPU tasks dominate,
 /// because rounding down to whole copies hides the small changes FGD's `F_n` still sees
 /// (`crates/sim/results/placement/`). Keeping FGD's score as the first key keeps its
 /// information; the whole-copy measure only decides what FGD leaves undecided. It costs about
-/// twice FGD's scoring time (`F_n` and the whole-copy measure after each option). Without a
-/// workload mix it is best fit.
+/// twice FGD's scoring time (`F_n` and the whole-copy measure after each option; per copy,
+/// `F_n` before once more per node). Without a workload mix it is best fit.
 ///
-/// So ours can lose to FGD only through its ties, where FGD (in its authors' simulator) takes
-/// a random node. Alternatives measured against FGD with the same arrivals
-/// (`crates/sim/results/placement/fgd-reproduction.md`) were not better: FGD's unrounded
-/// `ΔF_n` as the first key loses 0.4 points on `gpushare60` (the rounding is what leaves the
-/// whole-copy key something to decide), and as the first tie key for whole-GPU requests 0.08
-/// on `multigpu30`; the run's random node order for the remaining ties, instead of the first
-/// node, is 0.05 lower on `multigpu40`. In the multi-GPU-heavy mixes: leaving CPU-only
-/// requests' ties to the node order too is 0.15 lower on `multigpu20` (−0.04 against +0.11);
-/// a fixed pseudo-random node order (a hash of the node) instead of the first node for the
-/// single-device ties was 0.03–0.04 higher on `multigpu40` with two orders, within the
-/// spread, and moved `multigpu20` by 0.2 points between two orders once CPU-only requests
-/// used it too, so it was not kept.
+/// So in a mix without multi-GPU weight ours can lose to FGD only through its ties, where
+/// FGD (in its authors' simulator) takes a random node. Tie keys measured against FGD with
+/// the same arrivals and not kept (`crates/sim/results/placement/fgd-reproduction.md`): FGD's
+/// unrounded `ΔF_n` as the first key loses 0.4 points on `gpushare60` (the rounding is what
+/// leaves the whole-copy key something to decide); the run's random node order for the
+/// remaining ties, instead of the first node, is within the spread; leaving CPU-only
+/// requests' ties to the node order in multi-GPU-heavy mixes is 0.15 lower on `multigpu20`;
+/// thirteen more keys for single-device requests on `multigpu30`/`multigpu40` over 30 seeds
+/// (round 6 of that note) were none better than FGD's own ties. Weighing classes by the GPUs
+/// they ask for (the opposite of per copy) loses 0.4 points on `multigpu40`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FragmentationAware;
 
@@ -327,6 +362,16 @@ impl Scorer for FragmentationAware {
                 device: fullest_device(candidate),
             };
         }
+        if candidate.multi_device_share() >= MULTI_DEVICE_MIX {
+            return Self::rank(&candidate.per_copy());
+        }
+        Self::rank(candidate)
+    }
+}
+
+impl FragmentationAware {
+    /// FGD's score, and its ties by the whole-copy key (as the candidate's mix measures both).
+    fn rank(candidate: &Candidate<'_>) -> Score {
         let fgd = Fgd.score(candidate);
         if candidate.request_devices == 1 && candidate.multi_device_share() >= MULTI_DEVICE_MIX {
             return fgd;

@@ -103,8 +103,11 @@ impl Policy<'_> {
     ) -> Option<(Score, Option<u16>)> {
         let n = snapshot.node_state(node);
         let frag = snapshot.frag_index();
+        let per_copy = snapshot.frag_index_per_copy();
         let mut best: Option<(Score, Option<u16>)> = None;
         let unfillable_before = OnceCell::new();
+        let per_copy_before = OnceCell::new();
+        let per_copy_unfillable_before = OnceCell::new();
         let mut consider = |option: Option<u16>,
                             charges: &mut Vec<Charge>,
                             scratch: &mut Vec<u16>| {
@@ -132,6 +135,9 @@ impl Policy<'_> {
                 frag,
                 frag_before: n.fragmentation(),
                 unfillable_before: &unfillable_before,
+                per_copy,
+                per_copy_before: &per_copy_before,
+                per_copy_unfillable_before: &per_copy_unfillable_before,
             };
             let score = self.scorer.score(&candidate);
             if best.as_ref().is_none_or(|(b, _)| {

@@ -168,6 +168,41 @@ fn ours_still_breaks_multi_gpu_requests_ties_when_multi_gpu_tasks_weigh() {
 }
 
 #[test]
+fn ours_counts_stranded_gpus_in_copies_when_multi_gpu_tasks_weigh() {
+    // Mix: 2-GPU tasks (70%) and 8-GPU tasks (30%), all of it multi-GPU. `a` has 2 of 8
+    // GPUs free, `b` all 8. A 1-GPU pod arrives.
+    // FGD, shares as counted (0.7, 0.3):
+    //   a: F = 0.3·2000 = 600 (no 8-GPU copy) -> 1 free: 0.3·1000 + 0.7·1000 = 1000:
+    //      rises by 400, ⌊σ(−0.4)·100⌋ = 40.
+    //   b: F = 0 -> 7 free: 0.3·7000 = 2100: ⌊σ(−2.1)·100⌋ = 10. FGD fills `a`.
+    // Per copy, shares 0.7/2 and 0.3/8 renormalised: 28/31 and 3/31:
+    //   a: 3/31·2000 = 193.5 -> 3/31·1000 + 28/31·1000 = 1000: rises by 806.5, score 30.
+    //   b: 0 -> 3/31·7000 = 677.4: score 33. Ours opens `b`: the GPU stranded on `a` is a
+    //   whole 2-GPU copy lost, the seven left on `b` lose one 8-GPU copy and hold three
+    //   2-GPU ones.
+    let snapshot = cluster(
+        &[("a", 8), ("b", 8)],
+        vec![
+            running("r1", GpuRequest::devices(GPU, 4), "a"),
+            running("r2", GpuRequest::devices(GPU, 2), "a"),
+        ],
+        vec![
+            class(1000, GpuRequest::devices(GPU, 2), 0.7),
+            class(1000, GpuRequest::devices(GPU, 8), 0.3),
+        ],
+    );
+    let arriving = pod("p", 1000, Some(GpuRequest::devices(GPU, 1)));
+    let score = |scorer: &dyn Scorer| {
+        let p = Policy::new(scorer, TieBreak::First)
+            .find_placement(&snapshot, &arriving)
+            .unwrap();
+        (p.node_name, p.score)
+    };
+    assert_eq!(score(&Fgd), ("a".into(), 40.0));
+    assert_eq!(score(&FragmentationAware), ("b".into(), 33.0));
+}
+
+#[test]
 fn ours_never_trades_fgd_score_for_fewer_stranded_copies() {
     // Mix: 300-milli tasks. `a` has 1000 free, `b` 700. A 500 arrives.
     //   a -> 500: 300 still fits, F stays 0: score 50 (copies 3 -> 1: +200 stranded).

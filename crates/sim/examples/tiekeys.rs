@@ -3,7 +3,10 @@
 //!
 //! `cargo run --release -p gpuqueue-sim --example tiekeys -- TRACES SEEDS VARIANTS`
 //! (comma lists; SEEDS like `42-71`; variants: `fgd`, `ours`, `ours-seeded` and the
-//! experimental keys of [`Exp`]). It runs the study's loop (`fgd_submission_order`, 130% load,
+//! experimental keys of [`Exp`], among them `ours2`, ours as it ranked before it measured
+//! multi-GPU-heavy mixes per copy; a variant `V@A` runs `V` against the mix with each GPU
+//! class's share multiplied by its request in GPUs to the power `A` (one of −1, −0.75, −0.5,
+//! −0.25, 0.25, 0.5, 1; `@mA`: multi-GPU classes only), see [`reweighted`]). It runs the study's loop (`fgd_submission_order`, 130% load,
 //! `Policy::find_placement`, failed tasks dropped) without the per-arrival curves, so a run
 //! takes about 2 s. Results are cached in /tmp/tiekeys-cache.tsv keyed by (trace, seed,
 //! variant); delete it after changing a variant. `DIAG=1` prints idle GPUs by node type and
@@ -24,6 +27,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use gpuqueue_core::fragmentation::{TaskShape, WorkloadMix};
 use gpuqueue_core::placement::{
     Candidate, Fgd, FragmentationAware, Score, Scorer, TieBreak, mix64,
 };
@@ -56,7 +60,7 @@ impl Scorer for Exp {
         let ff_before = c.before.fully_free_devices() as f64;
         let node_idle = c.before.fully_free_devices() == c.before.gpu_free().len();
         let t = match self.0 {
-            // ours as shipped
+            // ours before it measured multi-GPU-heavy mixes per copy (counted, as FGD counts)
             "ours2" => {
                 if single && multi {
                     0.0
@@ -174,6 +178,32 @@ impl Scorer for Exp {
     }
 }
 
+/// The mix with each class's share multiplied by its GPU request (in GPUs) to the power `a`,
+/// renormalised: classes weighed by the GPUs they ask for rather than by their count.
+fn reweighted(mix: &WorkloadMix, a: f64, multi_only: bool) -> WorkloadMix {
+    let classes: Vec<(TaskShape, f64)> = mix
+        .classes()
+        .iter()
+        .map(|(shape, p)| {
+            let gpus = shape
+                .gpu
+                .as_ref()
+                .map_or(0.0, |g| g.total().0 as f64 / 1000.0);
+            (
+                shape.clone(),
+                if gpus == 0.0 || (multi_only && gpus <= 1.0) {
+                    *p
+                } else {
+                    p * gpus.powf(a)
+                },
+            )
+        })
+        .filter(|(_, w)| *w > 0.0)
+        .collect();
+    let sum: f64 = classes.iter().map(|(_, w)| w).sum();
+    WorkloadMix::new(classes.into_iter().map(|(s, w)| (s, w / sum)).collect())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let traces: Vec<&str> = args[1].split(',').collect();
@@ -206,14 +236,24 @@ fn main() {
     let mut loaded = Vec::new();
     for t in &traces {
         let tasks = load_pods(&data.join(format!("openb_pod_list_{t}.csv"))).unwrap();
-        let (empty, _) = Snapshot::builder()
-            .nodes(nodes.iter().map(convert::node))
-            .workload_mix(convert::workload_mix(&tasks))
-            .build();
-        loaded.push((t.to_string(), tasks, empty));
+        let mix = convert::workload_mix(&tasks);
+        let build = |mix: WorkloadMix| {
+            Snapshot::builder()
+                .nodes(nodes.iter().map(convert::node))
+                .workload_mix(mix)
+                .build()
+                .0
+        };
+        let mut weighted = HashMap::new();
+        for a in [-1.0_f64, -0.75, -0.5, -0.25, 0.25, 0.5, 1.0] {
+            weighted.insert(format!("{a}"), build(reweighted(&mix, a, false)));
+            weighted.insert(format!("m{a}"), build(reweighted(&mix, a, true)));
+        }
+        let empty = build(mix);
+        loaded.push((t.to_string(), tasks, empty, weighted));
     }
     let mut jobs = Vec::new();
-    for (ti, (t, _, _)) in loaded.iter().enumerate() {
+    for (ti, (t, _, _, _)) in loaded.iter().enumerate() {
         for &s in &seeds {
             for v in &variants {
                 if !cache.contains_key(&(t.clone(), s, v.to_string())) {
@@ -237,9 +277,14 @@ fn main() {
             scope.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&(trace_index, seed, v)) = jobs.get(i) else { break };
-                let (t, tasks, empty) = &loaded[trace_index];
+                let (t, tasks, empty, weighted) = &loaded[trace_index];
                 let order = fgd_submission_order(tasks, capacity * 1000, 1.3, seed).unwrap();
-                let mut snap = empty.clone();
+                let name = v;
+                let (v, snap_of) = match v.split_once('@') {
+                    Some((base, a)) => (&*Box::leak(base.to_string().into_boxed_str()), &weighted[a]),
+                    None => (v, empty),
+                };
+                let mut snap = snap_of.clone();
                 let exp = Exp(v);
                 let policy = match v {
                     "fgd" => Policy::new(&Fgd, TieBreak::Seeded(seed)),
@@ -286,16 +331,16 @@ fn main() {
                     eprint!("{text}");
                 }
                 let alloc = snap.fragmentation().allocation() * 100.0;
-                eprintln!("{t} {seed} {v}: {alloc:.3}");
-                writeln!(out.lock().unwrap(), "{t}\t{seed}\t{v}\t{alloc}").unwrap();
-                results.lock().unwrap().push(((t.clone(), seed, v.to_string()), alloc));
+                eprintln!("{t} {seed} {name}: {alloc:.3}");
+                writeln!(out.lock().unwrap(), "{t}\t{seed}\t{name}\t{alloc}").unwrap();
+                results.lock().unwrap().push(((t.clone(), seed, name.to_string()), alloc));
             });
         }
     });
     for (k, a) in results.into_inner().unwrap() {
         cache.insert(k, a);
     }
-    for (t, _, _) in &loaded {
+    for (t, _, _, _) in &loaded {
         println!("\n== {t} (final allocation %, Δ = variant − fgd per seed)");
         for v in &variants {
             let mut deltas = Vec::new();

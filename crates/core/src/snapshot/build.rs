@@ -344,8 +344,12 @@ impl Snapshot {
     /// Sets the task mix fragmentation is measured against and recomputes every node's.
     pub fn set_workload_mix(&mut self, mix: WorkloadMix) {
         let resource_ids = &self.resource_ids;
-        self.frag = (!mix.is_empty())
-            .then(|| FragIndex::new(&mix, &self.models, |r| resource_ids.get(r).copied()));
+        let compile = |mix: &WorkloadMix| {
+            (!mix.is_empty())
+                .then(|| FragIndex::new(mix, &self.models, |r| resource_ids.get(r).copied()))
+        };
+        self.frag = compile(&mix);
+        self.frag_per_copy = compile(&mix.per_copy());
         self.mix = Some(mix);
         for i in 0..self.nodes.len() {
             self.refresh_frag(NodeId::at(i));

@@ -177,6 +177,9 @@ pub struct Snapshot {
     unmanaged: Vec<Milli>,
     mix: Option<WorkloadMix>,
     frag: Option<FragIndex>,
+    /// The same mix per copy ([`WorkloadMix::per_copy`]), which ours ranks by in a mix heavy
+    /// in multi-GPU tasks.
+    frag_per_copy: Option<FragIndex>,
     reclaimed_from: Index<QueueId, Timestamp>,
     /// Victim terminations observed per node, which the reclaim budget plans with.
     terminations: Terminations,
@@ -467,6 +470,11 @@ impl Snapshot {
     /// The fragmentation measure of the workload mix, when one is set.
     pub(crate) fn frag_index(&self) -> Option<&FragIndex> {
         self.frag.as_ref()
+    }
+
+    /// The fragmentation measure of the workload mix per copy, when one is set.
+    pub(crate) fn frag_index_per_copy(&self) -> Option<&FragIndex> {
+        self.frag_per_copy.as_ref()
     }
 
     pub(crate) fn queue_count(&self) -> usize {
