@@ -309,9 +309,10 @@ impl Scorer for Fgd {
 /// (openb, `crates/sim/examples/tiekeys.rs`, final allocation, mean of the per-seed
 /// difference over seeds 42–71, then again on seeds 200–229): `multigpu20` +0.55 and +0.57
 /// points (ours counted as FGD counts: +0.17 and +0.21), `multigpu30` +0.13 and +0.17 (+0.07,
-/// +0.09), `multigpu40` +0.18 and +0.15 (−0.01, −0.03), ahead on 26–30 of 30 seeds each. The same measure for every mix gains on `default`, `cpu*` and
-/// `gpuspec*` too (0.05–0.5 points more), but loses 0.21 on `gpushare40`, so it is kept to
-/// the mixes it was built for; the others are ranked as FGD counts.
+/// +0.09), `multigpu40` +0.18 and +0.15 (−0.01, −0.03), ahead on 26–30 of 30 seeds each.
+/// The same measure for every mix gains on `default`, `cpu*`, `gpushare20` and `gpuspec*`
+/// too (0.04–0.5 points more), but loses 0.21 on `gpushare40`, so it is kept to the mixes it
+/// was built for; the others are ranked as FGD counts.
 ///
 /// Inside the rule above (whichever mix measures it), a request for one device (a shared one
 /// or one whole GPU) keeps FGD's ties as FGD leaves them when the mix's multi-GPU classes make
