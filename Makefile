@@ -135,7 +135,9 @@ sim: ## Quota study of one scenario: make sim SCENARIO=examples/sim/day-night.ya
 .PHONY: bench-sim
 bench-sim: ## Placement study on every openb trace and quota studies of examples/sim; writes crates/sim/results/
 	@test -d "$(SIM_DATA)/alibaba-gpu-v2023" || { echo "bench-sim: no openb trace; set GPUQUEUE_DATA_DIR" >&2; exit 1; }
-	rm -rf $(SIM_RESULTS)/placement $(SIM_RESULTS)/speed $(SIM_RESULTS)/quota
+	rm -rf $(SIM_RESULTS)/speed $(SIM_RESULTS)/quota
+# placement/ keeps its hand-written reproduction note
+	if [ -d $(SIM_RESULTS)/placement ]; then find $(SIM_RESULTS)/placement -type f ! -name fgd-reproduction.md -delete; fi
 	$(SIMULATE) --no-progress --policy ours --out $(SIM_RESULTS)/speed \
 	  --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv $(SIM_DATA)/alibaba-gpu-v2023/openb_pod_list_default.csv
 	$(SIMULATE) --no-progress --out $(SIM_RESULTS)/placement --trace $(SIM_DATA)/alibaba-gpu-v2023/openb_node_list_gpu_node.csv \
