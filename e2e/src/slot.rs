@@ -7,6 +7,11 @@
 //! as long as any process of its cluster lives, even if the test process was killed.
 //! A second lock, `owner.lock`, is held only by the process that started the cluster: if it is
 //! free while the slot is still taken, the cluster is orphaned, and the next claim reaps it.
+//!
+//! A claim takes the free slot claimed longest ago, not the first free one: the servers a test
+//! binds on its pods' IPs live in the test process and can outlive its cluster by the seconds
+//! its teardown takes, and a slot handed out again at once gave the next test's pods the same
+//! IPs (a fake vLLM's bind then failed with "address in use").
 
 use std::collections::HashSet;
 use std::fs::{File, TryLockError};
@@ -34,10 +39,11 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// Claims the first free slot, reaping orphaned clusters found on the way.
+    /// Claims the free slot claimed longest ago (never claimed first), reaping orphaned
+    /// clusters found on the way.
     pub(crate) fn claim() -> Result<Self> {
         let root = std::env::temp_dir().join("gpuqueue-e2e");
-        for index in 0..SLOTS {
+        for index in least_recently_claimed(&root) {
             let dir = root.join(format!("slot-{index}"));
             std::fs::create_dir_all(&dir)
                 .map_err(Error::io(format!("creating {}", dir.display())))?;
@@ -60,6 +66,8 @@ impl Slot {
             // Whatever is left here belongs to a cluster whose processes are all gone.
             let _ = std::fs::remove_file(dir.join(STATE_FILE));
             let _ = std::fs::remove_dir_all(dir.join("run"));
+            std::fs::write(dir.join(CLAIMED_FILE), b"")
+                .map_err(Error::io(format!("marking {} claimed", dir.display())))?;
             return Ok(Self {
                 index,
                 dir,
@@ -122,6 +130,21 @@ const POD_BASE: u32 = u32::from_be_bytes([127, 100, 0, 0]);
 const NODE_BASE: u32 = u32::from_be_bytes([127, 99, 0, 0]);
 
 pub(crate) const STATE_FILE: &str = "state.json";
+/// Written on every claim: its modification time orders the slots for the next claims.
+const CLAIMED_FILE: &str = "claimed";
+
+/// The slot indices, least recently claimed first (never claimed first of all, then by index).
+fn least_recently_claimed(root: &Path) -> Vec<u32> {
+    let claimed_at = |index: u32| {
+        std::fs::metadata(root.join(format!("slot-{index}")).join(CLAIMED_FILE))
+            .and_then(|m| m.modified())
+            .ok()
+    };
+    let mut order: Vec<(Option<std::time::SystemTime>, u32)> =
+        (0..SLOTS).map(|index| (claimed_at(index), index)).collect();
+    order.sort();
+    order.into_iter().map(|(_, index)| index).collect()
+}
 
 fn open_lock(path: &Path) -> Result<File> {
     File::options()
@@ -257,4 +280,30 @@ pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
         listeners.push(listener);
     }
     Ok(ports)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly
+    use super::*;
+
+    #[test]
+    fn a_slot_just_released_is_claimed_last() {
+        let root = std::env::temp_dir().join(format!("gpuqueue-slot-order-{}", std::process::id()));
+        let claim = |index: u32, at_second: u64| {
+            let dir = root.join(format!("slot-{index}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = File::create(dir.join(CLAIMED_FILE)).unwrap();
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(at_second);
+            file.set_modified(at).unwrap();
+        };
+        // Slot 0 was claimed a minute after slot 1, the others never.
+        claim(0, 1_000_060);
+        claim(1, 1_000_000);
+        let order = least_recently_claimed(&root);
+        std::fs::remove_dir_all(&root).unwrap();
+        let never: Vec<u32> = (2..SLOTS).collect();
+        assert_eq!(order[..never.len()], never[..]);
+        assert_eq!(order[never.len()..], [1, 0]);
+    }
 }
