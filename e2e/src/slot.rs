@@ -9,9 +9,10 @@
 //! free while the slot is still taken, the cluster is orphaned, and the next claim reaps it.
 //!
 //! A claim takes the free slot claimed longest ago, not the first free one: the servers a test
-//! binds on its pods' IPs live in the test process and can outlive its cluster by the seconds
-//! its teardown takes, and a slot handed out again at once gave the next test's pods the same
-//! IPs (a fake vLLM's bind then failed with "address in use").
+//! binds on its pods' IPs live in the test process (a fake vLLM until its last handle is
+//! dropped) and can outlive its cluster by the seconds its teardown takes, and a slot handed
+//! out again at once gave the next test's pods the same IPs (a fake vLLM's bind then failed
+//! with "address in use").
 
 use std::collections::HashSet;
 use std::fs::{File, TryLockError};

@@ -27,7 +27,7 @@ impl FakeVllm {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let server = Self::launch(config, addr);
-        server.spawn(listen(server.clone(), listener));
+        server.spawn(listen(server.for_task(), listener));
         tracing::info!(%addr, "fake vLLM serving");
         Ok(server)
     }
@@ -74,7 +74,7 @@ async fn listen(server: FakeVllm, listener: TcpListener) {
                     tokio::select! {
                         accepted = active.accept() => match accepted {
                             Ok((stream, _)) => {
-                                tokio::spawn(connection(server.clone(), stream, closing.subscribe()));
+                                tokio::spawn(connection(server.for_task(), stream, closing.subscribe()));
                             }
                             Err(error) => {
                                 tracing::warn!(%error, "accept failed");

@@ -33,10 +33,24 @@ pub enum Listening {
     Stopped,
 }
 
-/// A handle to one running fake server; clones share it.
+/// A handle to one running fake server; clones share it. The server stops when the last
+/// clone is dropped: its own tasks hold handles that do not keep it alive, so a test's servers
+/// never outlive the test (and its loopback addresses) however it ends.
 #[derive(Clone, Debug)]
 pub struct FakeVllm {
     inner: Arc<Inner>,
+    /// Shared by the handles given out, `None` in the server's own tasks.
+    _owner: Option<Arc<Owner>>,
+}
+
+/// Stops the server when the last handle given out is dropped.
+#[derive(Debug)]
+struct Owner(Arc<Inner>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 #[derive(Debug)]
@@ -52,6 +66,20 @@ struct Inner {
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
+impl Inner {
+    fn stop(&self) {
+        self.listening.send_replace(Listening::Stopped);
+        let tasks = std::mem::take(&mut *self.lock_tasks());
+        for task in tasks {
+            task.abort();
+        }
+    }
+
+    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 impl FakeVllm {
     /// A server for `addr` whose engine runs (with its synthetic load, and the server marked
     /// stopped once the engine exits) while nobody serves its socket yet:
@@ -60,17 +88,19 @@ impl FakeVllm {
         let busy = config.busy;
         let busy_max_tokens = config.busy_max_tokens;
         let engine = Engine::new(config);
+        let inner = Arc::new(Inner {
+            addr,
+            vllm: routes::router(Arc::clone(&engine)),
+            engine: Arc::clone(&engine),
+            faults: FaultTable::default(),
+            calls: CallLog::new(),
+            listening: watch::channel(Listening::Accepting).0,
+            bound: watch::channel(true).0,
+            tasks: Mutex::new(Vec::new()),
+        });
         let server = Self {
-            inner: Arc::new(Inner {
-                addr,
-                vllm: routes::router(Arc::clone(&engine)),
-                engine: Arc::clone(&engine),
-                faults: FaultTable::default(),
-                calls: CallLog::new(),
-                listening: watch::channel(Listening::Accepting).0,
-                bound: watch::channel(true).0,
-                tasks: Mutex::new(Vec::new()),
-            }),
+            _owner: Some(Arc::new(Owner(Arc::clone(&inner)))),
+            inner,
         };
         server.spawn(Arc::clone(&engine).run());
         for _ in 0..busy {
@@ -81,7 +111,7 @@ impl FakeVllm {
                 true,
             ));
         }
-        let exiting = server.clone();
+        let exiting = server.for_task();
         server.spawn(async move {
             exiting.inner.engine.exited().await;
             exiting.inner.listening.send_replace(Listening::Stopped);
@@ -205,10 +235,14 @@ impl FakeVllm {
 
     /// Stops the server for good: the address refuses connections and every task ends.
     pub fn stop(&self) {
-        self.inner.listening.send_replace(Listening::Stopped);
-        let tasks = std::mem::take(&mut *self.lock_tasks());
-        for task in tasks {
-            task.abort();
+        self.inner.stop();
+    }
+
+    /// A handle for the server's own tasks: it does not keep the server running.
+    pub(crate) fn for_task(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            _owner: None,
         }
     }
 
@@ -220,10 +254,7 @@ impl FakeVllm {
     }
 
     fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
-        self.inner
-            .tasks
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.inner.lock_tasks()
     }
 
     /// Follows whether the server should accept connections (for its listener).

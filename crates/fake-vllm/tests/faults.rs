@@ -154,6 +154,31 @@ async fn refusing_connections_closes_the_socket_and_accepting_again_rebinds_it()
     assert_eq!(get(&server, "/health").await.status, 200);
 }
 
+/// A test's servers must not outlive its handles: the next test that takes the same loopback
+/// address would fail to bind it ("Address already in use").
+#[tokio::test]
+async fn a_server_stops_when_its_last_handle_is_dropped_and_its_address_can_be_bound_again() {
+    let server = start(dev(), 30, 8).await;
+    let addr = server.addr();
+    let copy = server.clone();
+    drop(server);
+    assert_eq!(get(&copy, "/health").await.status, 200, "a clone keeps it");
+
+    drop(copy);
+    let mut again = None;
+    for _ in 0..1000 {
+        if let Ok(listener) = tokio::net::TcpListener::bind(addr).await {
+            again = Some(listener);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        again.is_some(),
+        "{addr} is still served after its last handle was dropped"
+    );
+}
+
 #[tokio::test]
 async fn the_call_log_records_vllm_calls_in_order_but_not_admin_calls() {
     let server = start(dev(), 30, 6).await;
