@@ -248,13 +248,9 @@ impl FakeVllm {
 
     /// Runs `task` until it ends or the server stops.
     pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        let mut tasks = self.lock_tasks();
+        let mut tasks = self.inner.lock_tasks();
         tasks.retain(|task| !task.is_finished());
         tasks.push(tokio::spawn(task));
-    }
-
-    fn lock_tasks(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
-        self.inner.lock_tasks()
     }
 
     /// Follows whether the server should accept connections (for its listener).
