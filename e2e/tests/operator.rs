@@ -151,15 +151,33 @@ async fn tenants_borrow_and_wait(cluster: &ControlPlane, client: &Client, operat
     let gated = webhook("gated") + webhook("busy");
     assert!(webhook("admitted") + gated == 26 && gated >= 2, "{metrics}");
 
-    // A CPU-only pod in the same namespace is never sent to the operator or gated.
+    pods_the_quota_does_not_count(client, &pods).await;
+}
+
+/// In a claimed namespace: a CPU-only pod is never sent to the operator or gated; a pod asking
+/// for more devices than any node can have (a typo for 2) waits at the gate and says why,
+/// naming the field and the rule, on the pod and in an event.
+async fn pods_the_quota_does_not_count(client: &Client, pods: &Api<Pod>) {
     let cpu: Pod = serde_json::from_value(json!({
         "metadata": {"name": "web"},
         "spec": {"containers": [{"name": "web", "image": "nginx"}]},
     }))
     .unwrap();
-    create(&pods, &cpu).await;
-    let cpu = bound(&pods, "web").await;
+    create(pods, &cpu).await;
+    let cpu = bound(pods, "web").await;
     assert!(annotation(&cpu, annotations::QUEUE).is_none());
+
+    create(pods, &gpu_pod("typo", NVIDIA_GPU, 200)).await;
+    let reason = waiting_reason(pods, "typo").await;
+    let rule = "spec.containers.resources.requests[nvidia.com/gpu]: 200 devices is more than \
+                any node has (at most 128)";
+    assert!(
+        reason.starts_with("InvalidRequest: ") && reason.contains(rule),
+        "{reason}"
+    );
+    let namespace = pods.namespace().unwrap();
+    let message = event(client, namespace, "typo", "InvalidRequest").await;
+    assert!(message.contains(rule), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -300,6 +300,30 @@ fn finished_and_cpu_only_pods_are_ignored_and_fractional_gpus_refused() {
         "spec.containers[0].resources.requests[nvidia.com/gpu]"
     );
     assert!(err.to_string().starts_with("pod a/half: "), "{err}");
+    // More devices than any node can have (summed over containers: 2 × 65 > 128) is an error
+    // naming the field, not a pod the snapshot silently leaves out.
+    let huge = pod(json!({
+        "metadata": {"name": "huge", "namespace": "a"},
+        "spec": {"containers": [
+            {"name": "a", "resources": {"requests": {"nvidia.com/gpu": "65"}}},
+            {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "65"}}}
+        ]}
+    }));
+    let err = Pod::from_k8s(&huge).unwrap_err();
+    assert_eq!(
+        err.field,
+        "spec.containers.resources.requests[nvidia.com/gpu]"
+    );
+    assert!(
+        err.rule
+            .contains("130 devices is more than any node has (at most 128)"),
+        "{err}"
+    );
+    let most = pod(json!({
+        "metadata": {"name": "most", "namespace": "a"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"nvidia.com/gpu": "128"}}}]}
+    }));
+    assert!(Pod::from_k8s(&most).unwrap().is_some());
     let bad_affinity = pod(json!({
         "metadata": {"name": "aff", "namespace": "a"},
         "spec": {

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1 as k8s;
 
 use super::converted::Converted;
-use super::node::HOSTNAME_LABEL;
+use super::node::{HOSTNAME_LABEL, MAX_DEVICES_PER_POOL};
 use super::selector::{NodeRules, Operator};
 use crate::quantity::{
     MILLI_PER_DEVICE, Milli, ResourceName, is_device_part, is_gpu_resource, parse_bytes,
@@ -709,12 +709,19 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)>
     }
     let mut gpus = Vec::new();
     for (name, count) in total.gpus {
-        let count = u32::try_from(count).map_err(|_| {
-            (
-                format!("spec.containers.resources.requests[{name}]"),
-                format!("{count} devices is more than any node has"),
-            )
-        })?;
+        // Refused here, where the field can be named, and not only by the snapshot, which
+        // would leave the pod out and so waiting at the gate with no reason given.
+        let count = u32::try_from(count)
+            .ok()
+            .filter(|n| *n <= MAX_DEVICES_PER_POOL)
+            .ok_or_else(|| {
+                (
+                    format!("spec.containers.resources.requests[{name}]"),
+                    format!(
+                        "{count} devices is more than any node has (at most {MAX_DEVICES_PER_POOL})"
+                    ),
+                )
+            })?;
         let mut gpu = GpuRequest::devices(name.as_str(), count);
         if name == gpuqueue_api::NVIDIA_GPU {
             gpu.memory = part.memory;
