@@ -162,14 +162,16 @@ impl Last {
         let changes = self.changes(builder)?;
         self.snapshot
             .set_reclaimed_from(builder.reclaimed_from.clone());
-        // The mix follows the pods, so it changes with almost every update; `build` measures
-        // the nodes against it last, and so does this.
+        // The mix follows the pods, so it changes with almost every update that changes a
+        // pod; `build` measures the nodes against it last, and so does this.
+        let unchanged = changes.gone.is_empty() && changes.added.is_empty();
         let mix = match &self.shapes {
+            Some(_) if unchanged => None,
             Some((counts, popularity)) => Some(counts.mix(*popularity)),
             None => builder.mix.clone(),
         };
         let mix = mix.filter(|mix| self.mix.as_ref() != Some(mix));
-        let issues = if changes.gone.is_empty() && changes.added.is_empty() {
+        let issues = if unchanged {
             Vec::new()
         } else {
             self.apply(&changes)?
