@@ -8,7 +8,7 @@ use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
     Snapshot,
     fragmentation::DEFAULT_POPULARITY,
-    model::{self, Converted, FieldError, NodeError, PodError, QueueError},
+    model::{self, Converted, FieldError, NodeError, PodError, PodKey, QueueError},
     pins::{self, Released, UNBINDABLE_AFTER},
     snapshot::kept::{KeptSnapshot, Made},
 };
@@ -71,6 +71,40 @@ type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
 pub struct Models {
     pods: Conversions<Pod, PodReading>,
     nodes: Conversions<Node, NodeModel>,
+    derived: Derived,
+}
+
+/// The pod models the last pass derived itself (a DRA claim's charge, a HAMi pod's devices, a
+/// released pin, a reservation), by pod key: a derivation equal to the last one is given the
+/// last one's object. The kept snapshot tells a changed pod by a new object: without this,
+/// every DRA or HAMi pod would be a change on every pass, and a cluster full of them would be
+/// built anew each time instead of updated.
+#[derive(Debug, Default)]
+struct Derived {
+    entries: HashMap<PodKey, (Arc<model::Pod>, u64), foldhash::fast::RandomState>,
+    pass: u64,
+}
+
+impl Derived {
+    /// Gives each pod this pass made (only the pass holds it; a conversion is shared with its
+    /// entry) the last pass's object when the two are equal, and keeps it for the next pass.
+    fn keep_identity(&mut self, pods: &mut [Arc<model::Pod>]) {
+        self.pass += 1;
+        let pass = self.pass;
+        for pod in pods.iter_mut().filter(|pod| Arc::strong_count(pod) == 1) {
+            match self.entries.get_mut(&pod.key) {
+                Some((last, read_in)) if **last == **pod => {
+                    *pod = last.clone();
+                    *read_in = pass;
+                }
+                Some(entry) => *entry = (pod.clone(), pass),
+                None => {
+                    self.entries.insert(pod.key.clone(), (pod.clone(), pass));
+                }
+            }
+        }
+        self.entries.retain(|_, (_, read_in)| *read_in == pass);
+    }
 }
 
 /// The last conversion of each stored object, by the object's address, with the pass that
@@ -303,6 +337,7 @@ pub fn read(
     observed.stuck_pins = pins::release_stuck_pins(&mut observed.pods, now, UNBINDABLE_AFTER);
     // Pods admitted at creation that the store does not show yet hold their room.
     observed.pods.extend(creation.reserved_pods().map(Arc::new));
+    models.derived.keep_identity(&mut observed.pods);
     (observed, settled)
 }
 
@@ -387,6 +422,108 @@ mod tests {
             last_reclaims(&stores.stores, now),
             [("batch".to_owned(), now)]
         );
+    }
+
+    /// A pass over a DRA pod and a HAMi pod that did not change gives the kept snapshot their
+    /// last objects again, so it is updated, not built anew; a changed charge is a new object.
+    #[test]
+    fn a_pass_over_unchanged_derived_pods_updates_the_kept_snapshot() {
+        use kube::runtime::watcher::Event;
+
+        use gpuqueue_core::model::GpuRequest;
+
+        use crate::admission::at_creation::AtCreation;
+
+        let mut stores = stores();
+        let class = json!({"metadata": {"name": "gpu.nvidia.com"},
+            "spec": {"extendedResourceName": "nvidia.com/gpu"}});
+        let claim = |count: u32| {
+            serde_json::from_value(json!({
+                "metadata": {"name": "gpus", "namespace": "batch",
+                    "finalizers": [model::dra::CHARGED_FINALIZER]},
+                "spec": {"devices": {"requests": [{"name": "g",
+                    "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}]}}}))
+            .unwrap()
+        };
+        let devices = &mut stores.devices;
+        devices
+            .classes
+            .apply_watcher_event(&Event::Apply(serde_json::from_value(class).unwrap()));
+        devices.claims.apply_watcher_event(&Event::Apply(claim(2)));
+        stores.add_pod(json!({
+            "metadata": {"name": "dra", "namespace": "batch", "uid": "u-dra",
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": [{"name": "c", "image": "i"}],
+                     "schedulingGates": [{"name": gpuqueue_api::ADMISSION_GATE}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpus"}]},
+        }));
+        stores.add_node(json!({
+            "metadata": {"name": "n1", "labels": {"kubernetes.io/hostname": "n1"},
+                "annotations": {"hami.io/node-nvidia-register":
+                    "GPU-a,10,81920,100,NVIDIA-H100,0,true:GPU-b,10,81920,100,NVIDIA-H100,0,true:"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "20"}},
+        }));
+        stores.add_pod(json!({
+            "metadata": {"name": "hami", "namespace": "batch", "uid": "u-hami",
+                         "creationTimestamp": "2026-01-01T00:00:00Z",
+                         "annotations": {"hami.io/vgpu-devices-allocated": "GPU-b,NVIDIA,20000,30:;"}},
+            "spec": {"nodeName": "n1",
+                     "containers": [{"name": "c", "image": "i",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+        }));
+        let now: Timestamp = "2026-12-01T12:00:00Z".parse().unwrap();
+        let at_creation = AtCreation::new(false);
+        let mut assumed = Assumed::default();
+        let mut models = Models::default();
+        let mut kept = KeptSnapshot::default();
+        let mut pass = |stores: &TestStores| {
+            let (observed, _) = read(
+                &stores.stores,
+                &mut assumed,
+                &mut at_creation.pass(),
+                &mut models,
+                now,
+            );
+            let mut pods = observed.pods.clone();
+            pods.sort_by(|a, b| a.key.cmp(&b.key));
+            (
+                pods,
+                snapshot(observed, &stores.stores, &mut kept, [], now).made,
+            )
+        };
+
+        let (first, made) = pass(&stores);
+        assert_eq!(made, Made::Built);
+        let [dra, hami] = first.as_slice() else {
+            panic!("{first:?}")
+        };
+        assert_eq!(
+            dra.requests.gpus,
+            [GpuRequest::devices("nvidia.com/gpu", 2)]
+        );
+        assert_eq!(hami.devices[0].devices, [1], "seated on GPU-b");
+
+        let (second, made) = pass(&stores);
+        assert!(Arc::ptr_eq(&first[0], &second[0]) && Arc::ptr_eq(&first[1], &second[1]));
+        assert_eq!(
+            made,
+            Made::Updated {
+                removed: 0,
+                added: 0
+            }
+        );
+
+        stores
+            .devices
+            .claims
+            .apply_watcher_event(&Event::Apply(claim(3)));
+        let (third, made) = pass(&stores);
+        assert_eq!(
+            third[0].requests.gpus,
+            [GpuRequest::devices("nvidia.com/gpu", 3)]
+        );
+        assert!(Arc::ptr_eq(&first[1], &third[1]));
+        assert!(matches!(made, Made::Updated { added: 1, .. }), "{made:?}");
     }
 
     #[test]
