@@ -2,7 +2,10 @@
 //! pass. Every rule comes from `gpuqueue-core` (what a GPU pod is, what a valid queue is); this
 //! module only gathers the objects and converts them.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
@@ -72,6 +75,24 @@ pub struct Models {
     pods: Conversions<Pod, PodReading>,
     nodes: Conversions<Node, NodeModel>,
     derived: Derived,
+    problems: Problems,
+}
+
+/// The problems the last pass met with single objects. Every pass meets them all again, so
+/// each is logged as a warning once, when first met (a node or pod left out, or read with a
+/// default, must be visible without debug logs), and again only after a pass that did not
+/// meet it.
+#[derive(Debug, Default)]
+struct Problems(HashSet<String>);
+
+impl Problems {
+    /// The problems of `met` the last pass did not meet; `met` is remembered for the next.
+    fn first_met<'a>(&mut self, met: &'a [String]) -> Vec<&'a String> {
+        let last = std::mem::replace(&mut self.0, met.iter().cloned().collect());
+        met.iter()
+            .filter(|problem| !last.contains(problem.as_str()))
+            .collect()
+    }
 }
 
 /// The pod models the last pass derived itself (a DRA claim's charge, a HAMi pod's devices, a
@@ -338,6 +359,9 @@ pub fn read(
     // Pods admitted at creation that the store does not show yet hold their room.
     observed.pods.extend(creation.reserved_pods().map(Arc::new));
     models.derived.keep_identity(&mut observed.pods);
+    for problem in models.problems.first_met(&observed.problems) {
+        tracing::warn!(%problem, "object left out of the snapshot, or read with a default");
+    }
     (observed, settled)
 }
 
@@ -350,9 +374,6 @@ pub fn snapshot(
     reclaimed_from: impl IntoIterator<Item = (String, Timestamp)>,
     now: Timestamp,
 ) -> Observation {
-    for problem in &observed.problems {
-        tracing::debug!(%problem, "object left out of the snapshot");
-    }
     let mut builder = Snapshot::builder()
         .queues(observed.queues)
         .namespaces(observed.namespaces)
@@ -422,6 +443,18 @@ mod tests {
             last_reclaims(&stores.stores, now),
             [("batch".to_owned(), now)]
         );
+    }
+
+    #[test]
+    fn a_problem_is_told_when_first_met_and_again_only_after_a_pass_without_it() {
+        let mut problems = Problems::default();
+        let (node, pod) = ("node n1: bad".to_owned(), "pod a/p: bad".to_owned());
+        let both = [node.clone(), pod.clone()];
+        assert_eq!(problems.first_met(std::slice::from_ref(&node)), [&node]);
+        assert!(problems.first_met(std::slice::from_ref(&node)).is_empty());
+        assert_eq!(problems.first_met(&both), [&pod]);
+        assert!(problems.first_met(std::slice::from_ref(&pod)).is_empty());
+        assert_eq!(problems.first_met(&both), [&node]);
     }
 
     /// A pass over a DRA pod and a HAMi pod that did not change gives the kept snapshot their
