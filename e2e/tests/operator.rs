@@ -20,7 +20,7 @@ use gpuqueue_e2e::{
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
     authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec},
-    core::v1::{Pod, Service},
+    core::v1::{Node, Pod, Service},
 };
 use kube::{
     Client,
@@ -187,6 +187,60 @@ async fn a_plain_deployment_is_admitted_within_quota_and_the_rest_waits_with_a_r
     install(&cluster, webhook_port).await;
     let operator = Operator::start(&cluster, Options::new("only", webhook_port)).await;
     tenants_borrow_and_wait(&cluster, &cluster.client(), &operator).await;
+    a_node_read_with_a_default_is_counted_and_told_once(&cluster.client(), &operator).await;
+}
+
+/// A node with a malformed GPU memory label is read with a default: the pass counts it in
+/// `objects_left_out` and logs it as a warning naming the label once, not on every pass.
+async fn a_node_read_with_a_default_is_counted_and_told_once(client: &Client, operator: &Operator) {
+    const LEFT_OUT: &str = "gpuqueue_objects_left_out";
+    const PROBLEM: &str =
+        r#"node odd-node: label nvidia.com/gpu.memory="lots" is not a number of MiB"#;
+    assert_eq!(operator.metric(LEFT_OUT).await, Some(0.0));
+    let nodes: Api<Node> = Api::all(client.clone());
+    let odd =
+        json!({"metadata": {"name": "odd-node", "labels": {"nvidia.com/gpu.memory": "lots"}}});
+    let odd: Node = serde_json::from_value(odd).unwrap();
+    nodes.create(&PostParams::default(), &odd).await.unwrap();
+    let passes = || async {
+        operator
+            .metric("gpuqueue_admission_passes_total")
+            .await
+            .unwrap_or_default()
+    };
+    wait_for("the odd node counted", DEFAULT_TIMEOUT, || async {
+        match operator.metric(LEFT_OUT).await {
+            Some(n) if (n - 1.0).abs() < f64::EPSILON => Ok(()),
+            other => Err(format!("{LEFT_OUT} {other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    // Another pass over the same node (a label added) tells nothing new.
+    let before = passes().await;
+    let touch = json!({"metadata": {"labels": {"touched": "yes"}}});
+    nodes
+        .patch("odd-node", &PatchParams::default(), &Patch::Merge(touch))
+        .await
+        .unwrap();
+    wait_for("a pass after the touch", DEFAULT_TIMEOUT, || async {
+        let now = passes().await;
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("{now} passes"))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(operator.metric(LEFT_OUT).await, Some(1.0));
+    let log = operator.process.log();
+    assert_eq!(
+        log.matches(PROBLEM).count(),
+        1,
+        "{}",
+        operator.process.log_tail(40)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -79,6 +79,7 @@ pub struct AdmissionMetrics {
     pass_duration: Histogram,
     apply_errors: Family<ApplyErrorLabels, Counter>,
     bypass_evictions: Family<BypassLabels, Counter>,
+    left_out: Gauge,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -105,6 +106,7 @@ impl AdmissionMetrics {
             pass_duration: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             apply_errors: Family::default(),
             bypass_evictions: Family::default(),
+            left_out: Gauge::default(),
         };
         registry.register(
             "admission_decisions",
@@ -138,7 +140,19 @@ impl AdmissionMetrics {
             "Pods evicted because they held capacity without admission and broke a quota (their queue's ceiling, or another queue's guarantee), by queue and reason",
             metrics.bypass_evictions.clone(),
         );
+        registry.register(
+            "objects_left_out",
+            "Nodes and pods the last admission pass left out, or read with a default, for a problem the leader logs (as a warning, once)",
+            metrics.left_out.clone(),
+        );
         metrics
+    }
+
+    /// How many nodes and pods the last pass left out or read with a default (0 when this
+    /// replica stops leading: a standby reads nothing).
+    pub fn left_out(&self, objects: usize) {
+        self.left_out
+            .set(i64::try_from(objects).unwrap_or(i64::MAX));
     }
 
     /// Counts an unadmitted pod evicted for breaking a quota.

@@ -187,9 +187,9 @@ async fn wake_at(wake: Option<Timestamp>, at_creation: &AtCreation) {
     }
 }
 
-/// Withdraws the live snapshot from the webhook when dropped, and empties the queue and
-/// fragmentation gauges: a standby shows no queue rows, so sums across replicas count the
-/// leader's alone.
+/// Withdraws the live snapshot from the webhook when dropped, and empties the queue,
+/// fragmentation and left-out gauges: a standby shows no queue rows, so sums across replicas
+/// count the leader's alone.
 struct Withdraw(Context);
 
 impl Drop for Withdraw {
@@ -199,6 +199,7 @@ impl Drop for Withdraw {
         self.0
             .fragmentation_gauges
             .publish(metrics::FragmentationReport::default());
+        self.0.metrics.left_out(0);
     }
 }
 
@@ -367,6 +368,7 @@ fn observe_pass(
         &mut carried.models,
         now,
     );
+    context.metrics.left_out(observed.problems.len());
     for settled in settled {
         admitted_at_creation(context, &settled);
     }
