@@ -101,30 +101,19 @@ impl Problems {
 /// every DRA or HAMi pod would be a change on every pass, and a cluster full of them would be
 /// built anew each time instead of updated.
 #[derive(Debug, Default)]
-struct Derived {
-    entries: HashMap<PodKey, (Arc<model::Pod>, u64), foldhash::fast::RandomState>,
-    pass: u64,
-}
+struct Derived(HashMap<PodKey, Arc<model::Pod>, foldhash::fast::RandomState>);
 
 impl Derived {
     /// Gives each pod this pass made (only the pass holds it; a conversion is shared with its
-    /// entry) the last pass's object when the two are equal, and keeps it for the next pass.
+    /// entry) the last pass's object when the two are equal, and keeps this pass's for the next.
     fn keep_identity(&mut self, pods: &mut [Arc<model::Pod>]) {
-        self.pass += 1;
-        let pass = self.pass;
+        let mut last = std::mem::take(&mut self.0);
         for pod in pods.iter_mut().filter(|pod| Arc::strong_count(pod) == 1) {
-            match self.entries.get_mut(&pod.key) {
-                Some((last, read_in)) if **last == **pod => {
-                    *pod = last.clone();
-                    *read_in = pass;
-                }
-                Some(entry) => *entry = (pod.clone(), pass),
-                None => {
-                    self.entries.insert(pod.key.clone(), (pod.clone(), pass));
-                }
+            if let Some(same) = last.remove(&pod.key).filter(|last| **last == **pod) {
+                *pod = same;
             }
+            self.0.insert(pod.key.clone(), pod.clone());
         }
-        self.entries.retain(|_, (_, read_in)| *read_in == pass);
     }
 }
 
