@@ -764,10 +764,15 @@ struct Crashed {
     online: TempNamespace,
 }
 
-/// Ends the operator right after `phase` of a handover (the crash hook).
-async fn crash_in_handover(phase: &str) -> Crashed {
+/// The PriorityClass an owner outranks the borrowers with, so it is held at the gate.
+const OUTRANKS: &str = "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: online-first}\nvalue: 1000\n";
+
+/// Ends the operator right after `phase` of a handover (the crash hook); the owner `outranks`
+/// the borrowers (and is held at the gate until its victims are gone) or not.
+async fn crash_in_handover(phase: &str, outranks: bool) -> Crashed {
+    let held = if outranks { "_held" } else { "" };
     let mut world = World::start_with(
-        &format!("reclaim_crash_{phase}"),
+        &format!("reclaim_crash_{phase}{held}"),
         vec![GpuNode::whole_gpus("gpu-node-0", 2)],
         vec![("GPUQUEUE_TEST_CRASH_AFTER".into(), phase.into())],
     )
@@ -795,7 +800,12 @@ async fn crash_in_handover(phase: &str) -> Crashed {
     }
 
     let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
-    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    let mut owner = gpu_pod("owner", NVIDIA_GPU, 1);
+    if outranks {
+        apply_yaml(&client, OUTRANKS, None).await.unwrap();
+        owner.spec.as_mut().unwrap().priority_class_name = Some("online-first".into());
+    }
+    create(&owners, &owner).await;
     // The hook ends the first operator in the middle of the handover.
     let status = world.operator.process.wait(DEFAULT_TIMEOUT).await.unwrap();
     assert_eq!(status.code(), Some(1), "the crash hook exits with 1");
@@ -822,7 +832,7 @@ async fn crash_in_handover(phase: &str) -> Crashed {
 /// Kills the operator right after `phase` of a handover (the crash hook), starts another
 /// one, and checks that the handover is finished with no checkpoint and no eviction done
 /// twice. Returns the record, the victim's name and the namespaces.
-async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
+async fn crash_after(phase: &str, outranks: bool) -> (World, HandoverRecord, String, String) {
     let Crashed {
         mut world,
         pods,
@@ -831,7 +841,7 @@ async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
         servers,
         batch,
         online,
-    } = crash_in_handover(phase).await;
+    } = crash_in_handover(phase, outranks).await;
     let client = world.client.clone();
     let (batch, online) = (batch.name().to_owned(), online.name().to_owned());
 
@@ -870,7 +880,7 @@ async fn crash_after(phase: &str) -> (World, HandoverRecord, String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_killed_after_the_intent_is_cleaned_up_after_and_the_reclaim_done_again() {
-    let (world, record, _victim, batch) = crash_after("intent").await;
+    let (world, record, _victim, batch) = crash_after("intent", false).await;
     // The first intent was never committed (the owner was not released): past its deadline
     // the new leader took it back with an event, then planned the reclaim afresh.
     let pods: Api<Pod> = Api::namespaced(world.client.clone(), &batch);
@@ -904,7 +914,7 @@ async fn an_operator_killed_after_the_intent_is_cleaned_up_after_and_the_reclaim
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_killed_after_the_checkpoint_is_resumed_without_a_second_one() {
-    let (world, record, _victim, _batch) = crash_after("checkpoint").await;
+    let (world, record, _victim, _batch) = crash_after("checkpoint", false).await;
     // The new leader resumed the same reclaim: the checkpoint it found started is not made
     // again, and the eviction it had not reached is made once.
     assert_eq!(record.checkpoints[0].result, "Skipped", "{record:?}");
@@ -927,7 +937,7 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
     // The operator dies after the checkpoint paused the victim's server, and the owner is
     // deleted before another takes over: no owner waits any more, so the victim is no longer one,
     // and its queue may be within its guarantee by now (the soak caught an eviction here).
-    let mut crashed = crash_in_handover("checkpoint").await;
+    let mut crashed = crash_in_handover("checkpoint", false).await;
     let (pods, servers) = (&crashed.pods, &crashed.servers);
     let batch = crashed.batch.name().to_owned();
     let batch = batch.as_str();
@@ -976,7 +986,7 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_killed_after_the_eviction_is_resumed_and_the_owner_bound() {
-    let (world, record, victim, batch) = crash_after("evictAccepted").await;
+    let (world, record, victim, batch) = crash_after("evictAccepted", false).await;
     let online = record.owner_pod.split('/').next().unwrap().to_owned();
     let resumed = event(&world.client, &online, "owner", "ReclaimResumed").await;
     assert!(resumed.contains(&record.id), "{resumed}");
@@ -999,6 +1009,25 @@ async fn an_operator_killed_after_the_eviction_is_resumed_and_the_owner_bound() 
         )
         .await,
         1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_held_at_the_gate_when_the_operator_was_killed_is_released_by_the_next_leader() {
+    // The first leader evicted the victim and died with the owner still at the gate: the next
+    // one resumes the same reclaim, releases the owner once the victim is gone, and records it.
+    let (world, record, _victim, _batch) = crash_after("evictAccepted", true).await;
+    let online = record.owner_pod.split('/').next().unwrap().to_owned();
+    let resumed = event(&world.client, &online, "owner", "ReclaimResumed").await;
+    assert!(resumed.contains(&record.id), "{resumed}");
+    assert!(
+        world
+            .operator
+            .process
+            .log()
+            .contains("owner released at the gate"),
+        "{}",
+        world.operator.process.log_tail(20)
     );
 }
 
@@ -1210,4 +1239,81 @@ async fn intent_cleared(pods: &Api<Pod>, name: &str) {
     )
     .await
     .unwrap();
+}
+
+/// A platform that gives its online service a higher PriorityClass than batch: the owner must
+/// not let kube-scheduler's own preemption act for it. Until its victim is checkpointed and
+/// gone, the scheduler could delete the victim unpaused, or a pod of a third queue it finds
+/// less important on that node (here `labs`' guaranteed pod, newer than the borrower).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_of_higher_priority_preempts_nothing_while_its_victim_is_checkpointed() {
+    let world = World::start(
+        "reclaim_priority",
+        vec![GpuNode::whole_gpus("gpu-node-0", 2)],
+    )
+    .await;
+    let client = &world.client;
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    let labs = world.cluster.namespace("labs").await.unwrap();
+    apply_queue(client, &queue("online", online.name(), 1, 0, None)).await;
+    apply_queue(client, &queue("labs", labs.name(), 1, 0, None)).await;
+    apply_queue(
+        client,
+        &queue(
+            "batch",
+            batch.name(),
+            0,
+            1,
+            Some(&vllm_checkpoint("1500ms")),
+        ),
+    )
+    .await;
+    apply_yaml(client, OUTRANKS, None).await.unwrap();
+
+    // batch borrows online's idle GPU; then labs runs its own, the newer pod of the two.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    create(&pods, &gpu_pod("borrower", NVIDIA_GPU, 1)).await;
+    let borrower = all_running(&pods, 1).await.remove(0);
+    let server = fake_vllm(&borrower, vllm(Duration::from_millis(1200))).await;
+    let labs_pods: Api<Pod> = Api::namespaced(client.clone(), labs.name());
+    create(&labs_pods, &gpu_pod("trainer", NVIDIA_GPU, 1)).await;
+    let trainer = all_running(&labs_pods, 1).await.remove(0);
+    let sightings = Sightings::watch(pods.clone());
+    let labs_sightings = Sightings::watch(labs_pods.clone());
+
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    let mut owner = gpu_pod("owner", NVIDIA_GPU, 1);
+    owner.spec.as_mut().unwrap().priority_class_name = Some("online-first".into());
+    create(&owners, &owner).await;
+    bound(&owners, "owner").await;
+    let record = handover_record(
+        client,
+        "online",
+        "owner",
+        &format!("{}/owner", online.name()),
+    )
+    .await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(record.victims, [format!("{}/borrower", batch.name())]);
+
+    // The victim was paused while it ran; labs' pod was never touched.
+    gone(&pods, "borrower").await;
+    let servers = HashMap::from([(uid(&borrower), server)]);
+    checkpointed_once_while_running(&servers, &borrower, &sightings);
+    let now = labs_pods.get("trainer").await.unwrap();
+    assert_eq!(uid(&now), uid(&trainer));
+    assert!(
+        now.metadata.deletion_timestamp.is_none(),
+        "{}",
+        describe_pod(&now)
+    );
+    assert!(
+        !labs_sightings.gone(&uid(&trainer)),
+        "labs' pod was deleted"
+    );
+    for (namespace, pod) in [(batch.name(), "borrower"), (labs.name(), "trainer")] {
+        let preempted = events(client, namespace, pod, "Preempted").await;
+        assert!(preempted.is_empty(), "{preempted:?}");
+    }
 }

@@ -26,13 +26,13 @@ use jiff::{SignedDuration, Timestamp};
 
 use gpuqueue_api::v1alpha1::CheckpointDriver;
 
-use crate::devices::{Request, Trial};
+use crate::devices::{NodeState, Request, Trial};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::model::{CheckpointSettings, DeviceSet, PodKey, format_duration};
 use crate::quantity::{Milli, ResourceName};
 use crate::snapshot::promised::Promised;
 use crate::snapshot::{Attribution, Snapshot};
-use crate::termination::BIND_RESERVE;
+use crate::termination::bind_reserve;
 
 /// A reclaim to carry out: evict `victims`, then bind the owner to `node`.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,10 +56,25 @@ pub struct ReclaimPlan {
     pub deadline: Timestamp,
     /// The expected termination of the slowest victim on the node (grace and history).
     pub termination: Duration,
-    /// What the budget keeps back after the checkpoint: `termination` plus the bind reserve.
+    /// What the budget keeps back after the checkpoint: `termination` plus the bind reserve
+    /// ([`crate::termination::bind_reserve`]).
     pub eviction_reserve: Duration,
     /// Whether the checkpoints, the termination and the bind fit in the budget, from the plan.
     pub fit: BudgetFit,
+    /// When the owner leaves the gate.
+    pub owner_release: OwnerRelease,
+}
+
+/// When a reclaim's owner leaves the gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OwnerRelease {
+    /// With its admission, at the start: it binds the moment its room is free.
+    AtStart,
+    /// Admitted and pinned at the start, released once its room is free. For an owner that
+    /// outranks a pod on the node (its PriorityClass): kube-scheduler, asked to bind it while
+    /// its victims are still there, would preempt for it, deleting pods it picks (a victim
+    /// before its checkpoint, or another queue's pod) with no checkpoint.
+    OnceRoomIsFree,
 }
 
 /// Whether a handover fits in its budget, from the time it is judged.
@@ -587,8 +602,52 @@ fn finish(
     }
     let mut charges = Vec::new();
     request.charges_in(n.layout(), &trial.free, None, &mut charges);
-    let victims = plan
-        .victims
+    let victims = victims_of(snapshot, plan, now);
+    let overrides_min_borrow = victims.iter().any(|v| v.protected_until.is_some());
+    let budget = snapshot.queue(queue).reclaim.budget;
+    let node_name = &n.node().name;
+    let termination = victims
+        .iter()
+        .map(|v| snapshot.terminations().expected(node_name, v.grace))
+        .max()
+        .unwrap_or_default();
+    let owner_slot = snapshot.slot(owner);
+    let owner_release = owner_release(snapshot, n, owner_slot.map(|s| s.pod.priority));
+    let eviction_reserve =
+        termination + bind_reserve(owner_release == OwnerRelease::OnceRoomIsFree);
+    let checkpoint_timeout = victims
+        .iter()
+        .filter(|v| v.checkpoint.driver != CheckpointDriver::None)
+        .map(|v| v.checkpoint.timeout)
+        .max()
+        .unwrap_or_default();
+    let deadline = SignedDuration::try_from(budget)
+        .ok()
+        .and_then(|b| now.checked_add(b).ok())
+        .unwrap_or(now);
+    ReclaimPlan {
+        owner,
+        owner_key: owner_slot.map_or_else(|| PodKey::new("", ""), |s| s.pod.key.clone()),
+        owner_queue: snapshot.queue(queue).name.clone(),
+        node: plan.node,
+        node_name: node_name.clone(),
+        pin: n.node().hostname().to_string(),
+        devices: snapshot.device_sets(plan.node, &charges),
+        victims,
+        overrides_min_borrow,
+        budget,
+        deadline,
+        termination,
+        eviction_reserve,
+        fit: BudgetFit::of(budget, eviction_reserve, checkpoint_timeout, Duration::ZERO),
+        owner_release,
+    }
+}
+
+/// The plan's victims, with what the handover needs of each: its queue's settings and what
+/// it frees.
+fn victims_of(snapshot: &Snapshot, plan: &NodePlan, now: Timestamp) -> Vec<Victim> {
+    plan.victims
         .iter()
         .filter_map(|v| {
             let slot = snapshot.slot(*v)?;
@@ -613,42 +672,22 @@ fn finish(
                     .collect(),
             })
         })
-        .collect::<Vec<Victim>>();
-    let overrides_min_borrow = victims.iter().any(|v| v.protected_until.is_some());
-    let budget = snapshot.queue(queue).reclaim.budget;
-    let node_name = &n.node().name;
-    let termination = victims
+        .collect()
+}
+
+/// When an owner with `priority` leaves the gate on node `n`: once its room is free if it
+/// outranks a pod seated there (kube-scheduler could preempt for it), else at once.
+fn owner_release(snapshot: &Snapshot, n: &NodeState, priority: Option<i32>) -> OwnerRelease {
+    let priority = priority.unwrap_or(i32::MIN);
+    let outranks = n
+        .pods()
         .iter()
-        .map(|v| snapshot.terminations().expected(node_name, v.grace))
-        .max()
-        .unwrap_or_default();
-    let eviction_reserve = termination + BIND_RESERVE;
-    let checkpoint_timeout = victims
-        .iter()
-        .filter(|v| v.checkpoint.driver != CheckpointDriver::None)
-        .map(|v| v.checkpoint.timeout)
-        .max()
-        .unwrap_or_default();
-    let deadline = SignedDuration::try_from(budget)
-        .ok()
-        .and_then(|b| now.checked_add(b).ok())
-        .unwrap_or(now);
-    let owner_slot = snapshot.slot(owner);
-    ReclaimPlan {
-        owner,
-        owner_key: owner_slot.map_or_else(|| PodKey::new("", ""), |s| s.pod.key.clone()),
-        owner_queue: snapshot.queue(queue).name.clone(),
-        node: plan.node,
-        node_name: node_name.clone(),
-        pin: n.node().hostname().to_string(),
-        devices: snapshot.device_sets(plan.node, &charges),
-        victims,
-        overrides_min_borrow,
-        budget,
-        deadline,
-        termination,
-        eviction_reserve,
-        fit: BudgetFit::of(budget, eviction_reserve, checkpoint_timeout, Duration::ZERO),
+        .filter_map(|p| snapshot.slot(*p))
+        .any(|s| s.pod.priority < priority);
+    if outranks {
+        OwnerRelease::OnceRoomIsFree
+    } else {
+        OwnerRelease::AtStart
     }
 }
 

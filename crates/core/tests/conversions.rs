@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::{CheckpointDriver, GpuQueue};
 use gpuqueue_core::model::{
-    Assignment, GpuRequest, Namespace, Node, Pod, PodState, Queue, ReclaimRole,
+    Assignment, GpuRequest, Namespace, Node, Pod, PodState, Queue, ReclaimRole, is_held_owner,
 };
 use gpuqueue_core::quantity::{Milli, ResourceName};
 use k8s_openapi::api::core::v1 as k8s;
@@ -275,6 +275,57 @@ fn an_admitted_pod_knows_its_node_and_reclaim_part() {
         "{:?}",
         p.warnings
     );
+}
+
+#[test]
+fn an_owner_held_at_the_gate_holds_its_room_and_a_gated_pod_without_all_its_marks_waits() {
+    let held = |annotations: serde_json::Value, node_selector: serde_json::Value| {
+        pod(json!({
+            "metadata": {
+                "name": "owner", "namespace": "a", "creationTimestamp": "2026-01-01T00:00:00Z",
+                "annotations": annotations
+            },
+            "spec": {
+                "priority": 1000,
+                "schedulingGates": [{"name": "gpuqueue.io/admission"}],
+                "nodeSelector": node_selector,
+                "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+            }
+        }))
+    };
+    let marks = json!({
+        "gpuqueue.io/admitted-at": "2026-01-01T00:00:05Z",
+        "gpuqueue.io/reclaim-id": "r-1", "gpuqueue.io/reclaim-role": "owner"
+    });
+    let pinned = json!({"kubernetes.io/hostname": "gpu-3"});
+    let owner = held(marks.clone(), pinned.clone());
+    assert!(is_held_owner(&owner));
+    let p = Pod::from_k8s(&owner).unwrap().unwrap().value;
+    assert_eq!(
+        p.state,
+        PodState::Admitted(Assignment {
+            node: Some("gpu-3".into()),
+            bound: false,
+            terminating: false
+        })
+    );
+    assert!(!p.unadmitted);
+
+    // Not pinned, not admitted, or a victim's mark: a gated pod like any other.
+    let victim = json!({
+        "gpuqueue.io/admitted-at": "2026-01-01T00:00:05Z",
+        "gpuqueue.io/reclaim-id": "r-1", "gpuqueue.io/reclaim-role": "victim"
+    });
+    let unadmitted = json!({"gpuqueue.io/reclaim-id": "r-1", "gpuqueue.io/reclaim-role": "owner"});
+    for waiting in [
+        held(marks, json!({"nvidia.com/gpu.product": "H100"})),
+        held(unadmitted, pinned.clone()),
+        held(victim, pinned),
+    ] {
+        assert!(!is_held_owner(&waiting));
+        let p = Pod::from_k8s(&waiting).unwrap().unwrap().value;
+        assert_eq!(p.state, PodState::Pending);
+    }
 }
 
 #[test]

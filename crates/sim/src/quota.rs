@@ -37,7 +37,7 @@ use gpuqueue_core::model::{
     CheckpointSettings, Namespace, Node, Pod, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
 use gpuqueue_core::quantity::Milli;
-use gpuqueue_core::reclaim::{NoPlan, ReclaimPlan};
+use gpuqueue_core::reclaim::{NoPlan, OwnerRelease, ReclaimPlan};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
@@ -848,7 +848,8 @@ impl VictimTimeline {
 /// victim's work); the eviction call; the victim's exit, at most its grace period; the kubelet
 /// noticing it at its next relist (one kubelet per node, so the victims of a plan, all on the
 /// plan's node, share the relist ticks); the pod's deletion; then kube-scheduler binding the
-/// owner once the last victim is gone.
+/// owner once the last victim is gone, after the operator released it from the gate (one more
+/// round trip) when the plan holds it there.
 pub fn sample_handover(
     plan: &ReclaimPlan,
     model: &HandoverModel,
@@ -893,9 +894,14 @@ pub fn sample_handover(
         })
         .collect();
     let last = victims.iter().map(|v| v.gone).max().unwrap_or(intent);
+    let released = if plan.owner_release == OwnerRelease::OnceRoomIsFree {
+        last + sample_latency(model.api, rng)
+    } else {
+        last
+    };
     Handover {
         victims,
-        owner_bound: last + sample_latency(model.api, rng),
+        owner_bound: released + sample_latency(model.api, rng),
     }
 }
 

@@ -43,6 +43,8 @@ pub fn explain(observed: &Observed, max_events: usize) -> Explanation {
     }
     let (requests, modelled) = requests(pod);
     let gated = model::is_gated(pod);
+    // A reclaim's owner held at the gate is admitted: it only waits for its room to be free.
+    let held = model::is_held_owner(pod);
     let other_gates = other_gates(pod);
     let waiting_reason = annotation(pod, annotations::WAITING_REASON).map(str::to_owned);
     let admission = admission(pod);
@@ -62,7 +64,8 @@ pub fn explain(observed: &Observed, max_events: usize) -> Explanation {
         claim: &claim,
         modelled: &modelled,
         phase,
-        gated,
+        gated: gated && !held,
+        held,
         waiting_reason: waiting_reason.as_deref(),
         admission: admission.as_ref(),
         node: node.as_ref(),
@@ -328,6 +331,8 @@ struct Facts<'a> {
     modelled: &'a Result<bool, String>,
     phase: Option<&'a str>,
     gated: bool,
+    /// A reclaim's owner, admitted and pinned, held at the gate until its room is free.
+    held: bool,
     waiting_reason: Option<&'a str>,
     admission: Option<&'a Admission>,
     node: Option<&'a NodeView>,
@@ -374,6 +379,11 @@ fn summary(facts: &Facts<'_>) -> String {
         }
         None => "not on a node yet".to_owned(),
     };
+    if facts.held {
+        return format!(
+            "admitted, {place}; held at the gate until its reclaim's victims are gone (it outranks a pod on the node, so kube-scheduler must not try to place it before)"
+        );
+    }
     if let Some(reclaim) = facts.reclaim
         && reclaim.role.as_deref() == Some("victim")
     {
@@ -445,6 +455,20 @@ mod tests {
                     vec![batch_queue(true)],
                 ),
                 "admitted as borrowed by queue batch; pinned to node gpu-node-1, not bound yet",
+            ),
+            (
+                "a reclaim's owner held at the gate",
+                observed(
+                    pod(
+                        "batch",
+                        "p",
+                        "  annotations:\n    gpuqueue.io/admitted-at: '2026-01-10T11:58:00Z'\n    gpuqueue.io/reclaim-id: rc-1\n    gpuqueue.io/reclaim-role: owner",
+                        &format!("{GATE}\n  nodeSelector: {{kubernetes.io/hostname: gpu-node-1}}"),
+                        "  phase: Pending",
+                    ),
+                    vec![batch_queue(true)],
+                ),
+                "admitted, pinned to node gpu-node-1, not bound yet; held at the gate until its reclaim's victims are gone (it outranks a pod on the node, so kube-scheduler must not try to place it before)",
             ),
             (
                 "over its ceiling",

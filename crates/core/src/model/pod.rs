@@ -261,6 +261,23 @@ pub fn is_gated(pod: &k8s::Pod) -> bool {
     gate_index(pod).is_some()
 }
 
+/// Whether the pod is a reclaim's owner held at the gate until its victims are gone: marked as
+/// the owner, admitted and pinned, but still gated (see `crate::reclaim::OwnerRelease::OnceRoomIsFree`).
+/// It holds its quota and its room on the pinned node like a released owner.
+pub fn is_held_owner(pod: &k8s::Pod) -> bool {
+    let notes = pod.metadata.annotations.as_ref();
+    let note = |name: &str| notes.and_then(|a| a.get(name));
+    let pinned = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.as_ref())
+        .is_some_and(|s| s.contains_key(HOSTNAME_LABEL));
+    is_gated(pod)
+        && pinned
+        && note(annotations::RECLAIM_ROLE).is_some_and(|r| r == "owner")
+        && note(annotations::ADMITTED_AT).is_some()
+}
+
 /// Whether the operator keeps the pod: a live pod with a GPU request, whether the core can read
 /// it or not (one it cannot read is kept so that the admission pass can say why it waits).
 pub fn is_gpu_pod(pod: &k8s::Pod) -> bool {
@@ -344,7 +361,7 @@ impl Pod {
 
         let node_rules = NodeRules::from_k8s(spec).map_err(|e| err(&e.field, e.rule))?;
         let gpu_models = node_rules.as_ref().map(gpu_models_of).unwrap_or_default();
-        let state = if is_gated(pod) && spec.node_name.is_none() {
+        let state = if is_gated(pod) && spec.node_name.is_none() && !is_held_owner(pod) {
             PodState::Pending
         } else {
             let pinned = spec

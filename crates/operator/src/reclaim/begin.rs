@@ -335,7 +335,7 @@ impl Reclaimer {
             admitted_as: AdmittedAs::Guaranteed.as_str(),
             at,
         };
-        let released = match intent::owner_patch(owner, intent, &release) {
+        let released = match intent::owner_patch(owner, intent, &release, plan.owner_release) {
             Ok(patch) => self.patch_pod(owner, patch).await,
             Err(error) => Err(error),
         };
@@ -403,6 +403,7 @@ fn reserved_handover(
         overrides_min_borrow: plan.overrides_min_borrow,
         eviction_reserve: plan.eviction_reserve,
         fit: plan.fit,
+        owner_release: plan.owner_release,
     }
 }
 

@@ -18,6 +18,7 @@ use super::{
     handover::{COMPLETED, Handover, Victim},
     intent::{self, Role},
     reclaimer::Reclaimer,
+    release::PendingRelease,
     timeline::{Phase, millis},
 };
 use crate::{
@@ -252,6 +253,7 @@ impl Reclaimer {
         let mut crashed_checked = false;
         let mut gone_at = vec![None; handover.victims.len()];
         let mut held_claims = false;
+        let mut release = PendingRelease::of(handover);
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
@@ -269,6 +271,7 @@ impl Reclaimer {
             if held_claims && gone {
                 handover.timeline.end(Phase::ClaimsFreed, now);
             }
+            let retry_release = release.advance(self, term, handover, gone, now).await;
             // Without victims of its own, the room it waits for is free when it is bound.
             if victims_gone && !handover.victims.is_empty() {
                 handover.timeline.end(Phase::VictimsGone, now);
@@ -307,6 +310,7 @@ impl Reclaimer {
                 });
             }
             let wake = if now < terminated { terminated } else { limit };
+            let wake = retry_release.map_or(wake, |at| at.min(wake));
             tokio::select! {
                 signal = changes.changed() => if signal.is_err() { return None },
                 () = tokio::time::sleep_until(wake) => {}

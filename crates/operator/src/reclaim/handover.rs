@@ -11,7 +11,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_core::{
     model::{CheckpointSettings, PodKey},
-    reclaim::BudgetFit,
+    reclaim::{BudgetFit, OwnerRelease},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -126,6 +126,8 @@ pub struct Handover {
     /// Whether the checkpoint, the termination and the bind fit in the budget, as judged when
     /// the handover was planned (or resumed).
     pub fit: BudgetFit,
+    /// When the owner leaves the gate; resumed: `OnceRoomIsFree` while it is still gated.
+    pub owner_release: OwnerRelease,
 }
 
 /// The span every log line of one handover carries, from its start to its end.

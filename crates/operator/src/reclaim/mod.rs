@@ -58,6 +58,7 @@ mod metrics;
 mod planned;
 mod reclaimer;
 mod record;
+mod release;
 mod requeue;
 mod resume;
 mod terminations;

@@ -4,14 +4,15 @@
 //! and the victims come from that record, never from what a pod says.
 //!
 //! Writes happen in a fixed order: every victim's intent, then the owner's intent together
-//! with its release, then (per victim) the checkpoint mark, the checkpoint call and the
-//! eviction, and at the very end the owner's intent is cleared. So the annotations alone say
-//! how far a handover got:
+//! with its admission and release (or, for an owner held until its room is free, with its
+//! admission and pin only), then (per victim) the checkpoint mark, the checkpoint call and the
+//! eviction, the held owner's release once its room is free, and at the very end the owner's
+//! intent is cleared. So the annotations alone say how far a handover got:
 //!
 //! | what the store shows for reclaim id X | what it means | what is done |
 //! | --- | --- | --- |
-//! | an owner, released | the owner was promised the node | **resume**: checkpoint the victims not marked `checkpointing`, evict those not terminating, wait, record, clear |
-//! | victims only (or a gated owner), deadline passed | the intent was never committed, or its owner is gone | **abandon**: clear the victims' marks; a victim already marked `checkpointing` (its server is paused) is resumed first, never evicted: with no owner waiting it is no longer a victim, and its queue may be within its guarantee by now |
+//! | an owner, released or held (gated, admitted and pinned) | the owner was promised the node | **resume**: checkpoint the victims not marked `checkpointing`, evict those not terminating, wait (releasing a held owner once its room is free), record, clear |
+//! | victims only (or a gated owner not admitted), deadline passed | the intent was never committed, or its owner is gone | **abandon**: clear the victims' marks; a victim already marked `checkpointing` (its server is paused) is resumed first, never evicted: with no owner waiting it is no longer a victim, and its queue may be within its guarantee by now |
 //! | victims only, deadline not passed | another writer may still be committing it | wait for the deadline |
 //!
 //! No step is ever repeated: a victim marked `checkpointing` is never called again, a
@@ -23,8 +24,8 @@ use std::sync::Arc;
 
 use gpuqueue_api::v1alpha1::CheckpointDriver;
 use gpuqueue_core::{
-    model::{ReclaimSettings, is_gated},
-    reclaim::BudgetFit,
+    model::{ReclaimSettings, is_gated, is_held_owner},
+    reclaim::{BudgetFit, OwnerRelease},
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -46,7 +47,7 @@ use crate::{
 /// What a reclaim found in the store needs.
 #[derive(Debug, Clone)]
 pub enum Recovery {
-    /// Its owner is released: finish it.
+    /// Its owner is released, or held at the gate until its room is free: finish it.
     Resume {
         id: String,
         owner: Arc<Pod>,
@@ -55,7 +56,8 @@ pub enum Recovery {
     /// Its owner was never released and its deadline passed: take the intent back.
     Abandon {
         id: String,
-        /// A gated owner carrying the intent (not written by this version, but possible).
+        /// A gated owner carrying the intent but not its admission (not written by this
+        /// version, but possible).
         owner: Option<Arc<Pod>>,
         victims: Vec<Arc<Pod>>,
     },
@@ -106,7 +108,7 @@ pub fn scan(
                 .filter(|(m, _)| m.role == Some(Role::Victim))
                 .map(|(_, pod)| pod.clone())
                 .collect();
-            if let Some(owner) = owner.as_ref().filter(|o| !is_gated(o)) {
+            if let Some(owner) = owner.as_ref().filter(|o| !is_gated(o) || is_held_owner(o)) {
                 return Recovery::Resume {
                     id,
                     owner: owner.clone(),
@@ -172,7 +174,12 @@ impl Reclaimer {
         }
         let timeline = Timeline::resumed(entry.started_at.0, budget, now, now_at);
         let grace = rebuilt.iter().map(|v| v.grace).max().unwrap_or_default();
-        let eviction_reserve = self.terminations.reserve(&entry.node, grace);
+        let owner_release = if is_held_owner(owner) {
+            OwnerRelease::OnceRoomIsFree
+        } else {
+            OwnerRelease::AtStart
+        };
+        let eviction_reserve = self.terminations.reserve(&entry.node, grace, owner_release);
         // Only victims still to be called checkpoint: the others' time is spent or not needed.
         let checkpoint = rebuilt
             .iter()
@@ -195,6 +202,7 @@ impl Reclaimer {
             overrides_min_borrow: false,
             eviction_reserve,
             fit,
+            owner_release,
         }
     }
 
@@ -392,6 +400,23 @@ mod tests {
         assert!(
             matches!(&after[1], Recovery::Abandon { id, owner: Some(_), victims } if id == "rc-2" && victims.is_empty()),
             "{after:?}"
+        );
+    }
+
+    #[test]
+    fn an_owner_held_at_the_gate_admitted_and_pinned_is_resumed() {
+        let mut held = (*pod("owner", "owner", "rc-1", DEADLINE, true)).clone();
+        held.metadata.annotations.as_mut().unwrap().insert(
+            "gpuqueue.io/admitted-at".into(),
+            "2026-01-01T00:00:00Z".into(),
+        );
+        held.spec.as_mut().unwrap().node_selector =
+            Some([("kubernetes.io/hostname".to_owned(), "n1".to_owned())].into());
+        let pods = vec![Arc::new(held), pod("v1", "victim", "rc-1", DEADLINE, false)];
+        let found = scan(&pods, |_| false, deadline, at("2026-01-01T00:00:01Z"));
+        assert!(
+            matches!(&found[0], Recovery::Resume { id, victims, .. } if id == "rc-1" && victims.len() == 1),
+            "{found:?}"
         );
     }
 

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use gpuqueue_api::v1alpha1::ReclaimInFlight;
-use gpuqueue_core::model::{self, Claim, MAX_BUDGET, PodKey, ReclaimRole, claim_of};
+use gpuqueue_core::model::{
+    self, Claim, MAX_BUDGET, PodKey, PodState, ReclaimRole, claim_of, is_gated,
+};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
@@ -196,13 +198,19 @@ impl Trusted {
                 ReclaimRole::Owner => Role::Owner,
                 ReclaimRole::Victim => Role::Victim,
             };
-            let uid = stored(&pod.key).and_then(|p| p.metadata.uid.clone());
+            let stored = stored(&pod.key);
+            let uid = stored.as_ref().and_then(|p| p.metadata.uid.clone());
             let recorded =
                 uid.is_some_and(|uid| self.names(&mark.id, role, &pod.key, &uid, claims));
             if !recorded {
                 tracing::debug!(pod = %pod.key, reclaim = %mark.id,
                     "a reclaim mark the operator did not record is ignored");
-                Arc::make_mut(pod).reclaim = None;
+                let pod = Arc::make_mut(pod);
+                pod.reclaim = None;
+                // Only a held owner is admitted at the gate: without its mark it waits there.
+                if stored.is_some_and(|p| is_gated(&p)) {
+                    pod.state = PodState::Pending;
+                }
                 dropped += 1;
             }
         }
@@ -352,10 +360,21 @@ mod tests {
         let (mut stores, trusted) = recorded_on_online(&entry("rc-1", "2026-01-01T00:00:03Z"));
         let forged = marked("batch", "forged", "uid-forged", "rc-forged", "victim");
         let real = marked("batch", "victim", "uid-victim", "rc-1", "victim");
-        for pod in [&forged, &real] {
+        // A gated pod forged to look like a held owner: admitted, pinned and marked.
+        let mut held: Pod = marked("online", "held", "uid-held", "rc-forged", "owner");
+        held.metadata.annotations.as_mut().unwrap().insert(
+            "gpuqueue.io/admitted-at".into(),
+            "2026-01-01T00:00:00Z".into(),
+        );
+        let spec = held.spec.as_mut().unwrap();
+        spec.node_selector = Some([("kubernetes.io/hostname".to_owned(), "n1".to_owned())].into());
+        spec.scheduling_gates = Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+            name: gpuqueue_api::ADMISSION_GATE.into(),
+        }]);
+        for pod in [&forged, &real, &held] {
             stores.add_pod(serde_json::to_value(pod).unwrap());
         }
-        let mut pods: Vec<Arc<model::Pod>> = [forged, real]
+        let mut pods: Vec<Arc<model::Pod>> = [forged, real, held]
             .iter()
             .map(|p| {
                 let mut p = serde_json::to_value(p).unwrap();
@@ -370,8 +389,10 @@ mod tests {
         let claims = Claims::read(&stores.stores);
         let dropped = trusted
             .drop_unrecorded_marks(&mut pods, &claims, |key| stored_pod(&stores.stores, key));
-        assert_eq!(dropped, 1);
+        assert_eq!(dropped, 2);
         assert_eq!(pods[0].reclaim, None, "the forged mark is gone");
         assert!(pods[1].reclaim.is_some(), "the recorded one stays");
+        assert_eq!(pods[2].reclaim, None);
+        assert_eq!(pods[2].state, PodState::Pending, "it waits at the gate");
     }
 }

@@ -87,21 +87,57 @@ pub fn admission_patch(
     pod: &Pod,
     admission: &Admission<'_>,
 ) -> Result<json_patch::Patch, PatchError> {
-    let name = describe(pod);
-    let gate_index = gate_index(pod).ok_or_else(|| PatchError::NotGated { pod: name.clone() })?;
+    let mut operations = gate_operations(pod, true)?;
+    operations.extend(admission_operations(pod, admission));
+    encode_operations(pod, operations)
+}
+
+/// The JSON patch that admits and pins `pod` as [`Admission`] says but keeps it at the gate
+/// (a reclaim's owner held until its room is free), or [`PatchError::NotGated`].
+pub fn held_admission_patch(
+    pod: &Pod,
+    admission: &Admission<'_>,
+) -> Result<json_patch::Patch, PatchError> {
+    let mut operations = gate_operations(pod, false)?;
+    operations.extend(admission_operations(pod, admission));
+    encode_operations(pod, operations)
+}
+
+/// The JSON patch that releases the gate of `pod`, admitted and pinned already (a held owner),
+/// or [`PatchError::NotGated`].
+pub fn release_patch(pod: &Pod) -> Result<json_patch::Patch, PatchError> {
+    encode_operations(pod, gate_operations(pod, true)?)
+}
+
+/// Tests the pod's uid and its gate, and removes the gate when `release` is set.
+fn gate_operations(pod: &Pod, release: bool) -> Result<Vec<Value>, PatchError> {
+    let gate_index = gate_index(pod).ok_or_else(|| PatchError::NotGated { pod: describe(pod) })?;
     let mut operations = vec![
         json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
         json!({"op": "test", "path": format!("/spec/schedulingGates/{gate_index}/name"), "value": ADMISSION_GATE}),
-        json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate_index}")}),
     ];
+    if release {
+        operations
+            .push(json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate_index}")}));
+    }
+    Ok(operations)
+}
+
+/// The pin and the admission annotations of `admission`.
+fn admission_operations(pod: &Pod, admission: &Admission<'_>) -> Vec<Value> {
     let notes = BTreeMap::from([
         (annotations::QUEUE, admission.queue.to_owned()),
         (annotations::ADMITTED_AS, admission.admitted_as.to_owned()),
         (annotations::ADMITTED_AT, admission.at.to_string()),
     ]);
-    operations.extend(pin_and_annotate(pod, admission.node_pin, notes));
-    serde_json::from_value(Value::Array(operations))
-        .map_err(|source| PatchError::Encode { pod: name, source })
+    pin_and_annotate(pod, admission.node_pin, notes)
+}
+
+fn encode_operations(pod: &Pod, operations: Vec<Value>) -> Result<json_patch::Patch, PatchError> {
+    serde_json::from_value(Value::Array(operations)).map_err(|source| PatchError::Encode {
+        pod: describe(pod),
+        source,
+    })
 }
 
 /// The operations that pin `pod` to the node with `node_pin` and write `notes` as annotations

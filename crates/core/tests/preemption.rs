@@ -1,0 +1,38 @@
+//! A reclaim never lets kube-scheduler's own preemption act for its owner: an owner whose
+//! PriorityClass outranks a pod on the chosen node is held at the gate until its room is free,
+//! and one that outranks nobody there is released at once (the fast path).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
+
+mod common;
+
+use common::world::{at, build, node, pending, queue, running};
+use gpuqueue_core::reclaim::{OwnerRelease, plan_reclaim};
+
+/// Owner queue `a` (guaranteed 1) on one 2-GPU node, where `b` borrows a's GPU and `c` runs
+/// its own; the owner has `priority`, the others 0 unless `labs` is given.
+fn plan(priority: i32, labs: i32) -> bool {
+    let mut third = running("c/c0", 1, "n1", 20);
+    third.priority = labs;
+    let mut snapshot = build(
+        vec![queue("a", 1, 0), queue("b", 0, 1), queue("c", 1, 0)],
+        vec![node("n1", 2)],
+        vec![running("b/b0", 1, "n1", 10), third],
+    );
+    let mut owner = pending("a/a0", 1, 100);
+    owner.priority = priority;
+    let owner = snapshot.add_pod(owner).unwrap();
+    let plan = plan_reclaim(&snapshot, owner, at(100)).unwrap();
+    assert_eq!(plan.victims[0].key.to_string(), "b/b0");
+    plan.owner_release == OwnerRelease::OnceRoomIsFree
+}
+
+#[test]
+fn an_owner_that_outranks_a_pod_on_its_node_is_held_until_its_room_is_free() {
+    // Above the victim (the usual online-over-batch classes), or only above a bystander.
+    assert!(plan(1000, 0));
+    assert!(plan(0, -10));
+    // Equal to everyone there, or below: kube-scheduler cannot preempt for it.
+    assert!(!plan(0, 0));
+    assert!(!plan(-5, 0));
+}
