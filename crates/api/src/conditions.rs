@@ -17,6 +17,16 @@ pub mod types {
     /// even without one the victims' termination and the bind outlast it), or the last one
     /// overran it.
     pub const RECLAIM_BUDGET_EXCEEDED: &str = "ReclaimBudgetExceeded";
+
+    /// Every type with the status it is healthy in, in the order tools list them.
+    pub const HEALTHY: [(&str, &str); 6] = [
+        (READY, "True"),
+        (NAMESPACE_CONFLICT, "False"),
+        (OVERCOMMITTED, "False"),
+        (RECLAIMING, "False"),
+        (QUOTA_BYPASS, "False"),
+        (RECLAIM_BUDGET_EXCEEDED, "False"),
+    ];
 }
 
 /// Condition reasons.
@@ -35,4 +45,22 @@ pub mod reasons {
     pub const CHECKPOINT_CUT: &str = "CheckpointCut";
     pub const OVERRUN_PLANNED: &str = "OverrunPlanned";
     pub const LAST_HANDOVER_OVERRAN: &str = "LastHandoverOverran";
+
+    /// Every reason above: the event a condition's change sends carries it as its reason.
+    pub const ALL: [&str; 14] = [
+        ADMITTING,
+        INVALID_SPEC,
+        NAMESPACE_CONFLICT,
+        NO_CONFLICT,
+        GUARANTEES_EXCEED_CAPACITY,
+        GUARANTEES_FIT,
+        HANDOVER_IN_PROGRESS,
+        IDLE,
+        UNADMITTED_PODS,
+        ALL_ADMITTED,
+        WITHIN_BUDGET,
+        CHECKPOINT_CUT,
+        OVERRUN_PLANNED,
+        LAST_HANDOVER_OVERRAN,
+    ];
 }

@@ -98,18 +98,10 @@ impl HandoverSummary {
     }
 }
 
-/// The state each condition type is healthy in; other types are not shown.
-const HEALTHY: [(&str, &str); 5] = [
-    (types::READY, "True"),
-    (types::NAMESPACE_CONFLICT, "False"),
-    (types::OVERCOMMITTED, "False"),
-    (types::RECLAIMING, "False"),
-    (types::QUOTA_BYPASS, "False"),
-];
-
-/// The conditions of `conditions` that are not in their healthy state, in the order above.
+/// The conditions of `conditions` that are not in their healthy state, in the order of the
+/// API's [`types::HEALTHY`].
 pub fn unhealthy(conditions: &[Condition]) -> Vec<ConditionView> {
-    HEALTHY
+    types::HEALTHY
         .iter()
         .filter_map(|(type_, healthy)| {
             let c = conditions.iter().find(|c| c.type_ == *type_)?;
@@ -459,6 +451,26 @@ Needs attention:
                 ),
                 vec![
                     "a: Overcommitted=True (GuaranteesExceedCapacity): nvidia.com/gpu: the guarantees of all queues add up to 40 but the cluster has 32",
+                ],
+            ),
+            (
+                "a handover planned beyond its budget",
+                queue(
+                    "a",
+                    spec,
+                    1,
+                    &format!(
+                        "  observedGeneration: 1\n{resources}{}",
+                        condition(
+                            "ReclaimBudgetExceeded",
+                            "True",
+                            "OverrunPlanned",
+                            "handover rc-1 overruns the budget 3s by 400ms"
+                        )
+                    ),
+                ),
+                vec![
+                    "a: ReclaimBudgetExceeded=True (OverrunPlanned): handover rc-1 overruns the budget 3s by 400ms",
                 ],
             ),
             (

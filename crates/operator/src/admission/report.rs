@@ -275,20 +275,10 @@ pub(super) fn announce_changes(
 
 /// The condition reasons the API defines, as the `'static` strings events take.
 pub(super) fn condition_reason(reason: &str) -> &'static str {
-    use gpuqueue_api::conditions::reasons;
-    [
-        reasons::ADMITTING,
-        reasons::INVALID_SPEC,
-        reasons::NAMESPACE_CONFLICT,
-        reasons::NO_CONFLICT,
-        reasons::GUARANTEES_EXCEED_CAPACITY,
-        reasons::GUARANTEES_FIT,
-        reasons::HANDOVER_IN_PROGRESS,
-        reasons::IDLE,
-    ]
-    .into_iter()
-    .find(|known| *known == reason)
-    .unwrap_or("ConditionChanged")
+    gpuqueue_api::conditions::reasons::ALL
+        .into_iter()
+        .find(|known| *known == reason)
+        .unwrap_or("ConditionChanged")
 }
 
 pub(super) fn publish_fragmentation(context: &Context, snapshot: &Snapshot) {
@@ -421,10 +411,14 @@ mod tests {
 
     #[test]
     fn unknown_condition_reasons_map_to_a_generic_one() {
-        assert_eq!(
-            condition_reason("GuaranteesExceedCapacity"),
-            "GuaranteesExceedCapacity"
-        );
+        for known in [
+            "GuaranteesExceedCapacity",
+            "UnadmittedPods",
+            "OverrunPlanned",
+            "LastHandoverOverran",
+        ] {
+            assert_eq!(condition_reason(known), known);
+        }
         assert_eq!(condition_reason("SomethingNew"), "ConditionChanged");
     }
 
