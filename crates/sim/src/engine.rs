@@ -26,11 +26,6 @@ impl SimTime {
         Self::from_duration(Duration::try_from_secs_f64(secs).unwrap_or_default())
     }
 
-    /// Time since the start.
-    pub fn since_start(self) -> Duration {
-        Duration::from_micros(self.0)
-    }
-
     /// Seconds since the start.
     #[allow(clippy::cast_precision_loss)] // microsecond counts stay far below 2^52 in any run
     pub fn as_secs_f64(self) -> f64 {
@@ -133,11 +128,6 @@ impl<E> EventQueue<E> {
         self.next_seq += 1;
     }
 
-    /// Schedules `event` `delay` from now.
-    pub fn schedule_after(&mut self, delay: Duration, event: E) {
-        self.schedule_at(self.now.after(delay), event);
-    }
-
     /// Delivers the next event and moves the clock to its time.
     pub fn pop(&mut self) -> Option<(SimTime, E)> {
         let Pending { at, event, .. } = self.heap.pop()?;
@@ -178,7 +168,7 @@ mod tests {
         queue.schedule_at(SimTime::from_secs_f64(5.0), "late");
         queue.schedule_at(SimTime::from_secs_f64(1.0), "first");
         queue.schedule_at(SimTime::from_secs_f64(1.0), "second");
-        queue.schedule_after(Duration::from_millis(500), "earliest");
+        queue.schedule_at(SimTime::from_secs_f64(0.5), "earliest");
         let order: Vec<_> = std::iter::from_fn(|| queue.pop()).map(|(_, e)| e).collect();
         assert_eq!(order, vec!["earliest", "first", "second", "late"]);
         assert_eq!(queue.now(), SimTime::from_secs_f64(5.0));

@@ -133,11 +133,6 @@ impl Workload {
         let jobs = generate_jobs(&loaded.scenario, &shape_tasks, seed)?;
         Ok(Self { nodes, jobs })
     }
-
-    /// GPU capacity of the nodes.
-    pub fn gpu_capacity(&self) -> u64 {
-        self.nodes.iter().map(|n| u64::from(n.gpus)).sum()
-    }
 }
 
 fn gpu_nodes(path: &Path) -> Result<Vec<TraceNode>, WorkloadError> {
@@ -433,7 +428,7 @@ tenants:
         assert_eq!(a.jobs, workload(SCENARIO, 7).jobs);
         assert_ne!(a.jobs, workload(SCENARIO, 8).jobs);
         assert_eq!(a.nodes.len(), 4);
-        assert_eq!(a.gpu_capacity(), 32);
+        assert_eq!(a.nodes.iter().map(|n| n.gpus).sum::<u32>(), 32);
         assert!(a.jobs.windows(2).all(|w| w[0].arrival <= w[1].arrival));
         assert!(a.jobs.iter().enumerate().all(|(i, j)| j.id == i));
     }

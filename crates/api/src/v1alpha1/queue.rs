@@ -121,7 +121,7 @@ pub struct GpuQueueSpec {
     /// namespaces: the namespaces whose GPU pods belong to this queue. A namespace claimed by two
     /// queues is reported on both (condition NamespaceConflict) and admits nothing until resolved.
     #[serde(default)]
-    #[schemars(length(max = 256), inner(length(min = 1, max = 63)))]
+    #[schemars(length(max = MAX_NAMESPACES), inner(length(min = 1, max = 63)))]
     #[x_kube(merge_strategy = ListMerge::Set)]
     #[x_kube(validation = Rule::new("self.all(n, n.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$'))")
         .message("namespaces must be namespace names (DNS labels such as team-a)"))]
@@ -133,7 +133,7 @@ pub struct GpuQueueSpec {
 
     /// resources: the quota for each GPU resource name pods of this queue request. A list keyed
     /// on `name`, so the API server refuses a name listed twice.
-    #[schemars(length(min = 1, max = 16))]
+    #[schemars(length(min = 1, max = MAX_RESOURCES))]
     #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
     pub resources: Vec<ResourceQuota>,
 
