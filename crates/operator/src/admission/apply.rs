@@ -1,5 +1,5 @@
-//! Stage 4: decisions into background writes, one in flight per object: gate releases,
-//! waiting reasons, and the start of reclaims (intent written, owner released).
+//! Phase 3, apply: decisions into background writes, one in flight per object: gate
+//! releases, waiting reasons, and the start of reclaims (intents written, owner admitted).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -59,7 +59,7 @@ pub(super) fn apply(
     now: Timestamp,
 ) -> ApplySummary {
     let planned = plan(
-        &shared.assumed,
+        &shared.context.assumed,
         &shared.context.stores,
         decisions,
         unreadable_pods,
@@ -331,7 +331,7 @@ fn plan_admission(
 /// what was assumed.
 fn start(shared: &Shared, tasks: &mut JoinSet<()>, write: PodWrite, now: Timestamp) {
     let context = shared.context.clone();
-    let assumed = shared.assumed.clone();
+    let assumed = shared.context.assumed.clone();
     match write {
         PodWrite::Admit {
             uid,

@@ -64,7 +64,6 @@ impl std::fmt::Debug for Context {
 pub(super) struct Shared {
     pub(super) context: Context,
     pub(super) term: Term,
-    pub(super) assumed: Arc<Mutex<Assumed>>,
     /// Woken by a write that failed, after [`RETRY_AFTER`]: the next pass decides again.
     pub(super) retry: Arc<Notify>,
     pub(super) permits: Arc<Semaphore>,
@@ -72,7 +71,7 @@ pub(super) struct Shared {
 
 impl Shared {
     pub(super) fn assumed(&self) -> MutexGuard<'_, Assumed> {
-        crate::sync::lock(&self.assumed)
+        crate::sync::lock(&self.context.assumed)
     }
 
     /// Starts `write` for the object with `uid` in the background; the caller has marked it in

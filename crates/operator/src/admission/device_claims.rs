@@ -1,7 +1,8 @@
-//! Stage 2 for DRA: adds what each pod's ResourceClaims charge to its requests, read from the
-//! claim and class stores by the core's rules (`gpuqueue_core::model::dra`). A pending pod whose
-//! claims cannot be counted leaves the model and waits at the gate, saying why: it is never
-//! admitted uncounted. An admitted one keeps what it holds otherwise, and the problem is logged.
+//! Phase 1 (observe) for DRA: adds what each pod's ResourceClaims charge to its requests, read
+//! from the claim and class stores by the core's rules (`gpuqueue_core::model::dra`). A pending
+//! pod whose claims cannot be counted leaves the model and waits at the gate, saying why: it is
+//! never admitted uncounted. An admitted one keeps what it holds otherwise, and the problem is
+//! logged.
 //!
 //! A pending pod's claim counts only once it carries the operator's finalizer ([`guard`] puts
 //! it there, and takes it off a deleted claim no waiting pod names), so the claim

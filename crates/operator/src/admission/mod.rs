@@ -97,7 +97,6 @@ pub async fn run(context: Context, term: Term) {
     let mut changes = context.stores.changes();
     let mut urgent_changes = context.stores.urgent_changes();
     let shared = Shared {
-        assumed: context.assumed.clone(),
         context,
         term,
         retry: Arc::new(Notify::new()),

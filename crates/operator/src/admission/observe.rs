@@ -1,6 +1,6 @@
-//! Stage 2: reading the stores into the core's model, the "dereference" step of the admission
-//! pass. Every rule comes from `gpuqueue-core` (what a GPU pod is, what a valid queue is); this
-//! module only gathers the objects and converts them.
+//! Phase 1, observe: reading the stores into the core's model, the "dereference" step of the
+//! admission pass. Every rule comes from `gpuqueue-core` (what a GPU pod is, what a valid queue
+//! is); this module only gathers the objects and converts them.
 
 use std::{
     collections::{HashMap, HashSet},

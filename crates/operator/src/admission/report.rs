@@ -1,5 +1,5 @@
-//! Stage 5: queue status by server-side apply where it changed, events for quota edits and
-//! condition changes, and the queue and fragmentation gauges.
+//! Phase 4, report: queue status by server-side apply where it changed, events for quota
+//! edits and condition changes, and the queue and fragmentation gauges.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -99,7 +99,7 @@ fn start_reports(
     now: Timestamp,
 ) -> usize {
     let (desired, mut rows) = desired_statuses(
-        &shared.assumed,
+        &shared.context.assumed,
         &shared.context.stores,
         reports,
         invalid,
@@ -196,7 +196,7 @@ fn start_status_write(shared: &Shared, tasks: &mut JoinSet<()>, write: StatusWri
         assumed.status_written(&uid, status.clone());
     }
     let context = shared.context.clone();
-    let assumed = shared.assumed.clone();
+    let assumed = shared.context.assumed.clone();
     shared.spawn(tasks, uid.clone(), async move {
         let api: Api<GpuQueue> = Api::all(context.client.clone());
         let name = queue.metadata.name.clone().unwrap_or_default();
