@@ -4,10 +4,10 @@
 //!
 //! A node's devices are one flat array of free milli, free memory and free slots per device;
 //! a pool is a range of it (one per resource name). What one unit of a request takes of a
-//! device depends on how the pool shares it ([`unit_cost`]): a whole device, `1/replicas` of a
-//! time-sliced one, the memory and compute a HAMi pod asks for. A pod pinned to a node that is still full (the owner of a reclaim whose
-//! victims are terminating) is the node's *deficit*: the node takes no new pods until it is
-//! seated.
+//! device depends on how the pool shares it (`unit_cost`): a whole device, `1/replicas` of a
+//! time-sliced one, the memory and compute a HAMi pod asks for. A pod pinned to a node that is
+//! still full (the owner of a reclaim whose victims are terminating) is the node's *deficit*:
+//! the node takes no new pods until it is seated.
 
 use std::sync::Arc;
 

@@ -285,66 +285,31 @@ impl Scorer for Fgd {
 /// all of it measured per copy of each task class.
 ///
 /// In DESIGN §6 terms: the scorer places a pod where it increases FGD's fragmentation measure
-/// least, exactly as FGD scores it (`⌊sigmoid(ΔF_n / 1000) × 100⌋`, see [`Fgd`]). FGD's 100
-/// levels are coarse (one level is about 40 milli of `F_n` near zero), and many options tie:
-/// FGD's simulator then takes the first node by name. Ours breaks those ties by a truer
-/// measure of the same thing, [`Candidate::unfillable_before`]: `F_n` with each class credited
-/// only with the whole copies of it that the node's free devices and CPU hold, so the
-/// leftovers inside a device, the odd GPU a multi-GPU class cannot pair, and the GPUs whose
-/// CPU is gone count as waste. The option whose waste grows least wins (in whole milli), then
-/// the one that leaves the least idle GPU on the node (best fit), then the [`TieBreak`];
-/// within a node, the device FGD's score prefers, then the one that strands least.
+/// least, exactly as FGD scores it (`⌊sigmoid(ΔF_n / 1000) × 100⌋`, see [`Fgd`]). Those 100
+/// levels are coarse and many options tie, where FGD's simulator takes the first node by name.
+/// Ours breaks the ties by a truer measure of the same thing,
+/// [`Candidate::unfillable_before`]: `F_n` with each class credited only with the whole copies
+/// of it the node's free devices and CPU hold, so leftovers inside a device, an odd GPU a
+/// multi-GPU class cannot pair and GPUs whose CPU is gone count as waste. The option whose
+/// waste grows least wins (whole milli), then the least idle GPU left (best fit), then the
+/// [`TieBreak`]; within a node, the device FGD prefers, then the one that strands least.
+/// Keeping FGD's score first keeps its information: rounding down to whole copies alone hides
+/// changes FGD's `F_n` still sees.
 ///
-/// **Per copy, where multi-GPU tasks weigh.** When the mix's multi-GPU classes make at least
-/// [`MULTI_DEVICE_MIX`] of its expected GPU request ([`Candidate::multi_device_share`]), ours
-/// measures everything above against the mix per copy
-/// ([`WorkloadMix::per_copy`](crate::fragmentation::WorkloadMix::per_copy), through
-/// [`Candidate::per_copy`]): each class's share divided by its request in GPUs, so `F_n`
-/// counts the capacity a class cannot use in copies of that class, not in GPUs. FGD charges
-/// every free GPU of a node that can no longer hold an 8-GPU task at the 8-GPU class's full
-/// share of arrivals, and so keeps whole nodes open for the large tasks while the GPUs it
-/// strands for the many 2- and 1-GPU tasks (an odd GPU here, a half-used node there) go
-/// unused; per copy, losing room for one 8-GPU task weighs as much as losing room for one
-/// 2-GPU task, each by how often it arrives. Measured against FGD with the same arrivals
-/// (openb, `crates/sim/examples/tiekeys.rs`, final allocation, mean of the per-seed
-/// difference over seeds 42–71, then again on seeds 200–229): `multigpu20` +0.55 and +0.57
-/// points (ours counted as FGD counts: +0.17 and +0.21), `multigpu30` +0.13 and +0.17 (+0.07,
-/// +0.09), `multigpu40` +0.18 and +0.15 (−0.01, −0.03), ahead on 26–30 of 30 seeds each.
-/// The same measure for every mix gains on `default`, `cpu*`, `gpushare20` and `gpuspec*`
-/// too (0.04–0.5 points more), but loses 0.21 on `gpushare40`, so it is kept to the mixes it
-/// was built for; the others are ranked as FGD counts.
+/// **Per copy, where multi-GPU tasks weigh** (their classes make at least
+/// [`MULTI_DEVICE_MIX`] of the mix's expected request, [`Candidate::multi_device_share`]):
+/// everything above is measured against the mix per copy
+/// ([`WorkloadMix::per_copy`](crate::fragmentation::WorkloadMix::per_copy)), so losing room for
+/// one 8-GPU task weighs as much as losing room for one 2-GPU task, each by how often it
+/// arrives, instead of FGD keeping whole nodes open for the large tasks while the GPUs it
+/// strands for the many small ones go unused. In such a mix a one-device request keeps FGD's
+/// ties as FGD leaves them: packing small requests by the copies they strand pays too little
+/// attention to how many nodes stay whole.
 ///
-/// Inside the rule above (whichever mix measures it), a request for one device (a shared one
-/// or one whole GPU) keeps FGD's ties as FGD leaves them when the mix's multi-GPU classes make
-/// at least [`MULTI_DEVICE_MIX`] of its request: its score alone, then the [`TieBreak`] (and
-/// the first device with the best score). Per copy, that share is the multi-GPU classes'
-/// share of arrivals. Measured when it was added (counted mix): it took ours from −0.02 to
-/// +0.11 on `multigpu30` and from −0.11 to −0.06 on `multigpu40`. A guess at why the
-/// whole-copy keys hurt single-device requests there: once whole 2-, 4- and 8-GPU tasks carry
-/// a large part of the request, what decides allocation is how many nodes stay whole for
-/// them, and packing small requests by the copies they strand pays too little attention to
-/// that.
-///
-/// Earlier versions ranked by the whole-copy measure alone (through a sigmoid half FGD's
-/// slope): that led on `default` but trailed FGD where shared or multi-GPU tasks dominate,
-/// because rounding down to whole copies hides the small changes FGD's `F_n` still sees
-/// (`crates/sim/results/placement/`). Keeping FGD's score as the first key keeps its
-/// information; the whole-copy measure only decides what FGD leaves undecided. It costs
-/// `F_n` and the whole-copy measure after each option (per copy, `F_n` before once more per
-/// node): a whole openb trace replays in 19–29 s against FGD's 5–10 s (`make bench-core`,
-/// `trace_replay`), and one decision at 1,000 nodes stays far below 1 ms (`policy`: admit
-/// 27 µs, reclaim 303 µs). Without a workload mix it is best fit.
-///
-/// So in a mix without multi-GPU weight ours can lose to FGD only through its ties, where
-/// FGD (in its authors' simulator) takes a random node. Tie keys measured against FGD with
-/// the same arrivals and not kept (`crates/sim/results/placement/fgd-reproduction.md`): FGD's
-/// unrounded `ΔF_n` as the first key loses 0.4 points on `gpushare60` (the rounding is what
-/// leaves the whole-copy key something to decide); the run's random node order for the
-/// remaining ties, instead of the first node, is within the spread; leaving CPU-only
-/// requests' ties to the node order in multi-GPU-heavy mixes is 0.15 lower on `multigpu20`;
-/// thirteen more keys for single-device requests on `multigpu30`/`multigpu40` over 30 seeds
-/// (round 6 of that note) were none better than FGD's own ties. Weighing classes by the GPUs
-/// they ask for (the opposite of per copy) loses 0.4 points on `multigpu40`.
+/// Each rule was measured against FGD on the same arrivals, and the tie keys tried and not
+/// kept are listed, in `crates/sim/results/placement/fgd-reproduction.md`; the cost (`make
+/// bench-core`) stays far below 1 ms a decision at 1,000 nodes. Without a workload mix it is
+/// best fit.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct FragmentationAware;
 

@@ -1,5 +1,5 @@
 //! Which devices a running HAMi pod holds: the ones HAMi's device plugin names on the pod
-//! ([`DEVICES_ALLOCATED`]), found by UUID among its node's HAMi devices, so that the snapshot
+//! (`hami.io/vgpu-devices-allocated`), found by UUID among its node's HAMi devices, so that the snapshot
 //! seats the pod there rather than on the lowest free devices.
 
 use std::collections::HashMap;
@@ -10,10 +10,11 @@ use super::pod::{Assignment, DeviceSet, Pod, PodState};
 use super::sharing::DEVICES_ALLOCATED;
 use crate::quantity::ResourceName;
 
-/// Seats each bound pod HAMi says holds devices ([`DEVICES_ALLOCATED`]) on those devices of
-/// its node, instead of the lowest free ones: its `devices`, by index in the node's HAMi pool.
-/// A pod whose devices do not match its node (an unknown or unhealthy device, a count other
-/// than its request) keeps the lowest ones, and the mismatch is returned as a warning.
+/// Seats each bound pod HAMi says holds devices (`hami.io/vgpu-devices-allocated`) on those
+/// devices of its node, instead of the lowest free ones: its `devices`, by index in the node's
+/// HAMi pool. A pod whose devices do not match its node (an unknown or unhealthy device, a
+/// count other than its request) keeps the lowest ones, and the mismatch is returned as a
+/// warning.
 pub fn seat_hami_pods<'a>(
     pods: &mut [Arc<Pod>],
     nodes: impl IntoIterator<Item = &'a Node>,

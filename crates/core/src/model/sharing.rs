@@ -147,7 +147,8 @@ pub fn hami_devices(
 /// `{uuid},{type},{memory MiB},{cores %}:` for each device, and `;` after each container.
 pub const DEVICES_ALLOCATED: &str = "hami.io/vgpu-devices-allocated";
 
-/// The UUIDs of the devices HAMi gave the pod ([`DEVICES_ALLOCATED`]), in order, each once.
+/// The UUIDs of the devices HAMi gave the pod (`hami.io/vgpu-devices-allocated`), in order,
+/// each once.
 pub fn hami_allocated(
     annotations: Option<&std::collections::BTreeMap<String, String>>,
 ) -> Vec<String> {
