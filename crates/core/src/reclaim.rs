@@ -28,7 +28,7 @@ use gpuqueue_api::v1alpha1::CheckpointDriver;
 
 use crate::devices::{NodeState, Request, Trial};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
-use crate::model::{CheckpointSettings, DeviceSet, PodKey, format_duration};
+use crate::model::{CheckpointSettings, DeviceSet, Pod, PodKey, format_duration};
 use crate::quantity::{Milli, ResourceName};
 use crate::snapshot::promised::Promised;
 use crate::snapshot::{Attribution, Snapshot};
@@ -612,7 +612,7 @@ fn finish(
         .max()
         .unwrap_or_default();
     let owner_slot = snapshot.slot(owner);
-    let owner_release = owner_release(snapshot, n, owner_slot.map(|s| s.pod.priority));
+    let owner_release = owner_release(snapshot, n, owner_slot.map(|s| &*s.pod));
     let eviction_reserve =
         termination + bind_reserve(owner_release == OwnerRelease::OnceRoomIsFree);
     let checkpoint_timeout = victims
@@ -675,15 +675,18 @@ fn victims_of(snapshot: &Snapshot, plan: &NodePlan, now: Timestamp) -> Vec<Victi
         .collect()
 }
 
-/// When an owner with `priority` leaves the gate on node `n`: once its room is free if it
-/// outranks a pod seated there (kube-scheduler could preempt for it), else at once.
-fn owner_release(snapshot: &Snapshot, n: &NodeState, priority: Option<i32>) -> OwnerRelease {
-    let priority = priority.unwrap_or(i32::MIN);
+/// When `owner` leaves the gate on node `n`: once its room is free if kube-scheduler could
+/// preempt for it there (it outranks a pod seated there, and its `preemptionPolicy` allows
+/// it), else at once.
+fn owner_release(snapshot: &Snapshot, n: &NodeState, owner: Option<&Pod>) -> OwnerRelease {
+    let Some(owner) = owner.filter(|o| o.preempts) else {
+        return OwnerRelease::AtStart;
+    };
     let outranks = n
         .pods()
         .iter()
         .filter_map(|p| snapshot.slot(*p))
-        .any(|s| s.pod.priority < priority);
+        .any(|s| s.pod.priority < owner.priority);
     if outranks {
         OwnerRelease::OnceRoomIsFree
     } else {

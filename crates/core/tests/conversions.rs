@@ -298,9 +298,15 @@ fn an_owner_held_at_the_gate_holds_its_room_and_a_gated_pod_without_all_its_mark
         "gpuqueue.io/reclaim-id": "r-1", "gpuqueue.io/reclaim-role": "owner"
     });
     let pinned = json!({"kubernetes.io/hostname": "gpu-3"});
-    let owner = held(marks.clone(), pinned.clone());
+    let mut owner = held(marks.clone(), pinned.clone());
     assert!(is_held_owner(&owner));
     let p = Pod::from_k8s(&owner).unwrap().unwrap().value;
+    assert!(
+        p.preempts,
+        "no preemptionPolicy: kube-scheduler's default, PreemptLowerPriority"
+    );
+    owner.spec.as_mut().unwrap().preemption_policy = Some("Never".into());
+    assert!(!Pod::from_k8s(&owner).unwrap().unwrap().value.preempts);
     assert_eq!(
         p.state,
         PodState::Admitted(Assignment {

@@ -10,8 +10,9 @@ use common::world::{at, build, node, pending, queue, running};
 use gpuqueue_core::reclaim::{OwnerRelease, plan_reclaim};
 
 /// Owner queue `a` (guaranteed 1) on one 2-GPU node, where `b` borrows a's GPU and `c` runs
-/// its own; the owner has `priority`, the others 0 unless `labs` is given.
-fn plan(priority: i32, labs: i32) -> bool {
+/// its own at priority `labs`; the owner has `priority`, and `preempts` unless its
+/// `preemptionPolicy` is `Never`.
+fn plan_with(priority: i32, labs: i32, preempts: bool) -> bool {
     let mut third = running("c/c0", 1, "n1", 20);
     third.priority = labs;
     let mut snapshot = build(
@@ -21,10 +22,15 @@ fn plan(priority: i32, labs: i32) -> bool {
     );
     let mut owner = pending("a/a0", 1, 100);
     owner.priority = priority;
+    owner.preempts = preempts;
     let owner = snapshot.add_pod(owner).unwrap();
     let plan = plan_reclaim(&snapshot, owner, at(100)).unwrap();
     assert_eq!(plan.victims[0].key.to_string(), "b/b0");
     plan.owner_release == OwnerRelease::OnceRoomIsFree
+}
+
+fn plan(priority: i32, labs: i32) -> bool {
+    plan_with(priority, labs, true)
 }
 
 #[test]
@@ -35,4 +41,6 @@ fn an_owner_that_outranks_a_pod_on_its_node_is_held_until_its_room_is_free() {
     // Equal to everyone there, or below: kube-scheduler cannot preempt for it.
     assert!(!plan(0, 0));
     assert!(!plan(-5, 0));
+    // A class with `preemptionPolicy: Never`: kube-scheduler preempts nothing for it.
+    assert!(!plan_with(1000, 0, false));
 }

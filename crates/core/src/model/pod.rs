@@ -208,6 +208,9 @@ pub struct Pod {
     /// copies each pod's model into every pass's snapshot.
     pub node_rules: Option<Arc<NodeRules>>,
     pub priority: i32,
+    /// kube-scheduler may preempt lower-priority pods for it (`spec.preemptionPolicy` is not
+    /// `Never`).
+    pub preempts: bool,
     pub state: PodState,
     pub created_at: Timestamp,
     /// When the gate was released (the `gpuqueue.io/admitted-at` annotation).
@@ -293,6 +296,7 @@ impl Pod {
             gpu_models: Vec::new(),
             node_rules: None,
             priority: 0,
+            preempts: true,
             state: PodState::Pending,
             created_at,
             admitted_at: None,
@@ -383,6 +387,7 @@ impl Pod {
                 gpu_models,
                 node_rules: node_rules.map(Arc::new),
                 priority: spec.priority.unwrap_or(0),
+                preempts: spec.preemption_policy.as_deref() != Some("Never"),
                 state,
                 created_at,
                 admitted_at: hints.admitted_at,
