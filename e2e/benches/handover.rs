@@ -34,6 +34,11 @@
 //! `BENCH_BURST_NONE_PODS=0`) a mode's bursts: a trial run of one part. `BENCH_OPERATOR_LOG`
 //! sets the operator's log filter (default `info`), e.g. `info,gpuqueue_operator=debug`.
 //!
+//! `BENCH_OWNER_PRIORITY=<value>` gives every owner a PriorityClass of that value above the
+//! borrowers' 0, so the operator holds each owner at the gate until its victims are gone (an
+//! owner that outranks a pod on its node, README "Reclaim"): what that costs against the
+//! default, where owners and borrowers rank equal.
+//!
 //! `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build (a smoke run of the benchmark
 //! itself, without the release build's minutes of compiling; its figures are not the result).
 //!
@@ -84,6 +89,8 @@ const CHECKPOINT: Duration = Duration::from_millis(1200);
 /// The victims' grace period (`victimGracePeriodSeconds`).
 const VICTIM_GRACE_SECONDS: u32 = 1;
 const WAIT: Duration = Duration::from_mins(2);
+/// The owners' PriorityClass with `BENCH_OWNER_PRIORITY`.
+const OWNER_CLASS: &str = "bench-owner";
 
 /// The checkpoint modes: a name for the report and the borrower queue's `spec.reclaim`.
 fn modes() -> [(&'static str, String); 2] {
@@ -133,6 +140,8 @@ struct Bench {
     servers: HashMap<IpAddr, FakeVllm>,
     next_borrower: usize,
     next_owner: usize,
+    /// The owners' PriorityClass, if they outrank the borrowers.
+    owner_class: Option<String>,
 }
 
 impl Bench {
@@ -204,9 +213,16 @@ impl Bench {
         self.refill(self.gpus).await;
         let name = format!("o-{:04}", self.next_owner);
         self.next_owner += 1;
+        let mut owner = gpu_pod(&name, NVIDIA_GPU, 1);
+        owner
+            .spec
+            .as_mut()
+            .unwrap()
+            .priority_class_name
+            .clone_from(&self.owner_class);
         let created = Instant::now();
         self.owners
-            .create(&PostParams::default(), &gpu_pod(&name, NVIDIA_GPU, 1))
+            .create(&PostParams::default(), &owner)
             .await
             .unwrap();
         let bound = loop {
@@ -294,6 +310,8 @@ struct Knobs {
     /// `kubelet` (default), or `fast` (`BENCH_NODE_BEHAVIOUR=fast`: KWOK's fast stages, where
     /// a victim vanishes at once) for figures comparable with peers measured on those.
     node_behaviour: &'static str,
+    /// The owners' priority (`BENCH_OWNER_PRIORITY`, default 0: that of the borrowers).
+    owner_priority: usize,
 }
 
 impl Knobs {
@@ -314,6 +332,7 @@ impl Knobs {
             } else {
                 "kubelet"
             },
+            owner_priority: env_number("BENCH_OWNER_PRIORITY", 0),
         };
         let spare = knobs.nodes * GPUS_PER_NODE - burst::BASE_REPLICAS;
         assert!(
@@ -348,6 +367,16 @@ async fn main() {
     let webhook_port = free_port();
     install(&cluster, webhook_port).await;
     apply_queue(&client, &queue_yaml("online", online.name(), gpus, 0, "{}")).await;
+    let owner_class = (knobs.owner_priority > 0).then(|| OWNER_CLASS.to_owned());
+    if owner_class.is_some() {
+        let class = format!(
+            "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {{name: {OWNER_CLASS}}}\nvalue: {}\n",
+            knobs.owner_priority
+        );
+        gpuqueue_e2e::apply_yaml(&client, &class, None)
+            .await
+            .unwrap();
+    }
     let mut options = Options::new("bench", webhook_port);
     // The release build is what is measured; a smoke run may take the debug build tests use.
     options.release = knobs.operator_build == "release";
@@ -365,6 +394,7 @@ async fn main() {
         servers: HashMap::new(),
         next_borrower: 0,
         next_owner: 0,
+        owner_class,
     };
     let mut samples = Vec::new();
     // `BENCH_HANDOVERS=0` measures the bursts alone (no warm-up either).

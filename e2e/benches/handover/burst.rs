@@ -50,10 +50,14 @@ pub struct Burst {
     pub api_writes: BTreeMap<String, f64>,
 }
 
-/// The Deployment of owner pods, one GPU each; removed at once when scaled down.
-fn deployment(replicas: usize) -> String {
+/// The Deployment of owner pods, one GPU each, of PriorityClass `class` if any; removed at
+/// once when scaled down.
+fn deployment(replicas: usize, class: Option<&str>) -> String {
+    let class = class
+        .map(|c| format!("      priorityClassName: {c}\n"))
+        .unwrap_or_default();
     format!(
-        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {DEPLOYMENT}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {DEPLOYMENT}}}\n  template:\n    metadata:\n      labels: {{app: {DEPLOYMENT}}}\n    spec:\n      terminationGracePeriodSeconds: 0\n      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n          ports: [{{containerPort: {VLLM_PORT}}}]\n          resources:\n            limits: {{nvidia.com/gpu: 1}}\n"
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {DEPLOYMENT}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {DEPLOYMENT}}}\n  template:\n    metadata:\n      labels: {{app: {DEPLOYMENT}}}\n    spec:\n{class}      terminationGracePeriodSeconds: 0\n      containers:\n        - name: vllm\n          image: vllm/vllm-openai:v0.11.0\n          ports: [{{containerPort: {VLLM_PORT}}}]\n          resources:\n            limits: {{nvidia.com/gpu: 1}}\n"
     )
 }
 
@@ -74,7 +78,7 @@ pub async fn run(bench: &mut Bench, knobs: &Knobs) -> Vec<Burst> {
         if !deployed {
             apply_yaml(
                 &bench.client,
-                &deployment(BASE_REPLICAS),
+                &deployment(BASE_REPLICAS, bench.owner_class.as_deref()),
                 Some(&bench.online),
             )
             .await

@@ -228,6 +228,25 @@ fn rows_json(rows: &[Row]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// What the benchmark ran on, for the report's first line.
+fn setup(knobs: &Knobs) -> String {
+    let mut setup = format!(
+        "{} KWOK nodes of {GPUS_PER_NODE} GPUs behaving like kubelets (a victim terminates within \
+         its {VICTIM_GRACE_SECONDS} s grace period), full of one-GPU borrowers; owners within \
+         their guarantee, budget 3 s",
+        knobs.nodes
+    );
+    if knobs.owner_priority > 0 {
+        let _ = write!(
+            setup,
+            "; owners of priority {} over the borrowers' 0, so each waits at the gate until its \
+             victims are gone",
+            knobs.owner_priority
+        );
+    }
+    setup
+}
+
 pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
     let single = single_rows(samples);
     let burst = burst_rows(bursts);
@@ -239,12 +258,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
             .count()
     };
     let gpus = knobs.nodes * GPUS_PER_NODE;
-    let setup = format!(
-        "{} KWOK nodes of {GPUS_PER_NODE} GPUs behaving like kubelets (a victim terminates within \
-         its {VICTIM_GRACE_SECONDS} s grace period), full of one-GPU borrowers; owners within \
-         their guarantee, budget 3 s",
-        knobs.nodes
-    );
+    let setup = setup(knobs);
     let results = std::env::var_os("BENCH_RESULTS")
         .map_or_else(|| repo_root().join("e2e/results"), std::path::PathBuf::from);
     std::fs::create_dir_all(&results).unwrap();
