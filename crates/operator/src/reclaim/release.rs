@@ -1,8 +1,8 @@
 //! Releasing an owner held at the gate ([`OwnerRelease::OnceRoomIsFree`]) once its room is
-//! free. Released
-//! earlier, an owner that outranks a pod on its node would have kube-scheduler preempt for it
-//! while its victims are still there: pods deleted with no checkpoint, chosen by the scheduler
-//! rather than by the plan. Once the room is free it fits, and the scheduler only binds it.
+//! free. Released earlier, an owner that outranks a pod on its node would have kube-scheduler
+//! preempt for it while its victims are still there: pods deleted with no checkpoint, chosen by
+//! the scheduler rather than by the plan. Once the room is free it fits, and the scheduler only
+//! binds it.
 
 use std::time::Duration;
 
