@@ -1,7 +1,8 @@
 //! Enforcement: which unadmitted pods to evict, and why.
 //!
-//! An unadmitted pod ([`Pod::unadmitted`](crate::model::Pod::unadmitted): it holds or may hold capacity with no record of
-//! gpuqueue's admission) is charged to its queue like any other pod, and it is the first to go.
+//! An unadmitted pod ([`Pod::unadmitted`](crate::model::Pod::unadmitted): it holds or may hold
+//! capacity with no record of gpuqueue's admission) is charged to its queue like any other pod,
+//! and it is the first to go.
 //! Newest first, and no more than needed, unadmitted pods are evicted when:
 //! - **their queue is over its ceiling** (guaranteed + burstable, counting only pods that are
 //!   not already leaving): until the queue is within its ceiling, or has no unadmitted pod

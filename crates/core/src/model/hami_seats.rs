@@ -1,6 +1,6 @@
 //! Which devices a running HAMi pod holds: the ones HAMi's device plugin names on the pod
-//! (`hami.io/vgpu-devices-allocated`), found by UUID among its node's HAMi devices, so that the snapshot
-//! seats the pod there rather than on the lowest free devices.
+//! (`hami.io/vgpu-devices-allocated`), found by UUID among its node's HAMi devices, so that the
+//! snapshot seats the pod there rather than on the lowest free devices.
 
 use std::collections::HashMap;
 use std::sync::Arc;

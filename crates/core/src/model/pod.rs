@@ -265,8 +265,8 @@ pub fn is_gated(pod: &k8s::Pod) -> bool {
 }
 
 /// Whether the pod is a reclaim's owner held at the gate until its victims are gone: marked as
-/// the owner, admitted and pinned, but still gated (see `crate::reclaim::OwnerRelease::OnceRoomIsFree`).
-/// It holds its quota and its room on the pinned node like a released owner.
+/// the owner, admitted and pinned, but still gated (`crate::reclaim::OwnerRelease`'s
+/// `OnceRoomIsFree`). It holds its quota and its room on the pinned node like a released owner.
 pub fn is_held_owner(pod: &k8s::Pod) -> bool {
     let notes = pod.metadata.annotations.as_ref();
     let note = |name: &str| notes.and_then(|a| a.get(name));
