@@ -129,6 +129,17 @@ fn burst_rows(bursts: &[Burst]) -> Vec<Row> {
             of.iter().filter_map(|b| b.last_found_blocked_ms).collect(),
             "",
         ));
+        // A floor under the round that no scheduler removes: its owner binds only once the
+        // GPU is free, after this victim's process exited within its grace period.
+        rows.push(row(
+            &format!("{prefix}slowest victim's termination (`victimsGone`), per round"),
+            mode,
+            of.iter()
+                .filter_map(|b| b.handovers.iter().map(|h| h.victims_gone_ms).max())
+                .map(ms)
+                .collect(),
+            "",
+        ));
         rows.push(row(
             &format!("{prefix}per pod: found blocked → seen bound"),
             mode,
