@@ -18,10 +18,11 @@ use std::fmt;
 use jiff::{SignedDuration, Timestamp};
 
 use crate::burst;
-use crate::devices::{Placement, ResolvedGpu, unit_cost};
+use crate::caps::{CapBlock, cap_filter};
+use crate::devices::{NodeState, Placement, Request};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::ledger::ResourceUsage;
-use crate::model::{AdmittedAs, DeviceMemory, Pod, PodKey};
+use crate::model::{AdmittedAs, Pod, PodKey};
 use crate::policy::Policy;
 use crate::quantity::{Milli, ResourceName};
 use crate::reclaim::{NoPlan, ReclaimPlan, plan_reclaim};
@@ -373,7 +374,7 @@ fn check(
             admitted_as,
         }));
     }
-    if let Some(reason) = cap_reason(snapshot, queue, pod, &caps) {
+    if let Some(reason) = cap_reason(snapshot, queue, pod, &caps, Request::admits) {
         return Err(reason);
     }
     let reclaim = if admitted_as == AdmittedAs::Guaranteed {
@@ -384,6 +385,13 @@ fn check(
     } else {
         None
     };
+    // A reclaim frees room only where the caps allow the pod: when they keep it off every node
+    // it could take, they are why it waits, not the borrowers.
+    if reclaim == Some(NoPlan::NoSuitableNode)
+        && let Some(reason) = cap_reason(snapshot, queue, pod, &caps, Request::fits_statically)
+    {
+        return Err(reason);
+    }
     let (resource, requested, largest_free, idle) = room(snapshot, pod);
     Err(WaitReason::NoRoom {
         queue: name,
@@ -472,90 +480,21 @@ pub fn idle_for_borrowing(snapshot: &Snapshot, queue: QueueId, resource: Resourc
         .saturating_sub(reserved)
 }
 
-/// A queue's room left under its GPU memory and compute caps for one resource of a pod.
-struct CapRoom {
-    gpu: ResolvedGpu,
-    memory_left_mib: Option<u64>,
-    cores_left_milli: Option<u64>,
-}
-
-/// Which of a queue's caps keeps the pod's devices off a node, for one resource.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum CapBlock {
-    Memory(ResourceId),
-    Cores(ResourceId),
-}
-
-/// For each node, the cap that keeps the pod's devices off it, if one does (what the pod's
-/// units take there: see `devices::unit_cost`). Memory is checked first.
-fn cap_filter(
-    snapshot: &Snapshot,
-    queue: QueueId,
-    pod: PodId,
-) -> impl Fn(NodeId) -> Option<CapBlock> + '_ {
-    let caps: Vec<CapRoom> = snapshot.slot(pod).map_or_else(Vec::new, |slot| {
-        slot.gpus
-            .iter()
-            .filter_map(|g| {
-                let usage = snapshot.usage_of(queue, g.resource)?;
-                let room = CapRoom {
-                    gpu: g.clone(),
-                    memory_left_mib: usage
-                        .memory_cap_mib
-                        .map(|cap| cap.saturating_sub(usage.memory_mib)),
-                    cores_left_milli: usage
-                        .cores_cap_milli
-                        .map(|cap| cap.saturating_sub(usage.cores_milli)),
-                };
-                (room.memory_left_mib.is_some() || room.cores_left_milli.is_some()).then_some(room)
-            })
-            .collect()
-    });
-    move |node: NodeId| {
-        let n = snapshot.node_state(node);
-        caps.iter().find_map(|cap| {
-            let resource = cap.gpu.resource;
-            let Some(pool) = n.pool(resource) else {
-                return Some(if cap.memory_left_mib.is_some() {
-                    CapBlock::Memory(resource)
-                } else {
-                    CapBlock::Cores(resource)
-                });
-            };
-            let cost = unit_cost(pool, &cap.gpu);
-            let units = u64::from(cap.gpu.count);
-            // Memory cannot be counted on a pool that does not say its devices' memory.
-            let memory_ok = cap.memory_left_mib.is_none_or(|left| {
-                (pool.memory_mib.is_some() || matches!(cap.gpu.memory, DeviceMemory::Mib(_)))
-                    && u64::from(cost.memory_mib) * units <= left
-            });
-            let cores_ok = cap
-                .cores_left_milli
-                .is_none_or(|left| u64::from(cost.milli) * units <= left);
-            if !memory_ok {
-                Some(CapBlock::Memory(resource))
-            } else if !cores_ok {
-                Some(CapBlock::Cores(resource))
-            } else {
-                None
-            }
-        })
-    }
-}
-
-/// The memory or compute cap reason, when a cap is what keeps the pod off every node with
-/// room: memory if it is what blocks on some node, else compute.
-fn cap_reason(
-    snapshot: &Snapshot,
+/// The memory or compute cap reason, when a cap is what keeps the pod off the nodes `on`
+/// selects (those with room, or those it could ever take): memory if it is what blocks on
+/// some node, else compute.
+fn cap_reason<'s>(
+    snapshot: &'s Snapshot,
     queue: QueueId,
     pod: PodId,
     caps: &dyn Fn(NodeId) -> Option<CapBlock>,
+    on: fn(&Request<'s>, &NodeState) -> bool,
 ) -> Option<WaitReason> {
     let slot = snapshot.slot(pod)?;
     let request = snapshot.request(&slot.pod)?;
     let blocks: Vec<CapBlock> = snapshot
         .node_states()
-        .filter(|(_, n)| request.admits(n))
+        .filter(|(_, n)| on(&request, n))
         .filter_map(|(id, _)| caps(id))
         .collect();
     let block = blocks

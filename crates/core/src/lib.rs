@@ -19,6 +19,7 @@
 //! - [`placement`]: node scorers (best-fit, GPU packing, FGD, ours) and tie-breaks.
 //! - [`policy`]: the scorer and tie-break the operator and the simulator both decide with, and
 //!   the placement search over a snapshot.
+//! - `caps`: the nodes a queue's GPU memory and compute caps keep a pod off.
 //! - [`reclaim`]: the node and minimal set of borrower pods to evict for an owner.
 //! - [`burst`]: the reclaims of one pass on one node kept minimal as a set.
 //! - [`pins`]: pinned pods kube-scheduler cannot bind lose their room (before the snapshot).
@@ -29,6 +30,7 @@
 
 pub mod admission;
 pub mod burst;
+mod caps;
 pub mod devices;
 pub mod enforcement;
 pub mod fragmentation;

@@ -5,6 +5,8 @@
 //! - only borrowers are candidates (see [`crate::ledger`]: the pods admitted last until the
 //!   borrowed amount is covered, a straddling pod included), so no victim queue goes below its
 //!   guarantee by a pod or more, and pods already part of a reclaim are left alone;
+//! - only on nodes the owner queue's GPU memory and compute caps allow it (`crate::caps`):
+//!   room freed elsewhere could not be the owner's without taking its queue above a cap;
 //! - victims are taken greedily in order of preference: those whose termination fits the
 //!   owner's budget first, then unadmitted pods (they hold quota without having passed
 //!   admission), then lower priority, then less work lost (most recently started, smaller
@@ -26,6 +28,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use gpuqueue_api::v1alpha1::CheckpointDriver;
 
+use crate::caps::cap_filter;
 use crate::devices::{NodeState, Request, Trial};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
 use crate::model::{CheckpointSettings, DeviceSet, Pod, PodKey, format_duration};
@@ -231,6 +234,9 @@ struct Eligible<'a> {
     borrowers: &'a [bool],
     floors: &'a [Option<SignedDuration>],
     budget: Duration,
+    /// The nodes the owner queue's GPU memory or compute caps keep the owner off: room freed
+    /// there would take the queue above its cap.
+    capped: &'a dyn Fn(NodeId) -> bool,
 }
 
 /// A candidate victim on a node with its preference key.
@@ -279,10 +285,12 @@ pub fn plan_reclaim(
                 .and_then(|d| SignedDuration::try_from(d).ok())
         })
         .collect();
+    let caps = cap_filter(snapshot, queue, owner);
     let eligible = Eligible {
         borrowers: &borrowers,
         floors: &floors,
         budget: snapshot.queue(queue).reclaim.budget,
+        capped: &|node| caps(node).is_some(),
     };
     let plan = best_node_plan(snapshot, &request, &eligible, now).map_err(|no| match no {
         NoPlan::BorrowersCannotMakeRoom { borrower_nodes: 0 } => NoPlan::NoBorrowers,
@@ -327,7 +335,7 @@ fn best_node_plan(
     };
     for spare_protected in [true, false] {
         for (id, n) in snapshot.node_states() {
-            if !request.fits_statically(n) {
+            if !request.fits_statically(n) || (eligible.capped)(id) {
                 continue;
             }
             suitable = true;

@@ -195,6 +195,73 @@ fn a_memory_request_over_the_queue_memory_cap_waits_naming_memory() {
     );
 }
 
+/// One whole device of `memory_mib`.
+fn one_device(name: &str, memory_mib: u64) -> Node {
+    gpu_node(
+        name,
+        GpuPool {
+            memory_mib: Some(memory_mib),
+            ..GpuPool::exclusive(GPU, 1)
+        },
+    )
+}
+
+fn whole_gpu(key: &str, created: i64) -> Pod {
+    pod_asking(key, GpuRequest::devices(GPU, 1), created)
+}
+
+#[test]
+fn a_reclaim_never_frees_room_the_memory_cap_forbids() {
+    // a is within its guarantee of 2 devices, but its one running pod holds its whole 80 GiB
+    // memory cap: evicting b's borrower would seat the owner above the cap.
+    let mut a = queue("a", 2, 0);
+    a.quotas[0].gpu_memory_mib = Some(81_920);
+    let snapshot = build(
+        vec![a, queue("b", 0, 1)],
+        vec![one_device("n1", 81_920), one_device("n2", 81_920)],
+        vec![
+            on(whole_gpu("a/x", 0), "n1"),
+            on(whole_gpu("b/y", 1), "n2"),
+            whole_gpu("a/p", 5),
+        ],
+    );
+    let p = snapshot.pod_id(&PodKey::new("a", "p")).unwrap();
+    let decision = decide(&snapshot, p, &Policy::default(), at(10));
+    let Decision::Wait(wait) = decision else {
+        panic!("must wait, not reclaim: {decision:?}");
+    };
+    assert_eq!(wait.reason.code(), "GpuMemoryCap", "{}", wait.reason);
+}
+
+#[test]
+fn a_reclaim_frees_room_where_the_memory_cap_allows() {
+    // 40 GiB of a's cap are left: the borrower on the 40 GiB device is the one to evict, not
+    // the one on the 80 GiB device.
+    let mut a = queue("a", 3, 0);
+    a.quotas[0].gpu_memory_mib = Some(122_880);
+    let snapshot = build(
+        vec![a, queue("b", 0, 2)],
+        vec![
+            one_device("n1", 81_920),
+            one_device("n2", 81_920),
+            one_device("n3", 40_960),
+        ],
+        vec![
+            on(whole_gpu("a/x", 0), "n1"),
+            on(whole_gpu("b/big", 2), "n2"),
+            on(whole_gpu("b/small", 1), "n3"),
+            whole_gpu("a/p", 5),
+        ],
+    );
+    let p = snapshot.pod_id(&PodKey::new("a", "p")).unwrap();
+    let decision = decide(&snapshot, p, &Policy::default(), at(10));
+    let Decision::Reclaim(plan) = decision else {
+        panic!("must reclaim: {decision:?}");
+    };
+    assert_eq!(plan.node_name, "n3");
+    assert_eq!(plan.victims[0].key, PodKey::new("b", "small"));
+}
+
 #[test]
 fn with_both_caps_the_one_that_blocks_is_named() {
     let mut a = queue("a", 8, 0);
