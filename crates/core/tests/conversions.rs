@@ -317,7 +317,11 @@ fn an_owner_held_at_the_gate_holds_its_room_and_a_gated_pod_without_all_its_mark
     );
     assert!(!p.unadmitted);
 
-    // Not pinned, not admitted, or a victim's mark: a gated pod like any other.
+    // Not pinned, not admitted, a victim's mark, or no reclaim named (nothing the operator
+    // could vouch for): a gated pod like any other.
+    let nameless = json!({
+        "gpuqueue.io/admitted-at": "2026-01-01T00:00:05Z", "gpuqueue.io/reclaim-role": "owner"
+    });
     let victim = json!({
         "gpuqueue.io/admitted-at": "2026-01-01T00:00:05Z",
         "gpuqueue.io/reclaim-id": "r-1", "gpuqueue.io/reclaim-role": "victim"
@@ -326,6 +330,7 @@ fn an_owner_held_at_the_gate_holds_its_room_and_a_gated_pod_without_all_its_mark
     for waiting in [
         held(marks, json!({"nvidia.com/gpu.product": "H100"})),
         held(unadmitted, pinned.clone()),
+        held(nameless, pinned.clone()),
         held(victim, pinned),
     ] {
         assert!(!is_held_owner(&waiting));

@@ -265,8 +265,11 @@ pub fn is_gated(pod: &k8s::Pod) -> bool {
 }
 
 /// Whether the pod is a reclaim's owner held at the gate until its victims are gone: marked as
-/// the owner, admitted and pinned, but still gated (`crate::reclaim::OwnerRelease`'s
-/// `OnceRoomIsFree`). It holds its quota and its room on the pinned node like a released owner.
+/// the owner of a named reclaim, admitted and pinned, but still gated
+/// (`crate::reclaim::OwnerRelease`'s `OnceRoomIsFree`). It holds its quota and its room on the
+/// pinned node like a released owner. The reclaim's name is required: it is what the operator
+/// checks against its queue's record, so a mark without one, written by anybody else, must
+/// not count as an admission.
 pub fn is_held_owner(pod: &k8s::Pod) -> bool {
     let notes = pod.metadata.annotations.as_ref();
     let note = |name: &str| notes.and_then(|a| a.get(name));
@@ -278,6 +281,7 @@ pub fn is_held_owner(pod: &k8s::Pod) -> bool {
     is_gated(pod)
         && pinned
         && note(annotations::RECLAIM_ROLE).is_some_and(|r| r == "owner")
+        && note(annotations::RECLAIM_ID).is_some_and(|id| !id.is_empty())
         && note(annotations::ADMITTED_AT).is_some()
 }
 
