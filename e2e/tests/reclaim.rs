@@ -764,11 +764,12 @@ struct Crashed {
     online: TempNamespace,
 }
 
-/// The PriorityClass an owner outranks the borrowers with, so it is held at the gate.
+/// The PriorityClass an owner outranks the borrowers with: kube-scheduler would preempt for it
+/// if it left the gate before its room is free.
 const OUTRANKS: &str = "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {name: online-first}\nvalue: 1000\n";
 
 /// Ends the operator right after `phase` of a handover (the crash hook); the owner `outranks`
-/// the borrowers (and is held at the gate until its victims are gone) or not.
+/// the borrowers or not.
 async fn crash_in_handover(phase: &str, outranks: bool) -> Crashed {
     let held = if outranks { "_held" } else { "" };
     let mut world = World::start_with(

@@ -29,11 +29,18 @@ pub fn keep_minimal(snapshot: &mut Snapshot, node: NodeId, plans: &mut [&mut Rec
     if dropped.is_empty() {
         return;
     }
+    for pod in &dropped {
+        snapshot.unmark_victim(*pod);
+    }
+    // An owner whose victim was put back counts on the others' room now: each waits for
+    // every victim left on the node but its own.
     for plan in plans.iter_mut() {
         plan.victims.retain(|v| !dropped.contains(&v.pod));
-    }
-    for pod in dropped {
-        snapshot.unmark_victim(pod);
+        plan.awaits = snapshot
+            .marked_victims_on(node)
+            .filter(|v| plan.victims.iter().all(|own| own.pod != *v))
+            .filter_map(|v| Some(snapshot.slot(v)?.pod.key.clone()))
+            .collect();
     }
 }
 

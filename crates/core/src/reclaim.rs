@@ -35,9 +35,12 @@ use crate::model::{CheckpointSettings, DeviceSet, Pod, PodKey, format_duration};
 use crate::quantity::{Milli, ResourceName};
 use crate::snapshot::promised::Promised;
 use crate::snapshot::{Attribution, Snapshot};
-use crate::termination::bind_reserve;
+use crate::termination::BIND_RESERVE;
 
-/// A reclaim to carry out: evict `victims`, then bind the owner to `node`.
+/// A reclaim to carry out: admit the owner and pin it to `node` but keep it at the gate, evict
+/// `victims`, and release it once they and those it `awaits` are gone. Released any earlier,
+/// kube-scheduler would try it on a node still full: it would try again only after its
+/// backoff (up to a second after the room is free), or preempt for it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReclaimPlan {
     pub owner: PodId,
@@ -59,25 +62,19 @@ pub struct ReclaimPlan {
     pub deadline: Timestamp,
     /// The expected termination of the slowest victim on the node (grace and history).
     pub termination: Duration,
-    /// What the budget keeps back after the checkpoint: `termination` plus the bind reserve
-    /// ([`crate::termination::bind_reserve`]).
+    /// What the budget keeps back after the checkpoint: `termination` plus
+    /// [`BIND_RESERVE`].
     pub eviction_reserve: Duration,
     /// Whether the checkpoints, the termination and the bind fit in the budget, from the plan.
     pub fit: BudgetFit,
-    /// When the owner leaves the gate.
-    pub owner_release: OwnerRelease,
-}
-
-/// When a reclaim's owner leaves the gate.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum OwnerRelease {
-    /// With its admission, at the start: it binds the moment its room is free.
-    AtStart,
-    /// Admitted and pinned at the start, released once its room is free. For an owner that
-    /// outranks a pod on the node (its PriorityClass): kube-scheduler, asked to bind it while
-    /// its victims are still there, would preempt for it, deleting pods it picks (a victim
-    /// before its checkpoint, or another queue's pod) with no checkpoint.
-    OnceRoomIsFree,
+    /// The victims of other reclaims on the node when the owner was planned. Its room is what
+    /// is left once they are gone too, so it leaves the gate only then.
+    pub awaits: Vec<PodKey>,
+    /// kube-scheduler would preempt for the owner on the node: it outranks a pod seated there
+    /// and its `preemptionPolicy` allows it. Such an owner stays at the gate until its room is
+    /// free even when the handover ends without it: released early, it would have pods the
+    /// plan did not choose deleted, with no checkpoint.
+    pub preempts: bool,
 }
 
 /// Whether a handover fits in its budget, from the time it is judged.
@@ -620,9 +617,12 @@ fn finish(
         .max()
         .unwrap_or_default();
     let owner_slot = snapshot.slot(owner);
-    let owner_release = owner_release(snapshot, n, owner_slot.map(|s| &*s.pod));
-    let eviction_reserve =
-        termination + bind_reserve(owner_release == OwnerRelease::OnceRoomIsFree);
+    let eviction_reserve = termination + BIND_RESERVE;
+    let awaits = snapshot
+        .marked_victims_on(plan.node)
+        .filter(|v| !plan.victims.contains(v))
+        .filter_map(|v| Some(snapshot.slot(v)?.pod.key.clone()))
+        .collect();
     let checkpoint_timeout = victims
         .iter()
         .filter(|v| v.checkpoint.driver != CheckpointDriver::None)
@@ -648,7 +648,8 @@ fn finish(
         termination,
         eviction_reserve,
         fit: BudgetFit::of(budget, eviction_reserve, checkpoint_timeout, Duration::ZERO),
-        owner_release,
+        awaits,
+        preempts: preempts_on(snapshot, n, owner_slot.map(|s| &*s.pod)),
     }
 }
 
@@ -683,23 +684,15 @@ fn victims_of(snapshot: &Snapshot, plan: &NodePlan, now: Timestamp) -> Vec<Victi
         .collect()
 }
 
-/// When `owner` leaves the gate on node `n`: once its room is free if kube-scheduler could
-/// preempt for it there (it outranks a pod seated there, and its `preemptionPolicy` allows
-/// it), else at once.
-fn owner_release(snapshot: &Snapshot, n: &NodeState, owner: Option<&Pod>) -> OwnerRelease {
-    let Some(owner) = owner.filter(|o| o.preempts) else {
-        return OwnerRelease::AtStart;
-    };
-    let outranks = n
-        .pods()
-        .iter()
-        .filter_map(|p| snapshot.slot(*p))
-        .any(|s| s.pod.priority < owner.priority);
-    if outranks {
-        OwnerRelease::OnceRoomIsFree
-    } else {
-        OwnerRelease::AtStart
-    }
+/// Whether kube-scheduler would preempt for `owner` on node `n`: it outranks a pod seated
+/// there and its `preemptionPolicy` allows it.
+fn preempts_on(snapshot: &Snapshot, n: &NodeState, owner: Option<&Pod>) -> bool {
+    owner.filter(|o| o.preempts).is_some_and(|owner| {
+        n.pods()
+            .iter()
+            .filter_map(|p| snapshot.slot(*p))
+            .any(|s| s.pod.priority < owner.priority)
+    })
 }
 
 impl fmt::Display for ReclaimPlan {

@@ -23,26 +23,12 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-/// Kept back beyond a victim's termination for the eviction call before it and
-/// kube-scheduler's bind of the owner after it (p99 117 ms and 50 ms in
-/// `e2e/results/handover.md`, with room to spare). The API's `BIND_RESERVE`.
+/// Kept back beyond a victim's termination for the eviction call before it, and after it the
+/// owner's release at the gate and kube-scheduler's bind (single handovers: p99 16-47 ms to
+/// have the eviction accepted, 14-18 ms from the victims gone to the owner bound, in
+/// `e2e/results/handover.md`; a burst, whose writes queue at the API server, takes more). The
+/// API's `BIND_RESERVE`.
 pub const BIND_RESERVE: Duration = Duration::from_millis(250);
-
-/// Kept back as well for an owner held at the gate until its room is free
-/// (`crate::reclaim::OwnerRelease::OnceRoomIsFree`): the operator seeing the victims gone and
-/// releasing the gate before kube-scheduler can bind it (one watch delay and one pod patch, as
-/// the `reserve` phase: p99 79 ms in a burst in `e2e/results/handover.md`).
-pub const RELEASE_RESERVE: Duration = Duration::from_millis(100);
-
-/// What the budget keeps back after the victims' termination: the eviction call and the bind,
-/// and the release of an owner `held` at the gate.
-pub fn bind_reserve(held: bool) -> Duration {
-    if held {
-        BIND_RESERVE + RELEASE_RESERVE
-    } else {
-        BIND_RESERVE
-    }
-}
 
 /// What a node is assumed to add to a victim's whole grace before any history: the kubelet's
 /// kill, status write and the pod's deletion after the grace period ends.

@@ -184,6 +184,9 @@ fn an_owner_that_fits_in_the_room_another_burst_owner_frees_takes_no_victim() {
     assert_eq!(plans.len(), 2);
     let victims: Vec<usize> = plans.iter().map(|p| p.victims.len()).collect();
     assert_eq!(victims, vec![1, 0]);
+    // The second leaves the gate only once the first one's victim is gone.
+    assert!(plans[0].awaits.is_empty());
+    assert_eq!(plans[1].awaits, vec![PodKey::new("batch", "b0")]);
 }
 
 #[test]
@@ -203,6 +206,10 @@ fn an_earlier_victim_a_later_one_makes_unneeded_is_put_back() {
         victims,
         vec![Vec::<String>::new(), vec!["batch/b0".to_string()]]
     );
+    // o0's room is now the large victim's: it waits for that one, and not for the small one
+    // it no longer evicts.
+    assert_eq!(plans[0].awaits, vec![PodKey::new("batch", "b0")]);
+    assert!(plans[1].awaits.is_empty());
     let small = s.pod_id(&PodKey::new("batch", "b1")).unwrap();
     assert!(
         s.pod(small).unwrap().reclaim.is_none(),

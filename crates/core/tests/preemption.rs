@@ -1,13 +1,14 @@
-//! A reclaim never lets kube-scheduler's own preemption act for its owner: an owner whose
-//! PriorityClass outranks a pod on the chosen node is held at the gate until its room is free,
-//! and one that outranks nobody there is released at once (the fast path).
+//! A reclaim never lets kube-scheduler's own preemption act for its owner. Every owner waits at
+//! the gate until its room is free; the plan says whether kube-scheduler would preempt for it
+//! on its node (its PriorityClass outranks a pod there), and such an owner stays at the gate
+//! even when its handover ends without the room.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 mod common;
 
 use common::world::{at, build, node, pending, queue, running};
-use gpuqueue_core::reclaim::{OwnerRelease, plan_reclaim};
+use gpuqueue_core::reclaim::plan_reclaim;
 
 /// Owner queue `a` (guaranteed 1) on one 2-GPU node, where `b` borrows a's GPU and `c` runs
 /// its own at priority `labs`; the owner has `priority`, and `preempts` unless its
@@ -26,7 +27,7 @@ fn plan_with(priority: i32, labs: i32, preempts: bool) -> bool {
     let owner = snapshot.add_pod(owner).unwrap();
     let plan = plan_reclaim(&snapshot, owner, at(100)).unwrap();
     assert_eq!(plan.victims[0].key.to_string(), "b/b0");
-    plan.owner_release == OwnerRelease::OnceRoomIsFree
+    plan.preempts
 }
 
 fn plan(priority: i32, labs: i32) -> bool {
@@ -34,7 +35,7 @@ fn plan(priority: i32, labs: i32) -> bool {
 }
 
 #[test]
-fn an_owner_that_outranks_a_pod_on_its_node_is_held_until_its_room_is_free() {
+fn an_owner_that_outranks_a_pod_on_its_node_is_planned_as_one_kube_scheduler_preempts_for() {
     // Above the victim (the usual online-over-batch classes), or only above a bystander.
     assert!(plan(1000, 0));
     assert!(plan(0, -10));

@@ -37,7 +37,7 @@ use gpuqueue_core::model::{
     CheckpointSettings, Namespace, Node, Pod, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
 use gpuqueue_core::quantity::Milli;
-use gpuqueue_core::reclaim::{NoPlan, OwnerRelease, ReclaimPlan};
+use gpuqueue_core::reclaim::{NoPlan, ReclaimPlan};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
@@ -894,11 +894,8 @@ pub fn sample_handover(
         })
         .collect();
     let last = victims.iter().map(|v| v.gone).max().unwrap_or(intent);
-    let released = if plan.owner_release == OwnerRelease::OnceRoomIsFree {
-        last + sample_latency(model.api, rng)
-    } else {
-        last
-    };
+    // The operator sees the victims gone and releases the owner; kube-scheduler binds it.
+    let released = last + sample_latency(model.api, rng);
     Handover {
         victims,
         owner_bound: released + sample_latency(model.api, rng),

@@ -381,7 +381,7 @@ fn summary(facts: &Facts<'_>) -> String {
     };
     if facts.held {
         return format!(
-            "admitted, {place}; held at the gate until its reclaim's victims are gone (it outranks a pod on the node, so kube-scheduler must not try to place it before)"
+            "admitted, {place}; held at the gate until its reclaim's victims are gone (kube-scheduler tries it only once its room is free)"
         );
     }
     if let Some(reclaim) = facts.reclaim
@@ -468,7 +468,7 @@ mod tests {
                     ),
                     vec![batch_queue(true)],
                 ),
-                "admitted, pinned to node gpu-node-1, not bound yet; held at the gate until its reclaim's victims are gone (it outranks a pod on the node, so kube-scheduler must not try to place it before)",
+                "admitted, pinned to node gpu-node-1, not bound yet; held at the gate until its reclaim's victims are gone (kube-scheduler tries it only once its room is free)",
             ),
             (
                 "over its ceiling",

@@ -266,7 +266,7 @@ pub fn is_gated(pod: &k8s::Pod) -> bool {
 
 /// Whether the pod is a reclaim's owner held at the gate until its victims are gone: marked as
 /// the owner of a named reclaim, admitted and pinned, but still gated
-/// (`crate::reclaim::OwnerRelease`'s `OnceRoomIsFree`). It holds its quota and its room on the
+/// (`crate::reclaim::ReclaimPlan`). It holds its quota and its room on the
 /// pinned node like a released owner. The reclaim's name is required: it is what the operator
 /// checks against its queue's record, so a mark without one, written by anybody else, must
 /// not count as an admission.

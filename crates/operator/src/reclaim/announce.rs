@@ -9,8 +9,8 @@ use std::time::Duration;
 use gpuqueue_api::conditions::reasons;
 use gpuqueue_core::{
     model::format_duration,
-    reclaim::{BudgetFit, OwnerRelease},
-    termination::{MIN_SAMPLES, TERMINATION_PRIOR, bind_reserve},
+    reclaim::BudgetFit,
+    termination::{BIND_RESERVE, MIN_SAMPLES, TERMINATION_PRIOR},
 };
 
 use super::{
@@ -94,9 +94,7 @@ impl Reclaimer {
         let slowest = handover.victims.iter().max_by_key(|v| v.grace)?;
         let budget = format_duration(handover.timeline.budget);
         let queue = &handover.owner_queue;
-        let held = handover.owner_release == OwnerRelease::OnceRoomIsFree;
-        let bind = bind_reserve(held);
-        let termination = handover.eviction_reserve.saturating_sub(bind);
+        let termination = handover.eviction_reserve.saturating_sub(BIND_RESERVE);
         let observed = self.terminations.observed(&handover.node);
         let node_adds = if observed < MIN_SAMPLES {
             format!(
@@ -107,17 +105,12 @@ impl Reclaimer {
             format!("what the node added to the last {observed} victims it saw go (p95)")
         };
         let why = format!(
-            "the victims' termination takes {} on node {} (victimGracePeriodSeconds {} of queue {}, plus {node_adds}) and {} {}",
+            "the victims' termination takes {} on node {} (victimGracePeriodSeconds {} of queue {}, plus {node_adds}) and the eviction call, the owner's release at the gate and its bind {}",
             format_duration(termination),
             handover.node,
             slowest.grace.as_secs(),
             slowest.queue,
-            if held {
-                "the owner's release at the gate and its bind"
-            } else {
-                "the bind"
-            },
-            format_duration(bind)
+            format_duration(BIND_RESERVE)
         );
         let victims = victim_list(handover);
         match handover.fit {

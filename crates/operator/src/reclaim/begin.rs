@@ -1,18 +1,18 @@
 //! Starting a handover from the core's plan, inside the admission pass that made it: the
 //! reclaim recorded in its owner queue's status (the only evidence its pod annotations are
 //! believed, see [`super::trust`]), the intent on every victim, then the owner's intent together
-//! with its release, in the order [`super::resume`] relies on. What a failed start wrote is
-//! taken back.
+//! with its admission and pin, in the order [`super::resume`] relies on (the owner keeps its
+//! gate until its room is free: [`super::release`]). What a failed start wrote is taken back.
 //!
 //! A burst starts many handovers in one pass: each is [`prepared`](Reclaimer::prepare) (no
 //! write), every one of an owner queue is recorded in one status write
 //! ([`Reclaimer::record_in_flight`]), and their pods are written, all at once.
 //!
 //! The victims' intents are written while that status write is in flight, and the owner is
-//! released only once both landed: one round trip less before the eviction, and as crash-safe.
+//! admitted only once both landed: one round trip less before the eviction, and as crash-safe.
 //! A leader that stops in between leaves either an entry whose pods carry nothing (forgotten
 //! once its deadline passed, like a start that failed) or marks no entry vouches for (ignored
-//! and never trusted, [`super::trust`]); an owner is never released, and no victim evicted,
+//! and never trusted, [`super::trust`]); an owner is never admitted, and no victim evicted,
 //! before its reclaim is recorded and every victim marked.
 
 use std::sync::Arc;
@@ -31,7 +31,7 @@ use tracing::{Instrument, Span};
 use gpuqueue_api::v1alpha1::ReclaimInFlight;
 
 use super::{
-    handover::{self, Handover, HandoverPod, PassTiming, Victim, checkpoint_policy},
+    handover::{self, Handover, HandoverPod, OwnerRelease, PassTiming, Victim, checkpoint_policy},
     in_flight::{self, InFlightError},
     intent::{self, Intent, VictimRef},
     reclaimer::Reclaimer,
@@ -219,7 +219,7 @@ impl Reclaimer {
         timeline.end(Phase::Intent, Instant::now());
         self.crash_after(Phase::Intent, &intent.id);
 
-        // 2. Reserve: the owner's intent and its release, in one patch.
+        // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated).
         let owner = match self
             .reserve_owner(term, owner, plan, &intent, found.started_at, &marked)
             .await
@@ -230,7 +230,8 @@ impl Reclaimer {
         timeline.end(Phase::Reserve, Instant::now());
         self.crash_after(Phase::Reserve, &intent.id);
 
-        let handover = reserved_handover(plan, intent.id, &owner, &marked, timeline);
+        let awaits = self.awaited(&plan.awaits);
+        let handover = reserved_handover(plan, intent.id, &owner, &marked, timeline, awaits);
         self.metrics.started(Instant::now());
         self.announce_start(&handover);
         Ok(Reservation {
@@ -313,8 +314,8 @@ impl Reclaimer {
         Ok(marked)
     }
 
-    /// Writes the owner's intent and its release (pin and gate) in one patch, as admitted
-    /// within its guarantee at `at`; the owner as the API server returned it. On a failure,
+    /// Writes the owner's intent, admission and pin in one patch, as admitted within its
+    /// guarantee at `at`, keeping its gate; the owner as the API server returned it. On a failure,
     /// the victims' intents (`marked`) are taken back.
     async fn reserve_owner(
         &self,
@@ -329,13 +330,13 @@ impl Reclaimer {
             self.take_back(marked, &intent.id).await;
             return Err(BeginError::NotLeader);
         }
-        let release = patch::Admission {
+        let admission = patch::Admission {
             node_pin: &plan.pin,
             queue: &plan.owner_queue,
             admitted_as: AdmittedAs::Guaranteed.as_str(),
             at,
         };
-        let released = match intent::owner_patch(owner, intent, &release, plan.owner_release) {
+        let released = match intent::owner_patch(owner, intent, &admission) {
             Ok(patch) => self.patch_pod(owner, patch).await,
             Err(error) => Err(error),
         };
@@ -384,6 +385,7 @@ fn reserved_handover(
     owner: &Pod,
     marked: &[Pod],
     timeline: Timeline,
+    awaits: Vec<HandoverPod>,
 ) -> Handover {
     let victims = plan
         .victims
@@ -403,7 +405,10 @@ fn reserved_handover(
         overrides_min_borrow: plan.overrides_min_borrow,
         eviction_reserve: plan.eviction_reserve,
         fit: plan.fit,
-        owner_release: plan.owner_release,
+        release: OwnerRelease {
+            awaits,
+            preempts: plan.preempts,
+        },
     }
 }
 

@@ -98,9 +98,7 @@ impl Reclaimer {
             .map(|v| v.grace)
             .max()
             .unwrap_or_default();
-        let settled = self
-            .settle(&term, &mut handover, deadline + grace, SETTLE_LIMIT)
-            .await;
+        let settled = self.settle(&term, &mut handover, deadline + grace).await;
         let Some(settled) = settled else {
             return HandoverEnd {
                 id,
@@ -236,24 +234,23 @@ impl Reclaimer {
         Some((checkpoint_result(victim, &report), done))
     }
 
-    /// Waits until the store shows every victim gone and the owner bound, until `terminated`
-    /// (the deadline plus the victims' grace) and `beyond` more; only until `terminated` when
-    /// each victim left is held by finalizers then, which no wait of ours removes. `None` when
-    /// the term ended first.
+    /// Releases the owner once its room is free and waits until the store shows every victim
+    /// gone and the owner bound, until `terminated` (the deadline plus the victims' grace) and
+    /// [`SETTLE_LIMIT`] more; only until `terminated` when each victim left is held by
+    /// finalizers then, which no wait of ours removes. `None` when the term ended first.
     async fn settle(
         &self,
         term: &Term,
         handover: &mut Handover,
         terminated: Instant,
-        beyond: Duration,
     ) -> Option<Settlement> {
-        let limit = terminated + beyond;
+        let limit = terminated + SETTLE_LIMIT;
         let mut changes = self.stores.changes();
         let mut term_watch = term.clone();
         let mut crashed_checked = false;
         let mut gone_at = vec![None; handover.victims.len()];
         let mut held_claims = false;
-        let mut release = PendingRelease::of(handover);
+        let mut release = PendingRelease::of(self, handover);
         loop {
             changes.borrow_and_update();
             let now = Instant::now();
@@ -301,12 +298,15 @@ impl Reclaimer {
             let stuck =
                 now >= terminated && held.len() == gone_at.iter().filter(|g| g.is_none()).count();
             if (gone && bound.is_some()) || owner_gone || now >= limit || (!gone && stuck) {
+                let unbound = !owner_gone && bound.is_none();
+                let gated = release.at_end(self, term, handover, unbound).await;
                 return Some(Settlement {
                     gone,
                     gone_at,
                     bound,
                     owner_gone,
                     held,
+                    gated,
                 });
             }
             let wake = if now < terminated { terminated } else { limit };
@@ -484,6 +484,8 @@ struct Settlement {
     owner_gone: bool,
     /// Victims still terminating because finalizers hold them, with those finalizers.
     held: Vec<(PodKey, Vec<String>)>,
+    /// The owner was still at the gate when the wait ended: its room was never free.
+    gated: bool,
 }
 
 /// Each victim's termination (eviction accepted by this process to gone) with its grace, for
@@ -508,9 +510,10 @@ fn terminations(
 }
 
 impl Settlement {
-    /// The victims are gone, the owner is still there, and kube-scheduler did not bind it.
+    /// The victims are gone, the owner was released and is still there, and kube-scheduler
+    /// did not bind it.
     fn owner_not_bound(&self) -> bool {
-        self.gone && self.bound.is_none() && !self.owner_gone
+        self.gone && !self.gated && self.bound.is_none() && !self.owner_gone
     }
 }
 
@@ -545,6 +548,9 @@ fn outcome(settled: &Settlement, removals: &[VictimRemoval]) -> String {
             ),
             None => "VictimsNotGone: a victim was still terminating at the limit".into(),
         },
+        (None, true) if settled.gated => {
+            "RoomNotFree: the victims are gone but victims of other reclaims on the node, whose room the owner counted on, were still there at the limit".into()
+        }
         (None, true) => {
             "OwnerNotBound: the victims are gone but kube-scheduler has not bound the owner".into()
         }
@@ -657,6 +663,7 @@ mod tests {
             bound: None,
             owner_gone: false,
             held: Vec::new(),
+            gated: false,
         };
         assert_eq!(
             terminations(&victims, &removals, &settled),
@@ -673,6 +680,7 @@ mod tests {
             bound: bound.map(str::to_owned),
             owner_gone,
             held: Vec::new(),
+            gated: false,
         };
         assert_eq!(
             outcome(&settled(true, Some("n"), false), &evicted),
@@ -687,6 +695,13 @@ mod tests {
             "{stuck}"
         );
         assert!(outcome(&settled(true, None, false), &evicted).starts_with("OwnerNotBound"));
+        let mut waiting = settled(true, None, false);
+        waiting.gated = true;
+        assert!(
+            !waiting.owner_not_bound(),
+            "never released: nothing to requeue"
+        );
+        assert!(outcome(&waiting, &evicted).starts_with("RoomNotFree"));
         assert!(outcome(&settled(true, None, true), &evicted).starts_with("OwnerGone"));
         let failed = [removal(Eviction::Failed {
             error: "forbidden".into(),

@@ -11,7 +11,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_core::{
     model::{CheckpointSettings, PodKey},
-    reclaim::{BudgetFit, OwnerRelease},
+    reclaim::BudgetFit,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
@@ -126,8 +126,19 @@ pub struct Handover {
     /// Whether the checkpoint, the termination and the bind fit in the budget, as judged when
     /// the handover was planned (or resumed).
     pub fit: BudgetFit,
-    /// When the owner leaves the gate; resumed: `OnceRoomIsFree` while it is still gated.
-    pub owner_release: OwnerRelease,
+    /// When the owner leaves the gate.
+    pub release: OwnerRelease,
+}
+
+/// When a handover's owner leaves the gate ([`super::release`]).
+#[derive(Clone, Debug)]
+pub struct OwnerRelease {
+    /// The victims of other reclaims on the node whose room the owner counts on too: it
+    /// leaves the gate once they and its own are gone.
+    pub awaits: Vec<HandoverPod>,
+    /// kube-scheduler would preempt for the owner on the node: it stays at the gate until its
+    /// room is free even when the handover ends without it (resumed: assumed).
+    pub preempts: bool,
 }
 
 /// The span every log line of one handover carries, from its start to its end.

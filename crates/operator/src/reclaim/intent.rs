@@ -25,8 +25,6 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use gpuqueue_core::reclaim::OwnerRelease;
-
 use crate::writes::pod::{self as patch, PatchError};
 
 /// `gpuqueue.io/reclaim-role` of the pod the GPUs are freed for.
@@ -153,21 +151,17 @@ pub fn victim_intent_patch(pod: &Pod, intent: &Intent) -> Result<json_patch::Pat
 }
 
 /// The owner's patch: its intent and its admission in one atomic write. It tests the owner's
-/// uid, `resourceVersion` and gate, adds the intent annotations, pins the node and releases the
-/// gate (see [`patch::admission_patch`]), or keeps it for an owner released once its room is
-/// free ([`patch::release_patch`]). An owner therefore never carries an intent
-/// without its admission, and it always had every victim's intent recorded first.
+/// uid, `resourceVersion` and gate, adds the intent annotations and pins the node, but keeps
+/// the gate until the owner's room is free ([`patch::held_admission_patch`], then
+/// [`patch::release_patch`]). An owner therefore never carries an intent without its
+/// admission, and it always had every victim's intent recorded first.
 pub fn owner_patch(
     pod: &Pod,
     intent: &Intent,
-    release: &patch::Admission<'_>,
-    when: OwnerRelease,
+    admission: &patch::Admission<'_>,
 ) -> Result<json_patch::Patch, PatchError> {
     let mut operations = preconditions(pod)?;
-    let admission = match when {
-        OwnerRelease::AtStart => patch::admission_patch(pod, release)?,
-        OwnerRelease::OnceRoomIsFree => patch::held_admission_patch(pod, release)?,
-    };
+    let admission = patch::held_admission_patch(pod, admission)?;
     let mut released = serde_json::to_value(&admission)
         .map_err(|source| PatchError::Encode {
             pod: patch::describe(pod),
@@ -333,61 +327,40 @@ mod tests {
     }
 
     #[test]
-    fn the_owner_is_marked_pinned_and_released_at_once() {
+    fn the_owner_is_marked_and_pinned_at_the_gate_and_released_later() {
         let owner = pod(Some(json!({"gpuqueue.io/waiting-reason": "x"})), true);
-        let release = patch::Admission {
+        let admission = patch::Admission {
             node_pin: "gpu-node-2",
             queue: "online",
             admitted_as: gpuqueue_core::model::AdmittedAs::Guaranteed.as_str(),
             at: "2026-01-01T00:00:00Z".parse().unwrap(),
         };
-        let done = apply(
-            &owner,
-            &owner_patch(&owner, &intent(), &release, OwnerRelease::AtStart).unwrap(),
-        )
-        .unwrap();
-        let mark = Mark::read(&done).unwrap();
+        let held = apply(&owner, &owner_patch(&owner, &intent(), &admission).unwrap()).unwrap();
+        let mark = Mark::read(&held).unwrap();
         assert_eq!(mark.role, Some(Role::Owner));
         assert_eq!(
             mark.victims,
             intent().victims,
             "the owner lists every victim"
         );
-        let spec = done.spec.unwrap();
-        assert!(spec.scheduling_gates.unwrap_or_default().is_empty());
+        assert!(gpuqueue_core::model::is_held_owner(&held));
+        let spec = held.spec.as_ref().unwrap();
         assert_eq!(
-            spec.node_selector.unwrap()["kubernetes.io/hostname"],
+            spec.node_selector.as_ref().unwrap()["kubernetes.io/hostname"],
             "gpu-node-2"
         );
-        let notes = done.metadata.annotations.unwrap();
+        let notes = held.metadata.annotations.as_ref().unwrap();
         assert_eq!(notes[annotations::QUEUE], "online");
         assert!(!notes.contains_key(annotations::WAITING_REASON));
 
-        // Not gated any more (someone else released it): no intent, no release.
-        let released = pod(None, false);
-        assert!(owner_patch(&released, &intent(), &release, OwnerRelease::AtStart).is_err());
-    }
-
-    #[test]
-    fn a_held_owner_is_marked_and_pinned_at_the_gate_and_released_later() {
-        let owner = pod(None, true);
-        let release = patch::Admission {
-            node_pin: "gpu-node-2",
-            queue: "online",
-            admitted_as: gpuqueue_core::model::AdmittedAs::Guaranteed.as_str(),
-            at: "2026-01-01T00:00:00Z".parse().unwrap(),
-        };
-        let held = apply(
-            &owner,
-            &owner_patch(&owner, &intent(), &release, OwnerRelease::OnceRoomIsFree).unwrap(),
-        )
-        .unwrap();
-        assert_eq!(Mark::read(&held).unwrap().role, Some(Role::Owner));
-        assert!(gpuqueue_core::model::is_held_owner(&held));
         let released = apply(&held, &patch::release_patch(&held).unwrap()).unwrap();
         assert!(!gpuqueue_core::model::is_gated(&released));
         assert_eq!(Mark::read(&released).unwrap().role, Some(Role::Owner));
         assert!(patch::release_patch(&released).is_err(), "released once");
+
+        // Not gated any more (someone else released it): no intent, no admission.
+        let ungated = pod(None, false);
+        assert!(owner_patch(&ungated, &intent(), &admission).is_err());
     }
 
     #[test]

@@ -91,12 +91,12 @@ impl Reclaimer {
         }
     }
 
-    /// `Some(pod)` if the store holds the target (same uid).
     /// Exits the process if the test hook asks to crash after `phase` (see `super::crash`).
     pub(super) fn crash_after(&self, phase: Phase, reclaim: &str) {
         super::crash::check(self.crash, phase, reclaim);
     }
 
+    /// `Some(pod)` if the store holds the target (same uid).
     pub(super) fn stored(&self, target: &HandoverPod) -> Option<Arc<Pod>> {
         self.stores
             .pods

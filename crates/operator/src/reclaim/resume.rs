@@ -25,7 +25,7 @@ use std::sync::Arc;
 use gpuqueue_api::v1alpha1::CheckpointDriver;
 use gpuqueue_core::{
     model::{ReclaimSettings, is_gated, is_held_owner},
-    reclaim::{BudgetFit, OwnerRelease},
+    reclaim::BudgetFit,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -33,7 +33,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use super::{
-    handover::{Handover, HandoverPod, Victim, admitted_queue, checkpoint_policy},
+    handover::{Handover, HandoverPod, OwnerRelease, Victim, admitted_queue, checkpoint_policy},
     intent::{self, Mark, Role},
     reclaimer::Reclaimer,
     timeline::Timeline,
@@ -174,12 +174,11 @@ impl Reclaimer {
         }
         let timeline = Timeline::resumed(entry.started_at.0, budget, now, now_at);
         let grace = rebuilt.iter().map(|v| v.grace).max().unwrap_or_default();
-        let owner_release = if is_held_owner(owner) {
-            OwnerRelease::OnceRoomIsFree
-        } else {
-            OwnerRelease::AtStart
-        };
-        let eviction_reserve = self.terminations.reserve(&entry.node, grace, owner_release);
+        let eviction_reserve = self.terminations.reserve(&entry.node, grace);
+        // The plan is gone: the owner waits for every other victim on its node, and is
+        // assumed to be one kube-scheduler would preempt for.
+        let own: Vec<HandoverPod> = rebuilt.iter().map(|v| v.target.clone()).collect();
+        let awaits = self.victims_on(&entry.node, &own);
         // Only victims still to be called checkpoint: the others' time is spent or not needed.
         let checkpoint = rebuilt
             .iter()
@@ -202,7 +201,10 @@ impl Reclaimer {
             overrides_min_borrow: false,
             eviction_reserve,
             fit,
-            owner_release,
+            release: OwnerRelease {
+                awaits,
+                preempts: true,
+            },
         }
     }
 

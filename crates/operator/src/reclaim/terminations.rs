@@ -16,8 +16,7 @@ use std::time::Duration;
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_core::{
     model::{Queue, ReclaimSettings},
-    reclaim::OwnerRelease,
-    termination::{Terminations, bind_reserve},
+    termination::Terminations,
 };
 use tokio::time::Instant;
 
@@ -65,13 +64,9 @@ impl ObservedTerminations {
         crate::sync::lock(&self.0).terminations.observed(node)
     }
 
-    /// What the budget keeps back for victims with `grace` on `node`, for an owner released
-    /// at `release`, as the core's rule says.
-    pub fn reserve(&self, node: &str, grace: Duration, release: OwnerRelease) -> Duration {
-        crate::sync::lock(&self.0)
-            .terminations
-            .expected(node, grace)
-            + bind_reserve(release == OwnerRelease::OnceRoomIsFree)
+    /// What the budget keeps back for victims with `grace` on `node`, as the core's rule says.
+    pub fn reserve(&self, node: &str, grace: Duration) -> Duration {
+        crate::sync::lock(&self.0).terminations.reserve(node, grace)
     }
 
     /// Counts the records of `queues` not counted yet, and returns every termination known.
