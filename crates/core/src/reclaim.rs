@@ -12,7 +12,8 @@
 //!   admission), then lower priority, then less work lost (most recently started, smaller
 //!   checkpoint cost); a fill-back pass then puts back every victim the owner can do without,
 //!   which makes the set minimal (removing any victim left breaks the fit) — the lesson of
-//!   Kueue's over-eviction;
+//!   Kueue's over-eviction; then a smaller set is looked for, since minimal is not fewest (one
+//!   four-GPU borrower may do what four one-GPU ones do): the most preferred of the fewest;
 //! - across nodes a plan whose victims' termination fits the budget wins, then the one with
 //!   the fewest victims, then the lowest victim priority, then the least work lost;
 //! - a borrower younger than its queue's `minBorrowDuration` is spared, unless no plan exists
@@ -582,6 +583,7 @@ fn plan_on_node(
             try_release(trial, snapshot, chosen[i], 1);
         }
     }
+    fewest(snapshot, candidates, chosen, trial, &mut fits);
     let (mut overruns, mut max_priority, mut cost, mut work) = (false, i32::MIN, 0u64, 0i64);
     for c in candidates.iter().filter(|c| chosen.contains(&c.pod)) {
         overruns |= !c.fits;
@@ -590,6 +592,86 @@ fn plan_on_node(
         work += now.duration_since(c.running_since).as_secs().max(0);
     }
     Some((overruns, chosen.len(), max_priority, cost, work))
+}
+
+/// Most room checks spent on one node looking for fewer victims than the greedy set (every
+/// set of up to 8 candidates is 255 checks).
+const FEWEST_CHECKS: usize = 512;
+
+/// Replaces `chosen`, a minimal set released on `trial`, by the fewest `candidates` that make
+/// room, when there are fewer: greedy removal in preference order keeps no victim the owner
+/// could do without, but four one-GPU borrowers may be taken where one four-GPU borrower would
+/// do. Sets are tried smallest first, each size in preference order, so the first that fits is
+/// the most preferred of the fewest; only among candidates as good as the greedy set's on the
+/// budget and `minBorrowDuration`, and within [`FEWEST_CHECKS`] (beyond it, the greedy set).
+fn fewest(
+    snapshot: &Snapshot,
+    candidates: &[Candidate<'_>],
+    chosen: &mut Vec<PodId>,
+    trial: &mut Trial,
+    fits: &mut dyn FnMut(&Trial) -> bool,
+) {
+    let greedy = chosen.len();
+    if greedy < 2 {
+        return;
+    }
+    let worst = candidates.iter().filter(|c| chosen.contains(&c.pod));
+    let (all_fit, none_protected) =
+        worst.fold((true, true), |(f, p), c| (f && c.fits, p && !c.protected));
+    let pool: Vec<PodId> = candidates
+        .iter()
+        .filter(|c| (c.fits || !all_fit) && (!c.protected || !none_protected))
+        .map(|c| c.pod)
+        .collect();
+    let release = |trial: &mut Trial, set: &[usize], sign: i8| {
+        for i in set {
+            try_release(trial, snapshot, pool[*i], sign);
+        }
+    };
+    for p in chosen.iter() {
+        try_release(trial, snapshot, *p, -1);
+    }
+    let mut checks = FEWEST_CHECKS;
+    let mut found = None;
+    'sizes: for size in 1..greedy.min(pool.len() + 1) {
+        let mut set: Vec<usize> = (0..size).collect();
+        loop {
+            if checks == 0 {
+                break 'sizes;
+            }
+            checks -= 1;
+            release(trial, &set, 1);
+            let room = fits(trial);
+            release(trial, &set, -1);
+            if room {
+                found = Some(set);
+                break 'sizes;
+            }
+            if !next_combination(&mut set, pool.len()) {
+                break;
+            }
+        }
+    }
+    if let Some(set) = found {
+        *chosen = set.iter().map(|i| pool[*i]).collect();
+    }
+    for p in chosen.iter() {
+        try_release(trial, snapshot, *p, 1);
+    }
+}
+
+/// Advances `set` (ascending indices below `n`) to the next combination of its size in
+/// lexicographic order; `false` after the last.
+fn next_combination(set: &mut [usize], n: usize) -> bool {
+    let size = set.len();
+    let Some(i) = (0..size).rev().find(|&i| set[i] < n - size + i) else {
+        return false;
+    };
+    set[i] += 1;
+    for j in i + 1..size {
+        set[j] = set[j - 1] + 1;
+    }
+    true
 }
 
 fn finish(

@@ -288,6 +288,27 @@ proptest! {
                 snapshot.restore(removal).unwrap();
                 prop_assert!(!fits, "victim {:?} is not needed", keep);
             }
+            // Fewest: no smaller set of the node's borrowers makes room.
+            let owner_queue = snapshot.pod_queue(owner);
+            let borrowers: Vec<PodId> = snapshot
+                .queue_ids()
+                .filter(|q| Some(*q) != owner_queue)
+                .flat_map(|q| snapshot.borrowers(q))
+                .filter(|p| snapshot.pod_node(*p) == Some(plan.node))
+                .collect();
+            for mask in 0u32..(1 << borrowers.len()) {
+                if mask.count_ones() as usize >= ids.len() {
+                    continue;
+                }
+                let set: Vec<PodId> = (0..borrowers.len())
+                    .filter(|i| mask & (1 << i) != 0)
+                    .map(|i| borrowers[i])
+                    .collect();
+                let removal = snapshot.simulate_removal(&set);
+                let fits = owner_fits(&snapshot, &owner_pod, plan.node);
+                snapshot.restore(removal).unwrap();
+                prop_assert!(!fits, "{:?} is a smaller set than the plan's {:?}", set, ids);
+            }
         }
     }
 

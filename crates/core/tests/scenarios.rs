@@ -83,6 +83,30 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "one large borrower is evicted rather than four more recent small ones",
+            world: || {
+                build(
+                    vec![queue("a", 4, 0), queue("b", 0, 8)],
+                    vec![node("n1", 8)],
+                    vec![
+                        running("b/big", 4, "n1", 0),
+                        running("b/s1", 1, "n1", 10),
+                        running("b/s2", 1, "n1", 11),
+                        running("b/s3", 1, "n1", 12),
+                        running("b/s4", 1, "n1", 13),
+                        pending("a/o", 4, 20),
+                    ],
+                )
+            },
+            pod: "a/o",
+            now: 100,
+            expect: Expect::Reclaim {
+                node: "n1",
+                victims: &["b/big"],
+                overrides_min_borrow: false,
+            },
+        },
+        Case {
             name: "a borrower is refused at its ceiling, with the numbers",
             world: two_tenants_b_borrowing,
             pod: "b/more",
