@@ -35,9 +35,9 @@
 //! sets the operator's log filter (default `info`), e.g. `info,gpuqueue_operator=debug`.
 //!
 //! `BENCH_OWNER_PRIORITY=<value>` gives every owner a PriorityClass of that value above the
-//! borrowers' 0, so the operator holds each owner at the gate until its victims are gone (an
-//! owner that outranks a pod on its node, README "Reclaim"): what that costs against the
-//! default, where owners and borrowers rank equal.
+//! borrowers' 0, one kube-scheduler would preempt for if it left the gate before its room is
+//! free (README "Reclaim"): its handovers should measure as the default's, where owners and
+//! borrowers rank equal.
 //!
 //! `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build (a smoke run of the benchmark
 //! itself, without the release build's minutes of compiling; its figures are not the result).

@@ -10,7 +10,7 @@
 
 use crate::devices::Trial;
 use crate::ids::{NodeId, PodId};
-use crate::reclaim::ReclaimPlan;
+use crate::reclaim::{ReclaimPlan, awaited_victims};
 use crate::snapshot::Snapshot;
 
 /// Puts back every victim of `plans` (this pass's plans on `node`, in planning order) that the
@@ -32,15 +32,16 @@ pub fn keep_minimal(snapshot: &mut Snapshot, node: NodeId, plans: &mut [&mut Rec
     for pod in &dropped {
         snapshot.unmark_victim(*pod);
     }
-    // An owner whose victim was put back counts on the others' room now: each waits for
-    // every victim left on the node but its own.
+    // An owner whose victim was put back counts on the others' room now.
     for plan in plans.iter_mut() {
         plan.victims.retain(|v| !dropped.contains(&v.pod));
-        plan.awaits = snapshot
-            .marked_victims_on(node)
-            .filter(|v| plan.victims.iter().all(|own| own.pod != *v))
-            .filter_map(|v| Some(snapshot.slot(v)?.pod.key.clone()))
-            .collect();
+        let own: Vec<PodId> = plan.victims.iter().map(|v| v.pod).collect();
+        let request = snapshot
+            .slot(plan.owner)
+            .and_then(|slot| snapshot.request(&slot.pod));
+        if let Some(request) = request {
+            plan.awaits = awaited_victims(snapshot, node, &request, &own);
+        }
     }
 }
 

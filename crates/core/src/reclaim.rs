@@ -68,8 +68,9 @@ pub struct ReclaimPlan {
     pub eviction_reserve: Duration,
     /// Whether the checkpoints, the termination and the bind fit in the budget, from the plan.
     pub fit: BudgetFit,
-    /// The victims of other reclaims on the node when the owner was planned. Its room is what
-    /// is left once they are gone too, so it leaves the gate only then.
+    /// The victims of other reclaims on the node whose room the owner's counts on, when its
+    /// own victims alone do not make it (an owner of a burst): it leaves the gate only once
+    /// they are gone too.
     pub awaits: Vec<PodKey>,
     /// kube-scheduler would preempt for the owner on the node: it outranks a pod seated there
     /// and its `preemptionPolicy` allows it. Such an owner stays at the gate until its room is
@@ -700,11 +701,7 @@ fn finish(
         .unwrap_or_default();
     let owner_slot = snapshot.slot(owner);
     let eviction_reserve = termination + BIND_RESERVE;
-    let awaits = snapshot
-        .marked_victims_on(plan.node)
-        .filter(|v| !plan.victims.contains(v))
-        .filter_map(|v| Some(snapshot.slot(v)?.pod.key.clone()))
-        .collect();
+    let awaits = awaited_victims(snapshot, plan.node, request, &plan.victims);
     let checkpoint_timeout = victims
         .iter()
         .filter(|v| v.checkpoint.driver != CheckpointDriver::None)
@@ -763,6 +760,30 @@ fn victims_of(snapshot: &Snapshot, plan: &NodePlan, now: Timestamp) -> Vec<Victi
                     .collect(),
             })
         })
+        .collect()
+}
+
+/// The victims of other reclaims on `node` an owner with `request` waits for besides its own
+/// `victims`: none when its own free its room, else every one marked there (its room is then
+/// partly theirs).
+pub(crate) fn awaited_victims(
+    snapshot: &Snapshot,
+    node: NodeId,
+    request: &Request,
+    victims: &[PodId],
+) -> Vec<PodKey> {
+    let n = snapshot.node_state(node);
+    let mut trial = Trial::of(n);
+    for v in victims {
+        try_release(&mut trial, snapshot, *v, 1);
+    }
+    if request.has_room(n.layout(), &trial.free, trial.cpu, trial.memory) {
+        return Vec::new();
+    }
+    snapshot
+        .marked_victims_on(node)
+        .filter(|v| !victims.contains(v))
+        .filter_map(|v| Some(snapshot.slot(v)?.pod.key.clone()))
         .collect()
 }
 

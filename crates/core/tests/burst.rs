@@ -173,6 +173,10 @@ fn twenty_two_owners_are_planned_in_one_cycle_sharing_nodes() {
         22,
         "one victim per one-GPU owner, none twice"
     );
+    assert!(
+        plans.iter().all(|p| p.awaits.is_empty()),
+        "each owner's own victim frees its room: it waits for no other"
+    );
 }
 
 #[test]
