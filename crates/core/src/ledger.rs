@@ -3,9 +3,10 @@
 //!
 //! Borrowers are chosen deterministically. **The borrowed share of a queue is its least
 //! protected pods, taken until the borrowed amount is covered; a pod that straddles the line
-//! (part of it within the guarantee, part above) is a borrower.** Least protected means:
-//! unadmitted pods first (they hold quota without passing admission), then lowest priority,
-//! then most recently admitted, then name.
+//! (part of it within the guarantee, part above) is a borrower.** Least protected means: pods
+//! being deleted first (they are leaving: a reclaim waits for them rather than evict a running
+//! pod their queue will need once they are gone), then unadmitted pods (they hold quota without
+//! passing admission), then lowest priority, then most recently admitted, then name.
 //!
 //! **Pods reserved at creation that the store has not shown yet are never borrowers, and do not
 //! make one.** Their creates may still fail after the webhook answered (another admission
@@ -89,14 +90,16 @@ impl ResourceUsage {
     }
 }
 
-/// Orders a queue's admitted pods from the least protected to the most: unadmitted, then
-/// lowest priority, then most recently admitted, then name (descending), and pods reserved at
-/// creation but not seen yet last, so iteration yields borrowers first.
+/// Orders a queue's admitted pods from the least protected to the most: being deleted, then
+/// unadmitted, then lowest priority, then most recently admitted, then name (descending), and
+/// pods reserved at creation but not seen yet last, so iteration yields borrowers first.
 #[derive(Clone, Debug)]
 pub(crate) struct Protection {
     /// Reserved at creation and not seen yet: last, so the real pods are iterated first; it is
     /// neither a borrower nor counted towards what the real ones borrow.
     pub reserved_unseen: bool,
+    /// Being deleted: it leaves whatever a reclaim decides.
+    pub terminating: bool,
     /// Admitted by gpuqueue (`false` for an unadmitted pod, which is the least protected).
     pub recorded: bool,
     pub priority: i32,
@@ -118,6 +121,7 @@ impl Ord for Protection {
     fn cmp(&self, other: &Self) -> Ordering {
         self.reserved_unseen
             .cmp(&other.reserved_unseen)
+            .then_with(|| other.terminating.cmp(&self.terminating))
             .then_with(|| self.recorded.cmp(&other.recorded))
             .then_with(|| self.priority.cmp(&other.priority))
             .then_with(|| other.since.cmp(&self.since))

@@ -8,7 +8,8 @@
 //! - only on nodes the owner queue's GPU memory and compute caps allow it (`crate::caps`):
 //!   room freed elsewhere could not be the owner's without taking its queue above a cap;
 //! - victims are taken greedily in order of preference: those whose termination fits the
-//!   owner's budget first, then unadmitted pods (they hold quota without having passed
+//!   owner's budget first, then pods already being deleted (nothing is lost and nothing
+//!   evicted), then unadmitted pods (they hold quota without having passed
 //!   admission), then lower priority, then less work lost (most recently started, smaller
 //!   checkpoint cost); a fill-back pass then puts back every victim the owner can do without,
 //!   which makes the set minimal (removing any victim left breaks the fit) — the lesson of
@@ -32,7 +33,9 @@ use gpuqueue_api::v1alpha1::CheckpointDriver;
 use crate::caps::cap_filter;
 use crate::devices::{NodeState, Request, Trial};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
-use crate::model::{CheckpointSettings, DeviceSet, Pod, PodKey, format_duration};
+use crate::model::{
+    Assignment, CheckpointSettings, DeviceSet, Pod, PodKey, PodState, format_duration,
+};
 use crate::quantity::{Milli, ResourceName};
 use crate::snapshot::promised::Promised;
 use crate::snapshot::{Attribution, Snapshot};
@@ -243,12 +246,34 @@ struct Candidate<'a> {
     pod: PodId,
     /// Its expected termination on the node plus the bind fits in the owner's budget.
     fits: bool,
-    unadmitted: bool,
+    standing: Standing,
     protected: bool,
     priority: i32,
     running_since: Timestamp,
     checkpoint_cost: u64,
     key: &'a PodKey,
+}
+
+/// How a candidate holds its room, the cheapest to take first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Standing {
+    /// Being deleted already: taking it costs no work and no eviction.
+    Leaving,
+    /// Holds quota without having passed admission.
+    Unadmitted,
+    Admitted,
+}
+
+impl Standing {
+    fn of(pod: &Pod) -> Self {
+        match &pod.state {
+            PodState::Admitted(Assignment {
+                terminating: true, ..
+            }) => Self::Leaving,
+            _ if pod.unadmitted => Self::Unadmitted,
+            _ => Self::Admitted,
+        }
+    }
 }
 
 /// Buffers reused from node to node, so planning over a large cluster does not allocate per
@@ -502,7 +527,7 @@ fn candidates_on<'a>(
         out.push(Candidate {
             pod: *p,
             fits,
-            unadmitted: pod.unadmitted,
+            standing: Standing::of(pod),
             protected,
             priority: pod.priority,
             running_since,
@@ -510,13 +535,13 @@ fn candidates_on<'a>(
             key: &pod.key,
         });
     }
-    // Most preferred victim first: fits the owner's budget, unadmitted, unprotected, lowest
-    // priority, most recently started, cheapest checkpoint, then name (descending, as the
-    // ledger orders borrowers).
+    // Most preferred victim first: fits the owner's budget, being deleted, unadmitted,
+    // unprotected, lowest priority, most recently started, cheapest checkpoint, then name
+    // (descending, as the ledger orders borrowers).
     out.sort_by(|a, b| {
         b.fits
             .cmp(&a.fits)
-            .then(b.unadmitted.cmp(&a.unadmitted))
+            .then(a.standing.cmp(&b.standing))
             .then(a.protected.cmp(&b.protected))
             .then(a.priority.cmp(&b.priority))
             .then(b.running_since.cmp(&a.running_since))

@@ -107,6 +107,42 @@ fn cases() -> Vec<Case> {
             },
         },
         Case {
+            name: "pods being deleted are the borrowers a reclaim waits for, not running ones",
+            world: || {
+                // b holds 6 of its guarantee of 4, 2 of them already being deleted: once they
+                // are gone b is within its guarantee, so none of its running pods is taken.
+                let leaving = |key, t| {
+                    let mut pod = running(key, 1, "n1", t);
+                    pod.state = PodState::Admitted(Assignment {
+                        node: Some("n1".into()),
+                        bound: true,
+                        terminating: true,
+                    });
+                    pod
+                };
+                build(
+                    vec![queue("a", 4, 0), queue("b", 4, 4)],
+                    vec![node("n1", 8)],
+                    vec![
+                        leaving("b/b0", 0),
+                        leaving("b/b1", 1),
+                        running("b/b2", 1, "n1", 2),
+                        running("b/b3", 1, "n1", 3),
+                        running("b/b4", 1, "n1", 4),
+                        running("b/b5", 1, "n1", 5),
+                        pending("a/o", 4, 20),
+                    ],
+                )
+            },
+            pod: "a/o",
+            now: 100,
+            expect: Expect::Reclaim {
+                node: "n1",
+                victims: &["b/b1", "b/b0"],
+                overrides_min_borrow: false,
+            },
+        },
+        Case {
             name: "a borrower is refused at its ceiling, with the numbers",
             world: two_tenants_b_borrowing,
             pod: "b/more",

@@ -31,6 +31,13 @@ impl Snapshot {
             Attribution::Queue(q) => {
                 let protection = admitted.then(|| Protection {
                     reserved_unseen: slot.pod.reserved_unseen,
+                    terminating: matches!(
+                        &slot.pod.state,
+                        PodState::Admitted(Assignment {
+                            terminating: true,
+                            ..
+                        })
+                    ),
                     recorded: !slot.pod.unadmitted,
                     priority: slot.pod.priority,
                     since: slot
