@@ -483,6 +483,29 @@ fn k8s_pod(limits: &[(&str, &str)]) -> k8s::Pod {
 }
 
 #[test]
+fn a_hami_container_asking_no_memory_gets_its_whole_device_beside_one_that_asks() {
+    // HAMi gives a container without `gpumem` all of its device's memory: the pod's devices
+    // must hold that, not the sibling's 4 GiB. A container with no GPU asks nothing of them.
+    let containers = |second: serde_json::Value| {
+        serde_json::from_value::<k8s::Pod>(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "a", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"}}},
+                {"name": "b", "resources": {"limits": second}},
+            ]},
+        }))
+        .unwrap()
+    };
+    let read = |pod: &k8s::Pod| Pod::from_k8s(pod).unwrap().unwrap().value.requests.gpus[0].clone();
+    let whole = read(&containers(serde_json::json!({"nvidia.com/gpu": "1"})));
+    assert_eq!(whole.count, 2);
+    assert_eq!(whole.memory, DeviceMemory::Share);
+    let sidecar = read(&containers(serde_json::json!({"cpu": "1"})));
+    assert_eq!(sidecar.count, 1);
+    assert_eq!(sidecar.memory, DeviceMemory::Mib(4096));
+}
+
+#[test]
 fn hami_requests_are_read_per_device_and_never_ignored() {
     let pod = Pod::from_k8s(&k8s_pod(&[
         ("nvidia.com/gpu", "1"),

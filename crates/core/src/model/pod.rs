@@ -532,10 +532,11 @@ struct DevicePart {
 }
 
 impl DevicePart {
-    /// The larger ask of two containers (a pod's devices are alike: each must fit both).
+    /// The larger ask of two containers (a pod's devices are alike: each must fit both). A
+    /// container that asks no memory gets all of its device, as HAMi gives it.
     fn max(self, other: Self, field: &str) -> Result<Self, (String, String)> {
         let memory = match (self.memory, other.memory) {
-            (DeviceMemory::Share, m) | (m, DeviceMemory::Share) => m,
+            (DeviceMemory::Share, _) | (_, DeviceMemory::Share) => DeviceMemory::Share,
             (DeviceMemory::Mib(a), DeviceMemory::Mib(b)) => DeviceMemory::Mib(a.max(b)),
             (DeviceMemory::Percent(a), DeviceMemory::Percent(b)) => DeviceMemory::Percent(a.max(b)),
             _ => {
@@ -690,15 +691,35 @@ fn check_part(amounts: &Amounts, names: &[String], field: &str) -> Result<(), (S
     Ok(())
 }
 
+/// Folds what a container asks of each `nvidia.com/gpu` device into the pod's ask; a container
+/// that gets no such device asks nothing of them.
+fn fold_part(
+    part: Option<DevicePart>,
+    amounts: &Amounts,
+    field: &str,
+) -> Result<Option<DevicePart>, (String, String)> {
+    if !amounts
+        .gpus
+        .iter()
+        .any(|(name, _)| name == gpuqueue_api::NVIDIA_GPU)
+    {
+        return Ok(part);
+    }
+    Ok(Some(match part {
+        None => amounts.part,
+        Some(part) => part.max(amounts.part, field)?,
+    }))
+}
+
 /// The pod's effective requests as kube-scheduler computes them: the sum over containers (and
 /// sidecars), at least the largest init container, plus the pod overhead.
 fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)> {
     let mut total = Amounts::default();
-    let mut part = DevicePart::default();
+    let mut part = None;
     for (i, c) in spec.containers.iter().enumerate() {
         let field = format!("spec.containers[{i}]");
         let amounts = container_amounts(c, &field)?;
-        part = part.max(amounts.part, &field)?;
+        part = fold_part(part, &amounts, &field)?;
         total.add(&amounts);
     }
     let mut sidecars = Amounts::default();
@@ -706,7 +727,7 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)>
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
         let field = format!("spec.initContainers[{i}]");
         let amounts = container_amounts(c, &field)?;
-        part = part.max(amounts.part, &field)?;
+        part = fold_part(part, &amounts, &field)?;
         if c.restart_policy.as_deref() == Some("Always") {
             sidecars.add(&amounts);
         } else {
@@ -749,7 +770,9 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)>
                 )
             })?;
         let mut gpu = GpuRequest::devices(name.as_str(), count);
-        if name == gpuqueue_api::NVIDIA_GPU {
+        if name == gpuqueue_api::NVIDIA_GPU
+            && let Some(part) = part
+        {
             gpu.memory = part.memory;
             gpu.cores_percent = part.cores;
         }
