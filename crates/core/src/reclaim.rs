@@ -33,9 +33,7 @@ use gpuqueue_api::v1alpha1::CheckpointDriver;
 use crate::caps::cap_filter;
 use crate::devices::{NodeState, Request, Trial};
 use crate::ids::{NodeId, PodId, QueueId, ResourceId};
-use crate::model::{
-    Assignment, CheckpointSettings, DeviceSet, Pod, PodKey, PodState, format_duration,
-};
+use crate::model::{CheckpointSettings, DeviceSet, Pod, PodKey, format_duration};
 use crate::quantity::{Milli, ResourceName};
 use crate::snapshot::promised::Promised;
 use crate::snapshot::{Attribution, Snapshot};
@@ -266,12 +264,12 @@ enum Standing {
 
 impl Standing {
     fn of(pod: &Pod) -> Self {
-        match &pod.state {
-            PodState::Admitted(Assignment {
-                terminating: true, ..
-            }) => Self::Leaving,
-            _ if pod.unadmitted => Self::Unadmitted,
-            _ => Self::Admitted,
+        if pod.is_terminating() {
+            Self::Leaving
+        } else if pod.unadmitted {
+            Self::Unadmitted
+        } else {
+            Self::Admitted
         }
     }
 }

@@ -320,6 +320,17 @@ impl Pod {
         matches!(self.state, PodState::Admitted(_))
     }
 
+    /// Whether the pod is being deleted (it holds its room until it is gone).
+    pub fn is_terminating(&self) -> bool {
+        matches!(
+            self.state,
+            PodState::Admitted(Assignment {
+                terminating: true,
+                ..
+            })
+        )
+    }
+
     /// When the pod started doing work that a reclaim would lose: start, admission or creation.
     pub fn running_since(&self) -> Timestamp {
         self.started_at

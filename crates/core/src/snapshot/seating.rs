@@ -31,13 +31,7 @@ impl Snapshot {
             Attribution::Queue(q) => {
                 let protection = admitted.then(|| Protection {
                     reserved_unseen: slot.pod.reserved_unseen,
-                    terminating: matches!(
-                        &slot.pod.state,
-                        PodState::Admitted(Assignment {
-                            terminating: true,
-                            ..
-                        })
-                    ),
+                    terminating: slot.pod.is_terminating(),
                     recorded: !slot.pod.unadmitted,
                     priority: slot.pod.priority,
                     since: slot
