@@ -43,8 +43,8 @@
 //! itself, without the release build's minutes of compiling; its figures are not the result).
 //!
 //! Results: `e2e/results/handover.json` and `e2e/results/handover.md` (committed; another
-//! directory with `BENCH_RESULTS`, for a smoke run), with the targets next to each
-//! figure. Percentiles are nearest-rank.
+//! directory with `BENCH_RESULTS`, relative to the repository root, for a smoke run), with the
+//! issue's targets next to each figure. Percentiles are nearest-rank.
 
 #[path = "../tests/common/mod.rs"]
 mod common;

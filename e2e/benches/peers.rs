@@ -9,7 +9,10 @@
 //! tenant namespace, the pod and Deployment integrations. gpuqueue runs the operator's release
 //! build with its webhook and admission policies as `config/` installs them. Both clusters run
 //! KWOK's fast stages (a deleted pod goes at once), so neither system's handling of the grace
-//! period is measured, only how it decides and acts.
+//! period is measured, only how it decides and acts. `BENCH_NODE_BEHAVIOUR=kubelet` runs the
+//! harness's kubelet-like stages instead (a victim terminates within its 1 s grace period, the
+//! borrower pods' `terminationGracePeriodSeconds` and gpuqueue's `victimGracePeriodSeconds`),
+//! to compare what each system serves on such nodes.
 //!
 //! 1. **Reclaim** (`BENCH_NODES` nodes × 8 GPUs, default 3): the borrower (guaranteed 0,
 //!    burstable all) fills the cluster; the owner (guaranteed all) creates one one-GPU pod,
@@ -23,7 +26,7 @@
 //!    (default 1,000) over 4 tenants guaranteed a quarter of the GPUs each (nothing
 //!    burstable), created by `BENCH_CREATORS` clients at once (default 50), `BENCH_ROUNDS` rounds
 //!    (default 2): pods/s to bound, admission (gate released) and bind p50/p99, and the API
-//!    server's write requests.
+//!    server's write requests. `BENCH_PODS=0` skips it.
 //! 4. **Quota honesty**: through every scenario, `gpuqueue_e2e::QuotaSampler` samples pods
 //!    every 100 ms: a tenant above its ceiling, or below its guarantee (while asking for it)
 //!    for longer than the 3 s budget, is a violation.
@@ -32,7 +35,7 @@
 //! request sent to the watch's first sight of the pod bound (the API server's own timestamps
 //! have whole seconds only). `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build
 //! (a smoke run). Results: `e2e/results/peers.json` and `peers.md` (`BENCH_RESULTS` for
-//! another directory). Percentiles are nearest-rank.
+//! another directory, relative to the repository root). Percentiles are nearest-rank.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -62,6 +65,9 @@ const WAIT: Duration = Duration::from_mins(2);
 const OWNER: &str = "online";
 const BORROWER: &str = "batch";
 
+/// The victims' grace period: gpuqueue's `victimGracePeriodSeconds` below, and every tenant
+/// pod's `terminationGracePeriodSeconds`, which Kueue's deletion of a victim uses.
+const VICTIM_GRACE_SECONDS: i64 = 1;
 /// gpuqueue's reclaim settings for the borrower, by mode.
 const NO_CHECKPOINT: &str = "{checkpoint: {driver: none}, victimGracePeriodSeconds: 1}";
 const VLLM_CHECKPOINT: &str =
@@ -79,6 +85,8 @@ pub struct Knobs {
     creators: usize,
     rounds: usize,
     operator_build: &'static str,
+    /// `fast` (default) or `kubelet` (`BENCH_NODE_BEHAVIOUR`).
+    node_behaviour: &'static str,
 }
 
 impl Knobs {
@@ -97,6 +105,11 @@ impl Knobs {
                 "debug"
             } else {
                 "release"
+            },
+            node_behaviour: if std::env::var("BENCH_NODE_BEHAVIOUR").as_deref() == Ok("kubelet") {
+                "kubelet"
+            } else {
+                "fast"
             },
         }
     }
@@ -139,6 +152,9 @@ async fn main() {
     if let Some(reason) = Kueue::unavailable(bin_dir) {
         panic!("bench-peers measures against Kueue, which cannot run here: {reason}");
     }
+    // Built before any cluster starts: a build while the two clusters come up starves the
+    // other side's waits (Kueue's CRDs), and its time would count against neither.
+    common::operator_binary(knobs.operator_build == "release");
     let load_before = uptime();
     let (reclaims, bursts, quota) = Box::pin(reclaim_scenarios(&knobs)).await;
     let mut results = report::Results {
@@ -152,6 +168,9 @@ async fn main() {
     };
     // Written now too, so a failure in the admission scenario keeps what was measured.
     report::write(&results);
+    if results.knobs.pods == 0 {
+        return;
+    }
     let (admissions, admission_quota) = Box::pin(admission_scenario(&results.knobs)).await;
     results.admissions = admissions;
     results.quota.extend(admission_quota);

@@ -270,8 +270,10 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
     };
     let gpus = knobs.nodes * GPUS_PER_NODE;
     let setup = setup(knobs);
-    let results = std::env::var_os("BENCH_RESULTS")
-        .map_or_else(|| repo_root().join("e2e/results"), std::path::PathBuf::from);
+    let results = std::env::var_os("BENCH_RESULTS").map_or_else(
+        || repo_root().join("e2e/results"),
+        |dir| repo_root().join(dir),
+    );
     std::fs::create_dir_all(&results).unwrap();
     let json = json!({
         "knobs": knobs,

@@ -42,6 +42,20 @@ pub struct Results {
 
 const COMMAND: &str = "e2e/scripts/build-tools.sh --peers && make bench-peers";
 
+/// [`COMMAND`] with the `BENCH_*` knobs this run was given.
+fn reproduce() -> String {
+    let mut knobs: Vec<String> = std::env::vars()
+        .filter(|(name, _)| name.starts_with("BENCH_"))
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect();
+    knobs.sort();
+    if knobs.is_empty() {
+        COMMAND.to_owned()
+    } else {
+        COMMAND.replace("make", &format!("{} make", knobs.join(" ")))
+    }
+}
+
 fn sorted(values: impl Iterator<Item = f64>) -> Vec<f64> {
     let mut values: Vec<f64> = values.collect();
     values.sort_by(f64::total_cmp);
@@ -69,8 +83,10 @@ fn reclaims_of<'a>(
 
 /// Writes both files and prints the table.
 pub fn write(results: &Results) {
-    let dir = std::env::var_os("BENCH_RESULTS")
-        .map_or_else(|| repo_root().join("e2e/results"), std::path::PathBuf::from);
+    let dir = std::env::var_os("BENCH_RESULTS").map_or_else(
+        || repo_root().join("e2e/results"),
+        |dir| repo_root().join(dir),
+    );
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("peers.json"),
@@ -88,23 +104,34 @@ fn markdown(results: &Results) -> String {
     let k = &results.knobs;
     let mut out = format!(
         "# gpuqueue and Kueue on the same cluster\n\n\
-         Identical fresh clusters per system (KWOK fast stages), rounds alternating which system \
+         Identical fresh clusters per system ({}), rounds alternating which system \
          goes first; times from the request sent to this process's watch seeing the pod bound. \
          Reclaim and burst: {} nodes × 8 GPUs, {} reclaims, {} bursts of {} owner pods. \
-         Admission: {} one-GPU pods over 4 tenants on {} nodes × 8 GPUs, {} creators, {} rounds. \
-         Operator build: {}. Load average before: {}; after: {}.\n\n\
-         Reproduce: `{COMMAND}`.\n\n",
+         {} Operator build: {}. Load average before: {}; after: {}.\n\n\
+         Reproduce: `{}`.\n\n",
+        if k.node_behaviour == "kubelet" {
+            "KWOK stages that behave like kubelets: a victim terminates within its 1 s grace \
+             period"
+        } else {
+            "KWOK fast stages"
+        },
         k.nodes,
         k.reclaims,
         k.burst_rounds,
         k.burst_pods,
-        k.pods,
-        k.admission_nodes,
-        k.creators,
-        k.rounds,
+        if k.pods == 0 {
+            "Admission: not run (`BENCH_PODS=0`).".to_owned()
+        } else {
+            format!(
+                "Admission: {} one-GPU pods over 4 tenants on {} nodes × 8 GPUs, {} creators, {} \
+                 rounds.",
+                k.pods, k.admission_nodes, k.creators, k.rounds
+            )
+        },
         k.operator_build,
         results.load_before,
         results.load_after,
+        reproduce(),
     );
     let reclaim =
         |system, mode| sorted(reclaims_of(results, system, mode).map(|r| r.owner_bound_ms));
@@ -258,6 +285,9 @@ fn markdown(results: &Results) -> String {
 
 /// The API server's writes by verb and resource, per admission run.
 fn admission_writes(out: &mut String, results: &Results) {
+    if results.admissions.is_empty() {
+        return;
+    }
     let keys: std::collections::BTreeSet<&String> = results
         .admissions
         .iter()

@@ -19,7 +19,7 @@ use kube::runtime::watcher;
 use tokio::time::Instant;
 
 use super::common::{Operator, Options, apply_queue, free_port, install, is_gated};
-use super::{GPUS_PER_NODE, Knobs, WAIT};
+use super::{GPUS_PER_NODE, Knobs, VICTIM_GRACE_SECONDS, WAIT};
 
 /// The two systems measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -77,8 +77,9 @@ pub struct Side {
 
 impl Side {
     /// A fresh cluster of `nodes` nodes (KWOK's fast stages) running `system` with `tenants`.
-    /// The victims' grace period does not matter on fast nodes, so neither system's handling
-    /// of it is measured: a deleted pod goes at once under both.
+    /// On fast nodes a deleted pod goes at once under both systems, so neither's handling of
+    /// the grace period is measured; on kubelet-like nodes (`BENCH_NODE_BEHAVIOUR=kubelet`)
+    /// every victim terminates within the same 1 s grace under both ([`tenant_pod`]).
     pub async fn start(
         system: System,
         scenario: &str,
@@ -94,7 +95,11 @@ impl Side {
                     .map(|i| GpuNode::whole_gpus(format!("gpu-node-{i:03}"), 8))
                     .collect(),
             )
-            .with_node_behaviour(NodeBehaviour::Fast);
+            .with_node_behaviour(if knobs.node_behaviour == "kubelet" {
+                NodeBehaviour::default()
+            } else {
+                NodeBehaviour::Fast
+            });
         let cluster = ControlPlane::start(config).await.unwrap();
         eprintln!(
             "{}: control plane up ({})",
@@ -243,9 +248,14 @@ impl Side {
     }
 }
 
-/// A one-GPU pod of `tenant`, labelled with its Kueue LocalQueue.
+/// A one-GPU pod of `tenant`, labelled with its Kueue LocalQueue. Its grace period is
+/// gpuqueue's `victimGracePeriodSeconds` in the benchmark, so that a victim Kueue deletes
+/// (with the pod's own grace) and one gpuqueue evicts are given the same time to exit.
 pub fn tenant_pod(tenant: &str, name: &str) -> Pod {
     let mut pod = gpu_pod(name, NVIDIA_GPU, 1);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.termination_grace_period_seconds = Some(VICTIM_GRACE_SECONDS);
+    }
     pod.metadata
         .labels
         .get_or_insert_default()
