@@ -53,6 +53,7 @@ fn pod(queue: usize, i: usize, gpus: u32) -> Pod {
             cpu_milli: 4000,
             memory_bytes: 32 << 30,
             gpus: vec![GpuRequest::devices(GPU, gpus)],
+            quota_only: Vec::new(),
         },
         at(i64::try_from(i).unwrap()),
     );

@@ -115,6 +115,7 @@ impl Trace {
                         cpu_milli: task.shape.cpu_milli,
                         memory_bytes: task.memory_mib << 20,
                         gpus: task.shape.gpu.iter().cloned().collect(),
+                        quota_only: Vec::new(),
                     },
                     jiff::Timestamp::UNIX_EPOCH,
                 );

@@ -522,6 +522,7 @@ mod tests {
                     cpu_milli: 1000,
                     memory_bytes: 0,
                     gpus: vec![gpu],
+                    quota_only: Vec::new(),
                 },
                 Timestamp::UNIX_EPOCH,
             );

@@ -92,6 +92,7 @@ fn make(name: usize, spec: &Spec) -> Arc<Pod> {
             cpu_milli: 1000,
             memory_bytes: 1 << 30,
             gpus: vec![request],
+            quota_only: Vec::new(),
         },
         at(spec.time),
     );

@@ -22,6 +22,7 @@ fn task(name: &str, gpu: GpuRequest) -> Pod {
             cpu_milli: 1000,
             memory_bytes: 0,
             gpus: vec![gpu],
+            quota_only: Vec::new(),
         },
         Timestamp::UNIX_EPOCH,
     )
@@ -235,6 +236,7 @@ fn ours_keeps_cpu_next_to_free_gpus_where_fgd_sees_no_difference() {
             cpu_milli: 8000,
             memory_bytes: 0,
             gpus: vec![],
+            quota_only: Vec::new(),
         },
         Timestamp::UNIX_EPOCH,
     );

@@ -420,7 +420,7 @@ proptest! {
                 Step::Place { milli, count, model } => {
                     let mut pod = Pod::new(
                         PodKey::new("sim", format!("t{i}")),
-                        Requests { cpu_milli: 1000, memory_bytes: 0, gpus: vec![GpuRequest { milli_per_device: milli, ..GpuRequest::devices("nvidia.com/gpu", count) }] },
+                        Requests { quota_only: Vec::new(), cpu_milli: 1000, memory_bytes: 0, gpus: vec![GpuRequest { milli_per_device: milli, ..GpuRequest::devices("nvidia.com/gpu", count) }] },
                         at(0),
                     );
                     pod.gpu_models = model.map(|m| vec![models[m].to_string()]).unwrap_or_default();

@@ -21,6 +21,7 @@ fn pod(name: &str, cpu_milli: u64, gpu: Option<GpuRequest>) -> Pod {
             cpu_milli,
             memory_bytes: 0,
             gpus: gpu.into_iter().collect(),
+            quota_only: Vec::new(),
         },
         Timestamp::UNIX_EPOCH,
     )

@@ -55,6 +55,7 @@ fn pod_asking(key: &str, gpu: GpuRequest, created: i64) -> Pod {
             cpu_milli: 100,
             memory_bytes: 1 << 20,
             gpus: vec![gpu],
+            quota_only: Vec::new(),
         },
         at(created),
     )
@@ -380,6 +381,48 @@ fn a_mig_slice_counts_its_profile_memory() {
         2,
         "two 40 GiB slices fit 100 GiB"
     );
+}
+
+/// A DRA claim of "one GPU, else three MIG slices" is placed on its slices, but kube-scheduler
+/// allocates the GPU wherever one is free: the queue's `nvidia.com/gpu` quota must hold it,
+/// or a tenant with MIG quota only takes whole GPUs nobody counts.
+#[test]
+fn a_first_available_claim_waits_unless_every_alternative_fits_the_quota() {
+    let mig = "nvidia.com/mig-1g.10gb";
+    let claim_pod = |key: &str, created: i64| {
+        let mut pod = pod_asking(key, GpuRequest::devices(mig, 3), created);
+        pod.requests.quota_only = vec![GpuRequest::devices(GPU, 1)];
+        pod
+    };
+    let node = Node::new("m")
+        .cpu_milli(128_000)
+        .memory_bytes(1 << 40)
+        .gpus(GPU, 2)
+        .gpus(mig, 7);
+    let slices_only = gpuqueue_core::model::Queue::new("a")
+        .namespace("a")
+        .quota(gpuqueue_core::model::ResourceQuota::devices(mig, 3, 0));
+    let mut snapshot = build(
+        vec![slices_only.clone()],
+        vec![node.clone()],
+        vec![claim_pod("a/p", 0)],
+    );
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(10));
+    assert!(
+        matches!(&decisions[..], [Decision::Wait(_)]),
+        "no nvidia.com/gpu quota for the GPU kube-scheduler may allocate: {decisions:?}"
+    );
+    // With a GPU in its quota it is admitted, and the GPU is held in quota, not placed: a
+    // pod of another queue takes both of the node's GPUs.
+    let both = slices_only.quota(gpuqueue_core::model::ResourceQuota::devices(GPU, 1, 0));
+    let pods = vec![
+        claim_pod("a/p", 0),
+        pod_asking("b/whole", GpuRequest::devices(GPU, 2), 1),
+    ];
+    let mut snapshot = build(vec![both, queue("b", 2, 0)], vec![node], pods);
+    let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(10));
+    assert_eq!(admitted_nodes(&decisions), vec!["m", "m"], "{decisions:?}");
+    assert_eq!(usage(&snapshot, "a").allocated, Milli::devices(1));
 }
 
 // ---- reading Kubernetes objects ----------------------------------------------------------

@@ -46,6 +46,7 @@ pub fn requests(task: &TracePod) -> Requests {
         gpus: gpu_request(task.num_gpu, task.gpu_milli)
             .into_iter()
             .collect(),
+        quota_only: Vec::new(),
     }
 }
 
@@ -57,6 +58,7 @@ pub fn shape_requests(shape: &Shape) -> Requests {
         gpus: gpu_request(shape.gpus, shape.gpu_milli)
             .into_iter()
             .collect(),
+        quota_only: Vec::new(),
     }
 }
 

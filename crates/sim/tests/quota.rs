@@ -258,6 +258,7 @@ fn victims_on_one_node_share_its_kubelet_relist() {
                 cpu_milli: 1000,
                 memory_bytes: 0,
                 gpus: vec![GpuRequest::devices(gpu.clone(), gpus)],
+                quota_only: Vec::new(),
             },
             jiff::Timestamp::UNIX_EPOCH,
         )

@@ -286,49 +286,117 @@ pub fn mark_changes<'a>(
         .collect()
 }
 
-/// What one claim charges: one request per GPU resource, sorted, devices summed. `most_devices`
-/// says how many devices of a resource one node has at most (what `allocationMode: All` may
-/// take). `firstAvailable` is charged at its largest alternative.
+/// What one claim charges, one request per GPU resource in each list, sorted, devices summed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimCharge {
+    /// Placed on the pod's node and charged to its queue.
+    pub placed: Vec<GpuRequest>,
+    /// Charged to the queue only (see [`super::pod::Requests::quota_only`]): until a
+    /// `firstAvailable` request is allocated, kube-scheduler may allocate any of its
+    /// alternatives (the first that fits the node), so the quota holds, per resource, the most
+    /// any of them takes beyond the one placed.
+    pub quota_only: Vec<GpuRequest>,
+}
+
+/// What one claim charges. `most_devices` says how many devices of a resource one node has at
+/// most (what `allocationMode: All` may take). A `firstAvailable` request is placed at its
+/// largest alternative and charged to quota at the most each resource's alternatives take;
+/// once the claim is allocated, at the alternative kube-scheduler allocated (its
+/// `status.allocation` names it), both placed and charged.
 pub fn claim_requests(
     claim: &dra::ResourceClaim,
     classes: &DeviceClasses,
     most_devices: &dyn Fn(&ResourceName) -> u32,
-) -> Result<Vec<GpuRequest>, Uncounted> {
+) -> Result<ClaimCharge, Uncounted> {
     let name = claim.metadata.name.as_deref().unwrap_or_default();
     let requests = claim
         .spec
         .devices
         .iter()
         .flat_map(|d| d.requests.iter().flatten());
-    let mut charged: BTreeMap<ResourceName, u32> = BTreeMap::new();
+    let mut placed = Devices::new();
+    let mut quota = Devices::new();
     for (i, request) in requests.enumerate() {
         let field = format!("ResourceClaim {name}: spec.devices.requests[{i}]");
-        let charge = if let Some(exactly) = &request.exactly {
+        if let Some(exactly) = &request.exactly {
             let shape = Shape::exact(exactly);
-            charge_of(&shape, classes, most_devices).map_err(|rule| uncounted(&field, rule))?
+            let charge =
+                charge_of(&shape, classes, most_devices).map_err(|rule| uncounted(&field, rule))?;
+            add(&mut placed, charge.clone());
+            add(&mut quota, charge);
         } else if let Some(alternatives) = &request.first_available {
-            let mut largest: Option<(ResourceName, u32)> = None;
+            let mut charges = Vec::with_capacity(alternatives.len());
             for (j, sub) in alternatives.iter().enumerate() {
                 let shape = Shape::sub(sub);
-                let charge = charge_of(&shape, classes, most_devices)
-                    .map_err(|rule| uncounted(format!("{field}.firstAvailable[{j}]"), rule))?;
-                if charge.as_ref().map(|c| c.1) > largest.as_ref().map(|c| c.1) {
-                    largest = charge;
-                }
+                charges.push(
+                    charge_of(&shape, classes, most_devices)
+                        .map_err(|rule| uncounted(format!("{field}.firstAvailable[{j}]"), rule))?,
+                );
             }
-            largest
+            let allocated = allocated_alternative(claim, &request.name)
+                .and_then(|sub| alternatives.iter().position(|a| a.name == sub));
+            if let Some(j) = allocated {
+                add(&mut placed, charges[j].clone());
+                add(&mut quota, charges[j].clone());
+                continue;
+            }
+            let largest = charges
+                .iter()
+                .flatten()
+                .fold(None::<&(ResourceName, u32)>, |most, c| match most {
+                    Some(m) if m.1 >= c.1 => Some(m),
+                    _ => Some(c),
+                });
+            add(&mut placed, largest.cloned());
+            let mut most = Devices::new();
+            for (resource, count) in charges.into_iter().flatten() {
+                let entry = most.entry(resource).or_default();
+                *entry = (*entry).max(count);
+            }
+            for charge in most {
+                add(&mut quota, Some(charge));
+            }
         } else {
             return Err(uncounted(field, "names neither exactly nor firstAvailable"));
-        };
-        if let Some((resource, count)) = charge {
-            let total = charged.entry(resource).or_default();
-            *total = total.saturating_add(count);
         }
     }
-    Ok(charged
+    let requests = |devices: Devices| -> Vec<GpuRequest> {
+        devices
+            .into_iter()
+            .filter(|(_, count)| *count > 0)
+            .map(|(resource, count)| GpuRequest::devices(resource, count))
+            .collect()
+    };
+    let quota_only = quota
         .into_iter()
-        .map(|(resource, count)| GpuRequest::devices(resource, count))
-        .collect())
+        .map(|(resource, count)| {
+            let beyond = count.saturating_sub(placed.get(&resource).copied().unwrap_or(0));
+            (resource, beyond)
+        })
+        .collect();
+    Ok(ClaimCharge {
+        placed: requests(placed),
+        quota_only: requests(quota_only),
+    })
+}
+
+/// Devices by resource.
+type Devices = BTreeMap<ResourceName, u32>;
+
+fn add(devices: &mut Devices, charge: Option<(ResourceName, u32)>) {
+    if let Some((resource, count)) = charge {
+        let total = devices.entry(resource).or_default();
+        *total = total.saturating_add(count);
+    }
+}
+
+/// The alternative of `request` the claim's allocation names (`<request>/<alternative>`).
+fn allocated_alternative<'c>(claim: &'c dra::ResourceClaim, request: &str) -> Option<&'c str> {
+    let allocation = claim.status.as_ref()?.allocation.as_ref()?;
+    let results = allocation.devices.as_ref()?.results.as_ref()?;
+    results
+        .iter()
+        .find_map(|result| result.request.strip_prefix(request)?.strip_prefix('/'))
 }
 
 /// The fields of a request that decide its charge (`exactly` and a `firstAvailable` entry
@@ -534,11 +602,56 @@ mod tests {
         ]));
         assert_eq!(
             claim_requests(&c, &classes(), &eight).unwrap(),
-            vec![
-                GpuRequest::devices("nvidia.com/gpu", 3),
-                GpuRequest::devices("nvidia.com/mig-1g.10gb", 11),
-            ]
+            ClaimCharge {
+                placed: vec![
+                    GpuRequest::devices("nvidia.com/gpu", 3),
+                    GpuRequest::devices("nvidia.com/mig-1g.10gb", 11),
+                ],
+                // kube-scheduler may allocate "one" instead of the "three" placed.
+                quota_only: vec![GpuRequest::devices("nvidia.com/gpu", 1)],
+            }
         );
+    }
+
+    /// A claim of [1 GPU, else 3 MIG slices]: placed at the 3 slices, but kube-scheduler
+    /// allocates the GPU wherever one is free, so the queue's `nvidia.com/gpu` quota must hold
+    /// it too; once allocated, the claim is charged the alternative kube-scheduler chose.
+    #[test]
+    fn first_available_holds_every_alternative_in_quota_until_allocated() {
+        let mut c = claim(json!([{"name": "gpu", "firstAvailable": [
+            {"name": "whole", "deviceClassName": "gpu.nvidia.com"},
+            {"name": "slices", "deviceClassName": "mig-1g-10gb.nvidia.com", "count": 3}]}]));
+        let pending = claim_requests(&c, &classes(), &eight).unwrap();
+        assert_eq!(
+            pending.placed,
+            vec![GpuRequest::devices("nvidia.com/mig-1g.10gb", 3)]
+        );
+        assert_eq!(
+            pending.quota_only,
+            vec![GpuRequest::devices("nvidia.com/gpu", 1)]
+        );
+        let allocated = |request: &str| {
+            json!({"allocation": {"devices": {"results": [
+                {"request": request, "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"}]}}})
+        };
+        c.status = serde_json::from_value(allocated("gpu/whole")).unwrap();
+        assert_eq!(
+            claim_requests(&c, &classes(), &eight).unwrap(),
+            ClaimCharge {
+                placed: vec![GpuRequest::devices("nvidia.com/gpu", 1)],
+                quota_only: Vec::new(),
+            }
+        );
+        c.status = serde_json::from_value(allocated("gpu/slices")).unwrap();
+        assert_eq!(
+            claim_requests(&c, &classes(), &eight).unwrap().placed,
+            vec![GpuRequest::devices("nvidia.com/mig-1g.10gb", 3)]
+        );
+        // A result naming another request, or none of the alternatives, leaves every one held.
+        c.status = serde_json::from_value(allocated("gpus/whole")).unwrap();
+        assert_eq!(claim_requests(&c, &classes(), &eight).unwrap(), pending);
+        c.status = serde_json::from_value(allocated("gpu/other")).unwrap();
+        assert_eq!(claim_requests(&c, &classes(), &eight).unwrap(), pending);
     }
 
     #[test]
@@ -703,10 +816,11 @@ mod tests {
             } else {
                 vec![GpuRequest::devices("nvidia.com/gpu", u32::try_from(total).unwrap())]
             };
-            prop_assert_eq!(charged, want);
+            prop_assert_eq!(charged, ClaimCharge { placed: want, quota_only: Vec::new() });
         }
 
-        /// firstAvailable is charged at its largest alternative, never less.
+        /// firstAvailable of one resource is placed and charged at its largest alternative,
+        /// never less.
         #[test]
         fn first_available_is_charged_at_its_largest(counts in prop::collection::vec(1_i64..9, 1..5)) {
             let subs: Vec<_> = counts.iter().enumerate().map(|(i, n)| json!({
@@ -715,7 +829,8 @@ mod tests {
             let c = claim(json!([{"name": "r", "firstAvailable": subs}]));
             let charged = claim_requests(&c, &classes(), &eight).unwrap();
             let largest = u32::try_from(*counts.iter().max().unwrap()).unwrap();
-            prop_assert_eq!(charged, vec![GpuRequest::devices("nvidia.com/gpu", largest)]);
+            prop_assert_eq!(charged.placed, vec![GpuRequest::devices("nvidia.com/gpu", largest)]);
+            prop_assert_eq!(charged.quota_only, Vec::new());
         }
     }
 }

@@ -115,6 +115,10 @@ pub struct Requests {
     pub memory_bytes: u64,
     /// One entry per GPU resource, sorted by resource name.
     pub gpus: Vec<GpuRequest>,
+    /// Charged to the queue's quota, not placed on a node: devices kube-scheduler may allocate
+    /// instead of those in `gpus`, the other alternatives of a DRA `firstAvailable` request
+    /// not allocated yet ([`super::dra::ClaimCharge::quota_only`]). Sorted like `gpus`.
+    pub quota_only: Vec<GpuRequest>,
 }
 
 impl Requests {
@@ -794,5 +798,6 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)>
         cpu_milli: total.cpu,
         memory_bytes: total.memory,
         gpus,
+        quota_only: Vec::new(),
     })
 }

@@ -370,6 +370,13 @@ impl Snapshot {
             }));
             amounts.push((resource, g.total()));
         }
+        for g in &requests.quota_only {
+            let resource = self.intern_resource(&g.resource);
+            match amounts.iter_mut().find(|(r, _)| *r == resource) {
+                Some((_, amount)) => *amount += g.total(),
+                None => amounts.push((resource, g.total())),
+            }
+        }
         (gpus, amounts)
     }
 

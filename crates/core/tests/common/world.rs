@@ -36,6 +36,7 @@ fn pod(key: &str, gpus: u32, created: i64) -> Pod {
             cpu_milli: 1000,
             memory_bytes: 1 << 30,
             gpus: vec![GpuRequest::devices(GPU, gpus)],
+            quota_only: Vec::new(),
         },
         at(created),
     )

@@ -17,8 +17,8 @@ use gpuqueue_core::{
     model::{
         self,
         dra::{
-            ALLOCATION_RESULTS_MAX, ClaimUser, ClaimUsers, DeviceClasses, Uncounted, add_requests,
-            charged_claims, claim_names, claim_requests, countable, mark_changes,
+            ALLOCATION_RESULTS_MAX, ClaimCharge, ClaimUser, ClaimUsers, DeviceClasses, Uncounted,
+            add_requests, charged_claims, claim_names, claim_requests, countable, mark_changes,
         },
     },
     quantity::ResourceName,
@@ -37,7 +37,7 @@ use crate::{
 pub type ClaimingPod = (usize, Arc<Pod>);
 
 /// What each claim of a pod charges, by claim name.
-type ByClaim = HashMap<String, Vec<model::GpuRequest>>;
+type ByClaim = HashMap<String, ClaimCharge>;
 
 /// What the claims of one pod charge.
 struct Charges {
@@ -97,9 +97,11 @@ pub fn charge(
         .collect();
     let charged = charged_claims(&users);
     for (charges, claims) in read.iter().zip(charged) {
-        let requests = &mut Arc::make_mut(&mut pods[charges.index]).requests.gpus;
+        let requests = &mut Arc::make_mut(&mut pods[charges.index]).requests;
         for claim in claims {
-            add_requests(requests, &charges.by_claim[&claim]);
+            let charge = &charges.by_claim[&claim];
+            add_requests(&mut requests.gpus, &charge.placed);
+            add_requests(&mut requests.quota_only, &charge.quota_only);
         }
     }
     uncounted.sort_unstable();
@@ -279,6 +281,47 @@ mod tests {
             unreadable[0].1
         );
         assert!(problems.is_empty());
+    }
+
+    #[test]
+    fn a_first_available_claim_holds_its_other_alternatives_in_quota_only() {
+        let mut stores = stores();
+        let mig = serde_json::from_value(json!({"metadata": {"name": "mig.nvidia.com",
+                "annotations": {gpuqueue_api::annotations::QUOTA_RESOURCE: "nvidia.com/mig-1g.10gb"}},
+            "spec": {}}))
+        .unwrap();
+        stores
+            .devices
+            .classes
+            .apply_watcher_event(&watcher::Event::Apply(mig));
+        let either =
+            serde_json::from_value(json!({"metadata": {"name": "either", "namespace": "team",
+                "finalizers": [model::dra::CHARGED_FINALIZER]},
+            "spec": {"devices": {"requests": [{"name": "g", "firstAvailable": [
+                {"name": "whole", "deviceClassName": "gpu.nvidia.com"},
+                {"name": "slices", "deviceClassName": "mig.nvidia.com", "count": 3}]}]}}}))
+            .unwrap();
+        stores
+            .devices
+            .claims
+            .apply_watcher_event(&watcher::Event::Apply(either));
+        let pending = model::Pod::new(
+            PodKey::new("team", "p"),
+            Requests::default(),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let mut pods = vec![Arc::new(pending)];
+        let (unreadable, problems) =
+            charge_on_no_nodes(&mut pods, vec![(0, k8s_pod("p", "either"))], &stores);
+        assert!(unreadable.is_empty() && problems.is_empty());
+        assert_eq!(
+            pods[0].requests.gpus,
+            vec![GpuRequest::devices("nvidia.com/mig-1g.10gb", 3)]
+        );
+        assert_eq!(
+            pods[0].requests.quota_only,
+            vec![GpuRequest::devices("nvidia.com/gpu", 1)]
+        );
     }
 
     #[test]
