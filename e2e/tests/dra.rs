@@ -122,6 +122,35 @@ fn slice(node: &str, gpus: u32) -> String {
     .to_string()
 }
 
+/// A second ResourceSlice for `node`: `slices` MIG 1g.10gb instances (their own pool).
+fn mig_slice(node: &str, slices: u32) -> String {
+    let devices: Vec<_> = (0..slices)
+        .map(|i| {
+            json!({
+                "name": format!("mig-{i}"),
+                "attributes": {
+                    "type": {"string": "mig"},
+                    "profile": {"string": "1g.10gb"},
+                    "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                },
+                "capacity": {"memory": {"value": "10Gi"}},
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": format!("{node}-mig.gpu.nvidia.com")},
+        "spec": {
+            "driver": "gpu.nvidia.com",
+            "nodeName": node,
+            "pool": {"name": format!("{node}-mig"), "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    })
+    .to_string()
+}
+
 /// A pod of the tenant using the claims named (`claim` entries of `spec.resourceClaims`).
 fn claiming_pod(name: &str, claims: &serde_json::Value) -> String {
     let refs: Vec<_> = claims
@@ -574,4 +603,66 @@ async fn a_counted_claim_cannot_be_swapped_for_a_larger_one_and_goes_with_its_po
     let reason = waiting_reason(&pods, "again").await;
     assert!(reason.starts_with("OverCeiling: queue team"), "{reason}");
     assert!(charged(&world.claims().get("mine").await.unwrap()));
+}
+
+/// A tenant whose queue has MIG quota only claims "one GPU, else three MIG slices":
+/// kube-scheduler allocates the first alternative that fits, the node's free GPU, so the pod
+/// waits until the queue's `nvidia.com/gpu` quota could hold it. Admitted then, it is charged
+/// what kube-scheduler allocated, not both alternatives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_available_claim_cannot_take_a_gpu_its_queue_has_no_quota_for() {
+    let world = World::with_node("dra_first_available", 0, GpuNode::whole_gpus(NODE, 1), 1).await;
+    let admin = world.cluster.client();
+    apply_yaml(&admin, &mig_slice(NODE, 3), None).await.unwrap();
+    let team = |gpus: u32| {
+        format!(
+            "apiVersion: gpuqueue.io/v1alpha1\nkind: GpuQueue\nmetadata:\n  name: team\nspec:\n  namespaces: [{}]\n  resources:\n    - {{name: nvidia.com/gpu, guaranteed: {gpus}}}\n    - {{name: nvidia.com/mig-1g.10gb, guaranteed: 3}}\n",
+            world.namespace.name()
+        )
+    };
+    apply_queue(&admin, &team(0)).await;
+    let either = json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "either"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "firstAvailable": [
+            {"name": "whole", "deviceClassName": "gpu.nvidia.com"},
+            {"name": "slices", "deviceClassName": "mig-1g.10gb.nvidia.com", "count": 3},
+        ]}]}},
+    });
+    world.tenant_applies(&either.to_string()).await;
+    let claims = json!([{"name": "gpu", "resourceClaimName": "either"}]);
+    world.tenant_applies(&claiming_pod("walker", &claims)).await;
+    let pods = world.pods();
+    let reason = waiting_reason(&pods, "walker").await;
+    assert!(
+        reason.starts_with("OverCeiling: queue team: nvidia.com/gpu"),
+        "{reason}"
+    );
+    // The administrator gives the queue one GPU: admitted, and kube-scheduler takes the GPU.
+    apply_queue(&admin, &team(1)).await;
+    bound(&pods, "walker").await;
+    let allocated: ResourceClaim = world.claims().get("either").await.unwrap();
+    let results = allocated
+        .status
+        .unwrap()
+        .allocation
+        .unwrap()
+        .devices
+        .unwrap()
+        .results
+        .unwrap();
+    let chosen: Vec<_> = results.iter().map(|r| r.request.as_str()).collect();
+    assert_eq!(chosen, ["gpu/whole"]);
+    queue_status(&admin, "team", "the GPU charged and the slices not", |q| {
+        let allocated = |name: &str| {
+            q.status
+                .iter()
+                .flat_map(|s| &s.resources)
+                .find(|r| r.name == name)
+                .map(|r| r.allocated)
+        };
+        allocated("nvidia.com/gpu") == Some(1) && allocated("nvidia.com/mig-1g.10gb") == Some(0)
+    })
+    .await;
 }
