@@ -449,6 +449,58 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
     assert!(status.allocation.is_none(), "{status:?}");
 }
 
+/// Two borrower pods share one claim of the node's 4 GPUs: its devices are freed only once
+/// both are gone, so the reclaim for the owner evicts both in one handover.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_evicts_every_pod_sharing_the_borrowed_claim() {
+    let world = World::start("dra_reclaim_shared", 4).await;
+    let admin = world.cluster.client();
+    let borrowers = world.cluster.namespace("borrowers").await.unwrap();
+    apply_queue(&admin, &queue_yaml("borrowers", &[borrowers.name()], 0, 4)).await;
+    let in_borrowers = |yaml: String| {
+        let admin = admin.clone();
+        let namespace = borrowers.name().to_owned();
+        async move { apply_yaml(&admin, &yaml, Some(&namespace)).await.unwrap() }
+    };
+    in_borrowers(claim("borrowed", "gpu.nvidia.com", 4)).await;
+    let borrowed = json!([{"name": "gpus", "resourceClaimName": "borrowed"}]);
+    in_borrowers(quick_claiming_pod("borrower", &borrowed)).await;
+    in_borrowers(quick_claiming_pod("rider", &borrowed)).await;
+    let borrower_pods: Api<Pod> = Api::namespaced(admin.clone(), borrowers.name());
+    bound(&borrower_pods, "borrower").await;
+    bound(&borrower_pods, "rider").await;
+
+    world
+        .tenant_applies(&claim("owned", "gpu.nvidia.com", 4))
+        .await;
+    let owner_claims = json!([{"name": "gpus", "resourceClaimName": "owned"}]);
+    world
+        .tenant_applies(&claiming_pod("owner", &owner_claims))
+        .await;
+    bound(&world.pods(), "owner").await;
+    let owner = format!("{}/owner", world.namespace.name());
+    let queue = queue_status(&admin, "team", "the handover's record", |q| {
+        q.status.as_ref().is_some_and(|s| {
+            s.last_handovers
+                .iter()
+                .any(|r| r.owner_pod == owner && r.outcome == "Completed")
+        })
+    })
+    .await;
+    let records: Vec<_> = queue
+        .status
+        .unwrap()
+        .last_handovers
+        .into_iter()
+        .filter(|r| r.owner_pod == owner)
+        .collect();
+    assert_eq!(records.len(), 1, "one handover: {records:?}");
+    let mut victims = records[0].victims.clone();
+    victims.sort();
+    let ns = borrowers.name();
+    assert_eq!(victims, [format!("{ns}/borrower"), format!("{ns}/rider")]);
+}
+
 /// The finalizer gpuqueue puts on a waiting pod's claims before counting them.
 const CHARGED: &str = "gpuqueue.io/charged";
 

@@ -20,10 +20,17 @@ pub fn keep_minimal(snapshot: &mut Snapshot, node: NodeId, plans: &mut [&mut Rec
         .iter()
         .flat_map(|p| p.victims.iter().map(|v| v.pod))
         .collect();
+    // A pod evicted because it shares a victim's DRA claim frees nothing alone: it is kept or
+    // dropped with that victim, never tried by itself.
+    let sharing: Vec<PodId> = mine
+        .iter()
+        .flat_map(|v| sharers_among(snapshot, *v, &mine))
+        .collect();
     let mut dropped = Vec::new();
-    for candidate in mine.iter().rev() {
+    for candidate in mine.iter().rev().filter(|v| !sharing.contains(v)) {
         if owners_fit_without(snapshot, node, &dropped, *candidate) {
             dropped.push(*candidate);
+            dropped.extend(sharers_among(snapshot, *candidate, &mine));
         }
     }
     if dropped.is_empty() {
@@ -43,6 +50,18 @@ pub fn keep_minimal(snapshot: &mut Snapshot, node: NodeId, plans: &mut [&mut Rec
             plan.awaits = awaited_victims(snapshot, node, &request, &own);
         }
     }
+}
+
+/// The pods among `victims` that share a DRA claim `victim` is charged for.
+fn sharers_among(snapshot: &Snapshot, victim: PodId, victims: &[PodId]) -> Vec<PodId> {
+    snapshot.slot(victim).map_or_else(Vec::new, |slot| {
+        slot.pod
+            .claim_sharers
+            .iter()
+            .filter_map(|key| snapshot.pod_id(key))
+            .filter(|p| victims.contains(p))
+            .collect()
+    })
 }
 
 /// Whether every owner waiting on `node` fits once the marked victims are gone, but for

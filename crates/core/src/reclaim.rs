@@ -755,10 +755,36 @@ fn finish(
     }
 }
 
-/// The plan's victims, with what the handover needs of each: its queue's settings and what
-/// it frees.
+/// `victims` and, after each, the other pods using a DRA claim it is charged for
+/// ([`crate::model::Pod::claim_sharers`]): the claim's devices are freed only once the last of
+/// them is gone, so they leave together. Those already leaving (marked by another reclaim,
+/// or being deleted) are not added.
+pub(crate) fn with_sharers(snapshot: &Snapshot, victims: &[PodId]) -> Vec<PodId> {
+    let mut all = Vec::with_capacity(victims.len());
+    for v in victims {
+        all.push(*v);
+        let Some(slot) = snapshot.slot(*v) else {
+            continue;
+        };
+        for key in &slot.pod.claim_sharers {
+            let Some(sharer) = snapshot.pod_id(key) else {
+                continue;
+            };
+            let leaving = snapshot
+                .slot(sharer)
+                .is_none_or(|s| s.pod.reclaim.is_some() || s.pod.is_terminating());
+            if !leaving && !all.contains(&sharer) && !victims.contains(&sharer) {
+                all.push(sharer);
+            }
+        }
+    }
+    all
+}
+
+/// The plan's victims, the pods sharing their claims included ([`with_sharers`]), with what
+/// the handover needs of each: its queue's settings and what it frees.
 fn victims_of(snapshot: &Snapshot, plan: &NodePlan, now: Timestamp) -> Vec<Victim> {
-    plan.victims
+    with_sharers(snapshot, &plan.victims)
         .iter()
         .filter_map(|v| {
             let slot = snapshot.slot(*v)?;

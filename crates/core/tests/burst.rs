@@ -194,6 +194,40 @@ fn an_owner_that_fits_in_the_room_another_burst_owner_frees_takes_no_victim() {
 }
 
 #[test]
+fn a_pod_sharing_a_victims_claim_is_never_put_back_without_it() {
+    // batch/shared holds a DRA claim of 2 GPUs that batch/rider uses too (charged nothing);
+    // batch/single holds 2 more. Two owners of 2 need all 4: every one of the three goes,
+    // the rider included, though freeing it alone frees nothing.
+    let mut holder = running("batch/shared", 2, "n1", 10);
+    holder.claim_sharers = vec![PodKey::new("batch", "rider")];
+    let mut rider = running("batch/rider", 1, "n1", 10);
+    rider.requests.gpus.clear();
+    let pods = vec![
+        holder,
+        rider,
+        running("batch/single", 2, "n1", 20),
+        pending("online/o0", 2, 100),
+        pending("online/o1", 2, 101),
+    ];
+    let mut s = build(
+        vec![queue("online", 4, 0), queue("batch", 0, 4)],
+        vec![node("n1", 4)],
+        pods,
+    );
+    let decisions = admission_cycle(&mut s, &Policy::default(), at(1000));
+    let mut victims: Vec<String> = plans(&decisions)
+        .iter()
+        .flat_map(|p| p.victims.iter().map(|v| v.key.to_string()))
+        .collect();
+    victims.sort();
+    assert_eq!(
+        victims,
+        vec!["batch/rider", "batch/shared", "batch/single"],
+        "{decisions:?}"
+    );
+}
+
+#[test]
 fn an_earlier_victim_a_later_one_makes_unneeded_is_put_back() {
     // A one-GPU borrower (the most preferred victim: lowest priority) and a four-GPU one on a
     // node of five. Owner o0 (1 GPU) takes the small one; o1 (2 GPUs) needs the large one,

@@ -9,7 +9,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use common::world::{GPU, at, build, queue};
+use common::world::{GPU, at, build, pending, queue, running};
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, admission_cycle, decide};
@@ -423,6 +423,65 @@ fn a_first_available_claim_waits_unless_every_alternative_fits_the_quota() {
     let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(10));
     assert_eq!(admitted_nodes(&decisions), vec!["m", "m"], "{decisions:?}");
     assert_eq!(usage(&snapshot, "a").allocated, Milli::devices(1));
+}
+
+/// A DRA claim two pods of a borrower share is charged to one of them, but its devices are
+/// freed only once both are gone: a reclaim that takes them evicts both, in one handover.
+#[test]
+fn a_reclaim_evicts_every_pod_sharing_the_claim_it_frees() {
+    let shared = vec!["shared-gpus".to_owned()];
+    let (holder, other) = (PodKey::new("b", "train-0"), PodKey::new("b", "train-1"));
+    let users = [
+        gpuqueue_core::model::dra::ClaimUser {
+            pod: &holder,
+            admitted: true,
+            claims: &shared,
+        },
+        gpuqueue_core::model::dra::ClaimUser {
+            pod: &other,
+            admitted: true,
+            claims: &shared,
+        },
+    ];
+    let charged = gpuqueue_core::model::dra::charged_claims(&users);
+    let sharers = gpuqueue_core::model::dra::claim_sharers(&users, &charged);
+    assert_eq!(sharers, vec![vec![other.clone()], Vec::new()]);
+    let mut charged_pod = running("b/train-0", 2, "n1", 10);
+    charged_pod.claim_sharers = sharers[0].clone();
+    // Charged nothing: its claim is counted on b/train-0.
+    let mut using_free = running("b/train-1", 1, "n1", 10);
+    using_free.requests.gpus.clear();
+    let plan = |pods: Vec<Pod>| {
+        let mut snapshot = build(
+            vec![queue("a", 2, 0), queue("b", 0, 2)],
+            vec![common::world::node("n1", 2)],
+            pods,
+        );
+        let owner = snapshot.add_pod(pending("a/a0", 2, 100)).unwrap();
+        gpuqueue_core::reclaim::plan_reclaim(&snapshot, owner, at(100)).map(|p| {
+            p.victims
+                .iter()
+                .map(|v| v.key.to_string())
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(
+        plan(vec![charged_pod.clone(), using_free.clone()]),
+        Ok(vec!["b/train-0".to_owned(), "b/train-1".to_owned()]),
+        "b/train-1 holds the claim too"
+    );
+    // One already leaving is waited for, not evicted again.
+    let mut leaving = using_free;
+    leaving.state = PodState::Admitted(Assignment {
+        node: Some("n1".into()),
+        bound: true,
+        terminating: true,
+    });
+    assert_eq!(
+        plan(vec![charged_pod.clone(), leaving]),
+        Ok(vec!["b/train-0".to_owned()])
+    );
+    assert_eq!(plan(vec![charged_pod]), Ok(vec!["b/train-0".to_owned()]));
 }
 
 // ---- reading Kubernetes objects ----------------------------------------------------------

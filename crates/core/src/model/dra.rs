@@ -527,6 +527,27 @@ pub fn charged_claims(users: &[ClaimUser<'_>]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// For each of `users`, the other admitted users of the claims `charged` says it is charged
+/// for (same order as `users`; `charged` from [`charged_claims`]): a shared claim's devices stay
+/// allocated until every pod using it is gone, so its charged pod alone frees nothing.
+pub fn claim_sharers(users: &[ClaimUser<'_>], charged: &[Vec<String>]) -> Vec<Vec<PodKey>> {
+    users
+        .iter()
+        .zip(charged)
+        .map(|(user, claims)| {
+            let mut sharers: Vec<PodKey> = users
+                .iter()
+                .filter(|other| other.admitted && other.pod != user.pod)
+                .filter(|other| other.pod.namespace == user.pod.namespace)
+                .filter(|other| other.claims.iter().any(|c| claims.contains(c)))
+                .map(|other| other.pod.clone())
+                .collect();
+            sharers.sort();
+            sharers
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -652,6 +673,56 @@ mod tests {
         assert_eq!(claim_requests(&c, &classes(), &eight).unwrap(), pending);
         c.status = serde_json::from_value(allocated("gpu/other")).unwrap();
         assert_eq!(claim_requests(&c, &classes(), &eight).unwrap(), pending);
+    }
+
+    #[test]
+    fn the_charged_user_of_a_shared_claim_knows_the_other_admitted_users() {
+        let (a, b, c, d) = (
+            PodKey::new("t", "a"),
+            PodKey::new("t", "b"),
+            PodKey::new("t", "c"),
+            PodKey::new("u", "a"),
+        );
+        let shared = ["shared".to_owned()];
+        let alone = ["alone".to_owned()];
+        let users = [
+            ClaimUser {
+                pod: &a,
+                admitted: true,
+                claims: &shared,
+            },
+            ClaimUser {
+                pod: &b,
+                admitted: true,
+                claims: &shared,
+            },
+            // Pending: holds nothing yet.
+            ClaimUser {
+                pod: &c,
+                admitted: false,
+                claims: &shared,
+            },
+            // Another namespace's claim of the same name is another claim.
+            ClaimUser {
+                pod: &d,
+                admitted: true,
+                claims: &shared,
+            },
+        ];
+        let charged = charged_claims(&users);
+        assert_eq!(
+            claim_sharers(&users, &charged),
+            vec![vec![b.clone()], Vec::new(), Vec::new(), Vec::new()]
+        );
+        let single = [ClaimUser {
+            pod: &a,
+            admitted: true,
+            claims: &alone,
+        }];
+        assert_eq!(
+            claim_sharers(&single, &charged_claims(&single)),
+            vec![Vec::new()]
+        );
     }
 
     #[test]

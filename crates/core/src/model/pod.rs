@@ -241,6 +241,10 @@ pub struct Pod {
     /// Since when kube-scheduler reports it cannot bind the pod (`PodScheduled=False`, reason
     /// `Unschedulable`): see [`crate::pins`].
     pub unschedulable_since: Option<Timestamp>,
+    /// The other admitted pods using a DRA claim this pod is charged for
+    /// ([`super::dra::claim_sharers`]): the claim's devices stay allocated while any of them
+    /// is there, so this pod leaving frees none of them.
+    pub claim_sharers: Vec<PodKey>,
 }
 
 /// A pod that cannot be modelled.
@@ -316,6 +320,7 @@ impl Pod {
             reserved_unseen: false,
             unadmitted: false,
             unschedulable_since: None,
+            claim_sharers: Vec::new(),
         }
     }
 
@@ -418,6 +423,8 @@ impl Pod {
                 reserved_unseen: false,
                 unadmitted: is_admitted && !hints.admission_recorded,
                 unschedulable_since: unschedulable_since(pod),
+                // The claim stores say (the operator's `admission::device_claims`).
+                claim_sharers: Vec::new(),
             },
             warnings,
         }))

@@ -45,7 +45,8 @@ impl Snapshot {
     }
 
     /// Gives back (`sign` = 1) or takes again (`sign` = -1) what a seated pod holds, on a
-    /// trial of its node.
+    /// trial of its node. (A pod charged for a DRA claim others share gives back the claim's
+    /// devices: a reclaim evicts the others with it, see `reclaim::with_sharers`.)
     pub(crate) fn release_on(&self, trial: &mut Trial, pod: PodId, sign: i8) {
         let Some(slot) = self.slot(pod) else {
             return;

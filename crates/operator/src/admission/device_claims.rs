@@ -18,7 +18,8 @@ use gpuqueue_core::{
         self,
         dra::{
             ALLOCATION_RESULTS_MAX, ClaimCharge, ClaimUser, ClaimUsers, DeviceClasses, Uncounted,
-            add_requests, charged_claims, claim_names, claim_requests, countable, mark_changes,
+            add_requests, charged_claims, claim_names, claim_requests, claim_sharers, countable,
+            mark_changes,
         },
     },
     quantity::ResourceName,
@@ -96,13 +97,15 @@ pub fn charge(
         })
         .collect();
     let charged = charged_claims(&users);
-    for (charges, claims) in read.iter().zip(charged) {
-        let requests = &mut Arc::make_mut(&mut pods[charges.index]).requests;
+    let sharers = claim_sharers(&users, &charged);
+    for ((charges, claims), sharers) in read.iter().zip(charged).zip(sharers) {
+        let pod = Arc::make_mut(&mut pods[charges.index]);
         for claim in claims {
             let charge = &charges.by_claim[&claim];
-            add_requests(&mut requests.gpus, &charge.placed);
-            add_requests(&mut requests.quota_only, &charge.quota_only);
+            add_requests(&mut pod.requests.gpus, &charge.placed);
+            add_requests(&mut pod.requests.quota_only, &charge.quota_only);
         }
+        pod.claim_sharers = sharers;
     }
     uncounted.sort_unstable();
     for index in uncounted.into_iter().rev() {
