@@ -337,6 +337,52 @@ fn a_running_hami_pod_sits_on_the_devices_hami_gave_it() {
     assert!(warnings[0].contains("pod a/x"), "{warnings:?}");
 }
 
+/// A tenant can write HAMi's annotation on its own pods: a pod naming a device another pod
+/// already fills is seated on a free one, still charged to its queue, and the problem noted;
+/// before, it left the snapshot, and its queue's quota with it.
+#[test]
+fn a_pod_naming_a_full_hami_device_stays_charged() {
+    let register = "GPU-a,1,16384,100,NVIDIA-H100,0,true:GPU-b,1,16384,100,NVIDIA-H100,0,true:";
+    let node = Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu", "2")],
+        &[],
+        &[("hami.io/node-nvidia-register", register)],
+    ))
+    .unwrap()
+    .value;
+    let hami_pod = |name: &str, created: &str| -> k8s::Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "a", "creationTimestamp": created,
+                "annotations": {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,16384,100:;"}},
+            "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": "1"}}}]},
+        }))
+        .unwrap()
+    };
+    let read = |pod: k8s::Pod| Arc::new(Pod::from_k8s(&pod).unwrap().unwrap().value);
+    let mut pods = vec![
+        read(hami_pod("first", "2026-01-01T00:00:00Z")),
+        read(hami_pod("forged", "2026-01-01T00:01:00Z")),
+    ];
+    assert!(
+        gpuqueue_core::model::seat_hami_pods(&mut pods, std::slice::from_ref(&node)).is_empty()
+    );
+    let (snapshot, issues) = Snapshot::builder()
+        .queues(vec![queue("a", 1, 0)])
+        .nodes(vec![node])
+        .pods(pods.into_iter().map(Arc::unwrap_or_clone))
+        .build();
+    assert!(
+        issues
+            .iter()
+            .any(|i| i.to_string().contains("pod a/forged")),
+        "{issues:?}"
+    );
+    assert_eq!(usage(&snapshot, "a").allocated, Milli::devices(2));
+    let forged = snapshot.pod_id(&PodKey::new("a", "forged")).unwrap();
+    assert_eq!(snapshot.pod_devices(forged)[0].devices, [1]);
+}
+
 #[test]
 fn a_compute_request_over_the_queue_cores_cap_waits_naming_compute() {
     let mut a = queue("a", 8, 0);
@@ -654,7 +700,21 @@ fn hami_requests_are_read_per_device_and_never_ignored() {
         ("nvidia.com/gpucores", "150"),
     ]))
     .unwrap_err();
-    assert!(over.rule.contains("from 0 to 100"), "{over}");
+    assert!(over.rule.contains("from 1 to 100"), "{over}");
+    // 0% is no limit under HAMi, not nothing: refused, or the gpuCores cap would not see it.
+    let unlimited = Pod::from_k8s(&k8s_pod(&[
+        ("nvidia.com/gpu", "1"),
+        ("nvidia.com/gpucores", "0"),
+    ]))
+    .unwrap_err();
+    assert!(
+        unlimited.rule.contains("HAMi does not limit"),
+        "{unlimited}"
+    );
+    assert!(
+        unlimited.field.contains("nvidia.com/gpucores"),
+        "{unlimited}"
+    );
 }
 
 // ---- properties ---------------------------------------------------------------------------

@@ -632,11 +632,15 @@ fn read_part(name: &str, value: &str, part: &mut DevicePart) -> Result<(), Strin
         }
         hami::GPU_MEMORY => part.memory = DeviceMemory::Mib(n),
         hami::GPU_MEMORY_PERCENTAGE => part.memory = DeviceMemory::Percent(percent("memory")?),
-        _ => {
-            part.cores = Some(u32::try_from(n).ok().filter(|p| *p <= 100).ok_or_else(|| {
-                format!("{n} is not a percentage of the device's compute from 0 to 100")
-            })?);
+        // HAMi does not limit a pod asking 0% (HAMi-core's rate limiter stands aside): it may
+        // take the whole device's compute, which 0 would not charge against `gpuCores`.
+        _ if n == 0 => {
+            return Err(format!(
+                "0% of the device's compute, which HAMi does not limit; ask 1 to 100, or leave \
+                 {name} out"
+            ));
         }
+        _ => part.cores = Some(percent("compute")?),
     }
     Ok(())
 }

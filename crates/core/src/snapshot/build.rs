@@ -385,7 +385,7 @@ impl Snapshot {
     pub fn add_pod(&mut self, pod: impl Into<Arc<Pod>>) -> Result<PodId, SnapshotError> {
         let (id, node) = self.insert_pod(pod.into(), None)?;
         if let Some(node) = node {
-            self.seat_as_given(id, node)?;
+            self.seat_as_given(id, node);
         }
         self.generation += 1;
         Ok(id)
@@ -452,13 +452,15 @@ impl Snapshot {
     }
 
     /// Seats an inserted pod on `node`: on the devices it names, or the lowest-numbered free
-    /// ones (else as the node's deficit). A pod naming devices it cannot hold there is taken
-    /// out of the snapshot again.
-    pub(super) fn seat_as_given(&mut self, id: PodId, node: NodeId) -> Result<(), SnapshotError> {
+    /// ones (else as the node's deficit). A pod naming devices it cannot hold there (taken by
+    /// pods seated before it, or not on the node) is seated as one naming none, and the problem
+    /// noted: what a pod names never takes it off its queue's charge, since a tenant can write
+    /// the HAMi annotation the names come from on its own pods.
+    pub(super) fn seat_as_given(&mut self, id: PodId, node: NodeId) {
         let explicit = match self.slot(id) {
             Some(slot) if !slot.pod.devices.is_empty() => slot.pod.devices.clone(),
             Some(_) => Vec::new(),
-            None => return Ok(()),
+            None => return,
         };
         let how = if explicit.is_empty() {
             SeatMode::CanonicalOrDeficit
@@ -466,16 +468,12 @@ impl Snapshot {
             match self.explicit_charges(id, node, &explicit) {
                 Ok(charges) => SeatMode::Exact(charges),
                 Err(e) => {
-                    self.charge_queue(id, -1);
-                    if let Some(slot) = self.pods[id.index()].take() {
-                        self.pod_ids.remove(&slot.pod.key, id);
-                    }
-                    return Err(e);
+                    self.build_notes.push(e);
+                    SeatMode::CanonicalOrDeficit
                 }
             }
         };
         self.seat(id, node, how);
-        Ok(())
     }
 
     fn explicit_charges(

@@ -9,7 +9,8 @@
 //! full build would give, but for the pods' ids (an added pod takes a removed one's slot):
 //! every node a changed pod was or is seated on is seated again from empty, its pods in the
 //! seating order `build` uses, so devices, deficits, ledger and fragmentation come out as a
-//! build's, and a pod naming devices another took first is left out as a build leaves it out.
+//! build's, and a pod naming devices another took first is seated on free ones as a build seats
+//! it.
 //! The workload mix, where it is the pods' own ([`SnapshotBuilder::workload_mix_of_pods`]), is
 //! counted for the changed pods only, and every node is measured against a new one last, as
 //! `build` does. Where an update cannot promise a build's snapshot, it builds one:
@@ -301,7 +302,7 @@ impl Last {
             return Err(Rebuild);
         }
         // Each node's pods in the seating order (`build`'s), so each node is seated as a build
-        // would seat it, and a pod naming devices taken before it is left out as a build would.
+        // would seat it, a pod naming devices taken before it on the lowest free ones.
         let mut reseat: Vec<_> = reseat
             .into_iter()
             .filter_map(|(node, id)| {
@@ -310,14 +311,8 @@ impl Last {
             })
             .collect();
         reseat.sort_unstable_by(|a, b| (a.0, a.1, &a.2.key).cmp(&(b.0, b.1, &b.2.key)));
-        for (node, _, pod, id) in reseat {
-            if let Err(e) = s.seat_as_given(id, node) {
-                issues.push(e);
-                self.holes.push(id);
-                if let Some(given) = self.pods.get_mut(&address(&pod)) {
-                    given.id = None;
-                }
-            }
+        for (node, _, _, id) in reseat {
+            s.seat_as_given(id, node);
         }
         s.generation += 1;
         issues.append(&mut s.build_notes);
