@@ -28,9 +28,16 @@ pub fn keep_minimal(snapshot: &mut Snapshot, node: NodeId, plans: &mut [&mut Rec
         .collect();
     let mut dropped = Vec::new();
     for candidate in mine.iter().rev().filter(|v| !sharing.contains(v)) {
-        if owners_fit_without(snapshot, node, &dropped, *candidate) {
+        let sharers = sharers_among(snapshot, *candidate, &mine);
+        // Put back with the candidate, its sharers stay too (they hold CPU and memory).
+        let kept: Vec<PodId> = dropped
+            .iter()
+            .copied()
+            .chain(sharers.into_iter().filter(|s| !dropped.contains(s)))
+            .collect();
+        if owners_fit_without(snapshot, node, &kept, *candidate) {
+            dropped = kept;
             dropped.push(*candidate);
-            dropped.extend(sharers_among(snapshot, *candidate, &mine));
         }
     }
     if dropped.is_empty() {

@@ -13,6 +13,9 @@ struct CapRoom {
     gpu: ResolvedGpu,
     memory_left_mib: Option<u64>,
     cores_left_milli: Option<u64>,
+    /// Devices the pod is placed on; otherwise held in quota only (`Requests::quota_only`:
+    /// devices kube-scheduler may allocate instead), judged only where the node has their pool.
+    placed: bool,
 }
 
 /// Which of a queue's caps keeps the pod's devices off a node, for one resource.
@@ -30,12 +33,19 @@ pub(crate) fn cap_filter(
     pod: PodId,
 ) -> impl Fn(NodeId) -> Option<CapBlock> + '_ {
     let caps: Vec<CapRoom> = snapshot.slot(pod).map_or_else(Vec::new, |slot| {
+        let quota_only = slot.pod.requests.quota_only.iter().filter_map(|g| {
+            let resolved = ResolvedGpu::new(snapshot.resource_id(&g.resource)?, g)?;
+            Some((resolved, false))
+        });
         slot.gpus
             .iter()
-            .filter_map(|g| {
+            .map(|g| (g.clone(), true))
+            .chain(quota_only)
+            .filter_map(|(g, placed)| {
                 let usage = snapshot.usage_of(queue, g.resource)?;
                 let room = CapRoom {
-                    gpu: g.clone(),
+                    placed,
+                    gpu: g,
                     memory_left_mib: usage
                         .memory_cap_mib
                         .map(|cap| cap.saturating_sub(usage.memory_mib)),
@@ -52,6 +62,9 @@ pub(crate) fn cap_filter(
         caps.iter().find_map(|cap| {
             let resource = cap.gpu.resource;
             let Some(pool) = n.pool(resource) else {
+                if !cap.placed {
+                    return None;
+                }
                 return Some(if cap.memory_left_mib.is_some() {
                     CapBlock::Memory(resource)
                 } else {

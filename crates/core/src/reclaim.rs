@@ -770,10 +770,12 @@ pub(crate) fn with_sharers(snapshot: &Snapshot, victims: &[PodId]) -> Vec<PodId>
             let Some(sharer) = snapshot.pod_id(key) else {
                 continue;
             };
-            let leaving = snapshot
+            // One already leaving is awaited instead ([`awaited_victims`]); one marked as a
+            // reclaim's owner is left alone.
+            let taken = snapshot
                 .slot(sharer)
                 .is_none_or(|s| s.pod.reclaim.is_some() || s.pod.is_terminating());
-            if !leaving && !all.contains(&sharer) && !victims.contains(&sharer) {
+            if !taken && !all.contains(&sharer) && !victims.contains(&sharer) {
                 all.push(sharer);
             }
         }
@@ -821,19 +823,38 @@ pub(crate) fn awaited_victims(
     request: &Request,
     victims: &[PodId],
 ) -> Vec<PodKey> {
+    // Pods already leaving that share a victim's claim: its devices come free only once they
+    // are gone too.
+    let mut awaited: Vec<PodKey> = Vec::new();
+    for slot in victims.iter().filter_map(|v| snapshot.slot(*v)) {
+        for key in &slot.pod.claim_sharers {
+            let leaving = snapshot
+                .pod_id(key)
+                .filter(|p| !victims.contains(p))
+                .and_then(|p| snapshot.slot(p))
+                .is_some_and(|s| s.pod.is_terminating() || s.pod.is_reclaim_victim());
+            if leaving && !awaited.contains(key) {
+                awaited.push(key.clone());
+            }
+        }
+    }
     let n = snapshot.node_state(node);
     let mut trial = Trial::of(n);
     for v in victims {
         try_release(&mut trial, snapshot, *v, 1);
     }
     if request.has_room(n.layout(), &trial.free, trial.cpu, trial.memory) {
-        return Vec::new();
+        return awaited;
     }
-    snapshot
-        .marked_victims_on(node)
-        .filter(|v| !victims.contains(v))
-        .filter_map(|v| Some(snapshot.slot(v)?.pod.key.clone()))
-        .collect()
+    for v in snapshot.marked_victims_on(node) {
+        let Some(slot) = snapshot.slot(v).filter(|_| !victims.contains(&v)) else {
+            continue;
+        };
+        if !awaited.contains(&slot.pod.key) {
+            awaited.push(slot.pod.key.clone());
+        }
+    }
+    awaited
 }
 
 /// Whether kube-scheduler would preempt for `owner` on node `n`: it outranks a pod seated

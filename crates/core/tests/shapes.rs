@@ -471,6 +471,34 @@ fn a_first_available_claim_waits_unless_every_alternative_fits_the_quota() {
     assert_eq!(usage(&snapshot, "a").allocated, Milli::devices(1));
 }
 
+/// The same claim under a `gpuMemory` cap on `nvidia.com/gpu`: the GPU kube-scheduler may
+/// allocate is judged against the cap too, on a node that has such GPUs.
+#[test]
+fn a_first_available_claim_waits_when_an_alternative_breaks_a_memory_cap() {
+    let mig = "nvidia.com/mig-1g.10gb";
+    let mut pod = pod_asking("a/p", GpuRequest::devices(mig, 3), 0);
+    pod.requests.quota_only = vec![GpuRequest::devices(GPU, 1)];
+    let node = gpu_node(
+        "m",
+        GpuPool {
+            memory_mib: Some(81_920),
+            ..GpuPool::exclusive(GPU, 1)
+        },
+    )
+    .gpus(mig, 7);
+    let mut a = gpuqueue_core::model::Queue::new("a")
+        .namespace("a")
+        .quota(gpuqueue_core::model::ResourceQuota::devices(GPU, 1, 0))
+        .quota(gpuqueue_core::model::ResourceQuota::devices(mig, 3, 0));
+    a.quotas[0].gpu_memory_mib = Some(20 * 1024);
+    let snapshot = build(vec![a], vec![node], vec![pod]);
+    let p = snapshot.pod_id(&PodKey::new("a", "p")).unwrap();
+    let Decision::Wait(wait) = decide(&snapshot, p, &Policy::default(), at(10)) else {
+        panic!("the whole GPU's 80 GiB break the 20 GiB cap");
+    };
+    assert_eq!(wait.reason.code(), "GpuMemoryCap", "{}", wait.reason);
+}
+
 /// A DRA claim two pods of a borrower share is charged to one of them, but its devices are
 /// freed only once both are gone: a reclaim that takes them evicts both, in one handover.
 #[test]
@@ -505,18 +533,18 @@ fn a_reclaim_evicts_every_pod_sharing_the_claim_it_frees() {
         );
         let owner = snapshot.add_pod(pending("a/a0", 2, 100)).unwrap();
         gpuqueue_core::reclaim::plan_reclaim(&snapshot, owner, at(100)).map(|p| {
-            p.victims
-                .iter()
-                .map(|v| v.key.to_string())
-                .collect::<Vec<_>>()
+            let victims: Vec<String> = p.victims.iter().map(|v| v.key.to_string()).collect();
+            let awaits: Vec<String> = p.awaits.iter().map(ToString::to_string).collect();
+            (victims, awaits)
         })
     };
+    let (train_0, train_1) = ("b/train-0".to_owned(), "b/train-1".to_owned());
     assert_eq!(
         plan(vec![charged_pod.clone(), using_free.clone()]),
-        Ok(vec!["b/train-0".to_owned(), "b/train-1".to_owned()]),
+        Ok((vec![train_0.clone(), train_1.clone()], Vec::new())),
         "b/train-1 holds the claim too"
     );
-    // One already leaving is waited for, not evicted again.
+    // One already leaving is awaited, not evicted again.
     let mut leaving = using_free;
     leaving.state = PodState::Admitted(Assignment {
         node: Some("n1".into()),
@@ -525,9 +553,9 @@ fn a_reclaim_evicts_every_pod_sharing_the_claim_it_frees() {
     });
     assert_eq!(
         plan(vec![charged_pod.clone(), leaving]),
-        Ok(vec!["b/train-0".to_owned()])
+        Ok((vec![train_0.clone()], vec![train_1]))
     );
-    assert_eq!(plan(vec![charged_pod]), Ok(vec!["b/train-0".to_owned()]));
+    assert_eq!(plan(vec![charged_pod]), Ok((vec![train_0], Vec::new())));
 }
 
 // ---- reading Kubernetes objects ----------------------------------------------------------

@@ -548,6 +548,41 @@ pub fn claim_sharers(users: &[ClaimUser<'_>], charged: &[Vec<String>]) -> Vec<Ve
         .collect()
 }
 
+/// The pending users (indices into `users`, with the claim) that would use a claim charged to
+/// a pod leaving through a reclaim (`leaving`, parallel to `users`; `charged` from
+/// [`charged_claims`]): the claim is being freed for the reclaim's owner, and a new user,
+/// charged nothing while the leaving pod is there, would keep its devices allocated.
+pub fn joining_freed_claims(
+    users: &[ClaimUser<'_>],
+    charged: &[Vec<String>],
+    leaving: &[bool],
+) -> Vec<(usize, String)> {
+    let freed: BTreeSet<(&str, &str)> = users
+        .iter()
+        .zip(charged)
+        .zip(leaving)
+        .filter(|(_, leaving)| **leaving)
+        .flat_map(|((user, claims), _)| {
+            claims
+                .iter()
+                .map(|c| (user.pod.namespace.as_str(), c.as_str()))
+        })
+        .collect();
+    users
+        .iter()
+        .enumerate()
+        .filter(|(_, user)| !user.admitted)
+        .filter_map(|(i, user)| {
+            let namespace = user.pod.namespace.as_str();
+            let claim = user
+                .claims
+                .iter()
+                .find(|c| freed.contains(&(namespace, c.as_str())))?;
+            Some((i, claim.clone()))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -723,6 +758,40 @@ mod tests {
             claim_sharers(&single, &charged_claims(&single)),
             vec![Vec::new()]
         );
+    }
+
+    #[test]
+    fn a_pending_pod_may_not_join_a_claim_a_reclaim_is_freeing() {
+        let (victim, joiner, other) = (
+            PodKey::new("t", "a"),
+            PodKey::new("t", "b"),
+            PodKey::new("t", "c"),
+        );
+        let shared = ["shared".to_owned()];
+        let own = ["own".to_owned()];
+        let users = [
+            ClaimUser {
+                pod: &victim,
+                admitted: true,
+                claims: &shared,
+            },
+            ClaimUser {
+                pod: &joiner,
+                admitted: false,
+                claims: &shared,
+            },
+            ClaimUser {
+                pod: &other,
+                admitted: false,
+                claims: &own,
+            },
+        ];
+        let charged = charged_claims(&users);
+        assert_eq!(
+            joining_freed_claims(&users, &charged, &[true, false, false]),
+            vec![(1, "shared".to_owned())]
+        );
+        assert!(joining_freed_claims(&users, &charged, &[false, false, false]).is_empty());
     }
 
     #[test]

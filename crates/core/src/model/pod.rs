@@ -329,6 +329,13 @@ impl Pod {
         matches!(self.state, PodState::Admitted(_))
     }
 
+    /// Whether a reclaim marked it as one of its victims (it is leaving).
+    pub fn is_reclaim_victim(&self) -> bool {
+        self.reclaim
+            .as_ref()
+            .is_some_and(|m| m.role == ReclaimRole::Victim)
+    }
+
     /// Whether the pod is being deleted (it holds its room until it is gone).
     pub fn is_terminating(&self) -> bool {
         matches!(

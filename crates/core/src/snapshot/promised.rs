@@ -6,7 +6,6 @@
 use super::Snapshot;
 use crate::devices::{NodeState, Request, Trial, host_amount};
 use crate::ids::{NodeId, PodId};
-use crate::model::ReclaimRole;
 
 /// The owners waiting on one node and the victims evicted for them.
 pub(crate) struct Promised<'a> {
@@ -34,14 +33,11 @@ impl Snapshot {
 
     /// The seated pods of a node marked as some reclaim's victims.
     pub(crate) fn marked_victims_on(&self, node: NodeId) -> impl Iterator<Item = PodId> + '_ {
-        self.node_state(node).pods().iter().copied().filter(|p| {
-            self.slot(*p).is_some_and(|s| {
-                s.pod
-                    .reclaim
-                    .as_ref()
-                    .is_some_and(|m| m.role == ReclaimRole::Victim)
-            })
-        })
+        self.node_state(node)
+            .pods()
+            .iter()
+            .copied()
+            .filter(|p| self.slot(*p).is_some_and(|s| s.pod.is_reclaim_victim()))
     }
 
     /// Gives back (`sign` = 1) or takes again (`sign` = -1) what a seated pod holds, on a

@@ -19,7 +19,7 @@ use gpuqueue_core::{
         dra::{
             ALLOCATION_RESULTS_MAX, ClaimCharge, ClaimUser, ClaimUsers, DeviceClasses, Uncounted,
             add_requests, charged_claims, claim_names, claim_requests, claim_sharers, countable,
-            mark_changes,
+            joining_freed_claims, mark_changes,
         },
     },
     quantity::ResourceName,
@@ -43,6 +43,7 @@ type ByClaim = HashMap<String, ClaimCharge>;
 /// What the claims of one pod charge.
 struct Charges {
     index: usize,
+    object: Arc<Pod>,
     names: Vec<String>,
     by_claim: ByClaim,
 }
@@ -74,6 +75,7 @@ pub fn charge(
         match charges_of(&pod, pending, stores, &classes, &most_devices) {
             Ok((names, by_claim)) => read.push(Charges {
                 index,
+                object: pod,
                 names,
                 by_claim,
             }),
@@ -98,6 +100,20 @@ pub fn charge(
         .collect();
     let charged = charged_claims(&users);
     let sharers = claim_sharers(&users, &charged);
+    let leaving: Vec<bool> = read
+        .iter()
+        .map(|c| pods[c.index].is_reclaim_victim())
+        .collect();
+    for (i, claim) in joining_freed_claims(&users, &charged, &leaving) {
+        let joiner = &read[i];
+        let reason = format!(
+            "pod {}: ResourceClaim {claim} is being freed: a reclaim evicts the pod it is charged \
+             to, and the pod waits until that one is gone",
+            pods[joiner.index].key
+        );
+        unreadable.push((joiner.object.clone(), reason));
+        uncounted.push(joiner.index);
+    }
     for ((charges, claims), sharers) in read.iter().zip(charged).zip(sharers) {
         let pod = Arc::make_mut(&mut pods[charges.index]);
         for claim in claims {
@@ -324,6 +340,42 @@ mod tests {
         assert_eq!(
             pods[0].requests.quota_only,
             vec![GpuRequest::devices("nvidia.com/gpu", 1)]
+        );
+    }
+
+    #[test]
+    fn a_pending_pod_waits_while_a_reclaim_frees_the_claim_it_names() {
+        let stores = stores();
+        let mut victim = model::Pod::new(
+            PodKey::new("team", "victim"),
+            Requests::default(),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        victim.state = PodState::Admitted(Assignment::default());
+        victim.reclaim = Some(model::ReclaimMark {
+            id: "rc-1".into(),
+            role: model::ReclaimRole::Victim,
+        });
+        let joiner = model::Pod::new(
+            PodKey::new("team", "joiner"),
+            Requests::default(),
+            jiff::Timestamp::UNIX_EPOCH,
+        );
+        let mut pods = vec![Arc::new(victim), Arc::new(joiner)];
+        let claiming = vec![
+            (0, k8s_pod("victim", "shared")),
+            (1, k8s_pod("joiner", "shared")),
+        ];
+        let (unreadable, problems) = charge_on_no_nodes(&mut pods, claiming, &stores);
+        assert!(problems.is_empty());
+        assert_eq!(pods.len(), 1, "the joiner waits out of the model");
+        assert_eq!(unreadable.len(), 1);
+        assert!(
+            unreadable[0]
+                .1
+                .contains("ResourceClaim shared is being freed"),
+            "{}",
+            unreadable[0].1
         );
     }
 
