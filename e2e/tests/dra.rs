@@ -95,56 +95,47 @@ fn examples(file: &str) -> std::path::PathBuf {
 
 /// The ResourceSlice NVIDIA's driver would publish for `node` with `gpus` whole H100s.
 fn slice(node: &str, gpus: u32) -> String {
-    let devices: Vec<_> = (0..gpus)
-        .map(|i| {
-            json!({
-                "name": format!("gpu-{i}"),
-                "attributes": {
-                    "type": {"string": "gpu"},
-                    "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                    "architecture": {"string": "Hopper"},
-                },
-                "capacity": {"memory": {"value": "80Gi"}},
-            })
+    let gpu = |i| {
+        json!({
+            "name": format!("gpu-{i}"),
+            "attributes": {
+                "type": {"string": "gpu"},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                "architecture": {"string": "Hopper"},
+            },
+            "capacity": {"memory": {"value": "80Gi"}},
         })
-        .collect();
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
-        "spec": {
-            "driver": "gpu.nvidia.com",
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    })
-    .to_string()
+    };
+    pool_slice(node, node, &(0..gpus).map(gpu).collect::<Vec<_>>())
 }
 
-/// A second ResourceSlice for `node`: `slices` MIG 1g.10gb instances (their own pool).
+/// A second ResourceSlice for `node`: `slices` MIG 1g.10gb instances, in a pool of their own.
 fn mig_slice(node: &str, slices: u32) -> String {
-    let devices: Vec<_> = (0..slices)
-        .map(|i| {
-            json!({
-                "name": format!("mig-{i}"),
-                "attributes": {
-                    "type": {"string": "mig"},
-                    "profile": {"string": "1g.10gb"},
-                    "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                },
-                "capacity": {"memory": {"value": "10Gi"}},
-            })
+    let mig = |i| {
+        json!({
+            "name": format!("mig-{i}"),
+            "attributes": {
+                "type": {"string": "mig"},
+                "profile": {"string": "1g.10gb"},
+                "productName": {"string": "NVIDIA H100 80GB HBM3"},
+            },
+            "capacity": {"memory": {"value": "10Gi"}},
         })
-        .collect();
+    };
+    let devices: Vec<_> = (0..slices).map(mig).collect();
+    pool_slice(node, &format!("{node}-mig"), &devices)
+}
+
+/// The driver's one-slice pool `pool` of `devices` on `node`.
+fn pool_slice(node: &str, pool: &str, devices: &[serde_json::Value]) -> String {
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": format!("{node}-mig.gpu.nvidia.com")},
+        "metadata": {"name": format!("{pool}-gpu.nvidia.com")},
         "spec": {
             "driver": "gpu.nvidia.com",
             "nodeName": node,
-            "pool": {"name": format!("{node}-mig"), "generation": 1, "resourceSliceCount": 1},
+            "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
             "devices": devices,
         },
     })
@@ -377,10 +368,10 @@ async fn the_bridge_counts_and_places_nvidia_gpu_requests_on_a_dra_only_node() {
     assert!(common::is_gated(&pods.get("third").await.unwrap()));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
-    // `team` owns the node's 4 GPUs; `borrowers` borrows all 4 through a claim.
-    let world = World::start("dra_reclaim", 4).await;
+/// Queue `borrowers` (guaranteed 0, burstable 4) borrows the node's 4 GPUs, which `team`
+/// owns, through claim `borrowed` that `users` (pods with a 1 s grace) share; returns their
+/// namespace once every user is bound.
+async fn borrowed_through_a_claim(world: &World, users: &[&str]) -> gpuqueue_e2e::TempNamespace {
     let admin = world.cluster.client();
     let borrowers = world.cluster.namespace("borrowers").await.unwrap();
     apply_queue(&admin, &queue_yaml("borrowers", &[borrowers.name()], 0, 4)).await;
@@ -391,14 +382,19 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
     };
     in_borrowers(claim("borrowed", "gpu.nvidia.com", 4)).await;
     let borrowed = json!([{"name": "gpus", "resourceClaimName": "borrowed"}]);
-    in_borrowers(quick_claiming_pod("borrower", &borrowed)).await;
-    let borrower_pods: Api<Pod> = Api::namespaced(admin.clone(), borrowers.name());
-    bound(&borrower_pods, "borrower").await;
-    let borrower_claims: Api<ResourceClaim> = Api::namespaced(admin.clone(), borrowers.name());
-    allocated_pools(&borrower_claims, "borrowed").await;
+    for user in users {
+        in_borrowers(quick_claiming_pod(user, &borrowed)).await;
+    }
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), borrowers.name());
+    for user in users {
+        bound(&pods, user).await;
+    }
+    borrowers
+}
 
-    // The owner's claim takes the same 4 devices: kube-scheduler can allocate it only once
-    // kube-controller-manager has released the borrower's.
+/// The tenant's pod `owner` claims the node's 4 GPUs (kube-scheduler can allocate them only
+/// once the borrowers' claim is released); returns its handover record once it is bound.
+async fn owner_claims_the_node(world: &World) -> gpuqueue_api::v1alpha1::HandoverRecord {
     world
         .tenant_applies(&claim("owned", "gpu.nvidia.com", 4))
         .await;
@@ -416,21 +412,36 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
         NODE
     );
     let owner = format!("{}/owner", world.namespace.name());
-    let queue = queue_status(&admin, "team", "the handover's record", |q| {
-        q.status.as_ref().is_some_and(|s| {
-            s.last_handovers
-                .iter()
-                .any(|r| r.owner_pod == owner && r.phases.iter().any(|p| p.phase == "ownerBound"))
-        })
-    })
+    let done = |r: &gpuqueue_api::v1alpha1::HandoverRecord| {
+        r.owner_pod == owner && r.phases.iter().any(|p| p.phase == "ownerBound")
+    };
+    let queue = queue_status(
+        &world.cluster.client(),
+        "team",
+        "the handover's record",
+        |q| {
+            q.status
+                .as_ref()
+                .is_some_and(|s| s.last_handovers.iter().any(done))
+        },
+    )
     .await;
-    let record = queue
+    let mine: Vec<_> = queue
         .status
         .unwrap()
         .last_handovers
         .into_iter()
-        .find(|r| r.owner_pod == owner)
-        .unwrap();
+        .filter(|r| r.owner_pod == owner)
+        .collect();
+    assert_eq!(mine.len(), 1, "one handover: {mine:?}");
+    mine.into_iter().next().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
+    let world = World::start("dra_reclaim", 4).await;
+    let borrowers = borrowed_through_a_claim(&world, &["borrower"]).await;
+    let record = owner_claims_the_node(&world).await;
     let at = |phase: &str| {
         record.phases.iter().find(|p| p.phase == phase).map_or_else(
             || panic!("no phase {phase} in {:?}", record.phases),
@@ -444,7 +455,8 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
         record.phases
     );
     eprintln!("dra_reclaim: phases {:?}", record.phases);
-    let released = borrower_claims.get("borrowed").await.unwrap();
+    let claims: Api<ResourceClaim> = Api::namespaced(world.cluster.client(), borrowers.name());
+    let released = claims.get("borrowed").await.unwrap();
     let status = released.status.unwrap_or_default();
     assert!(status.allocation.is_none(), "{status:?}");
 }
@@ -454,48 +466,10 @@ async fn a_reclaim_from_a_dra_borrower_ends_only_after_its_claim_is_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reclaim_evicts_every_pod_sharing_the_borrowed_claim() {
     let world = World::start("dra_reclaim_shared", 4).await;
-    let admin = world.cluster.client();
-    let borrowers = world.cluster.namespace("borrowers").await.unwrap();
-    apply_queue(&admin, &queue_yaml("borrowers", &[borrowers.name()], 0, 4)).await;
-    let in_borrowers = |yaml: String| {
-        let admin = admin.clone();
-        let namespace = borrowers.name().to_owned();
-        async move { apply_yaml(&admin, &yaml, Some(&namespace)).await.unwrap() }
-    };
-    in_borrowers(claim("borrowed", "gpu.nvidia.com", 4)).await;
-    let borrowed = json!([{"name": "gpus", "resourceClaimName": "borrowed"}]);
-    in_borrowers(quick_claiming_pod("borrower", &borrowed)).await;
-    in_borrowers(quick_claiming_pod("rider", &borrowed)).await;
-    let borrower_pods: Api<Pod> = Api::namespaced(admin.clone(), borrowers.name());
-    bound(&borrower_pods, "borrower").await;
-    bound(&borrower_pods, "rider").await;
-
-    world
-        .tenant_applies(&claim("owned", "gpu.nvidia.com", 4))
-        .await;
-    let owner_claims = json!([{"name": "gpus", "resourceClaimName": "owned"}]);
-    world
-        .tenant_applies(&claiming_pod("owner", &owner_claims))
-        .await;
-    bound(&world.pods(), "owner").await;
-    let owner = format!("{}/owner", world.namespace.name());
-    let queue = queue_status(&admin, "team", "the handover's record", |q| {
-        q.status.as_ref().is_some_and(|s| {
-            s.last_handovers
-                .iter()
-                .any(|r| r.owner_pod == owner && r.outcome == "Completed")
-        })
-    })
-    .await;
-    let records: Vec<_> = queue
-        .status
-        .unwrap()
-        .last_handovers
-        .into_iter()
-        .filter(|r| r.owner_pod == owner)
-        .collect();
-    assert_eq!(records.len(), 1, "one handover: {records:?}");
-    let mut victims = records[0].victims.clone();
+    let borrowers = borrowed_through_a_claim(&world, &["borrower", "rider"]).await;
+    let record = owner_claims_the_node(&world).await;
+    assert_eq!(record.outcome, "Completed");
+    let mut victims = record.victims;
     victims.sort();
     let ns = borrowers.name();
     assert_eq!(victims, [format!("{ns}/borrower"), format!("{ns}/rider")]);
