@@ -61,14 +61,10 @@ pub fn keep_minimal(snapshot: &mut Snapshot, node: NodeId, plans: &mut [&mut Rec
 
 /// The pods among `victims` that share a DRA claim `victim` is charged for.
 fn sharers_among(snapshot: &Snapshot, victim: PodId, victims: &[PodId]) -> Vec<PodId> {
-    snapshot.slot(victim).map_or_else(Vec::new, |slot| {
-        slot.pod
-            .claim_sharers
-            .iter()
-            .filter_map(|key| snapshot.pod_id(key))
-            .filter(|p| victims.contains(p))
-            .collect()
-    })
+    snapshot
+        .claim_sharers_of(victim)
+        .filter(|p| victims.contains(p))
+        .collect()
 }
 
 /// Whether every owner waiting on `node` fits once the marked victims are gone, but for

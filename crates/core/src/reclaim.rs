@@ -763,18 +763,12 @@ pub(crate) fn with_sharers(snapshot: &Snapshot, victims: &[PodId]) -> Vec<PodId>
     let mut all = Vec::with_capacity(victims.len());
     for v in victims {
         all.push(*v);
-        let Some(slot) = snapshot.slot(*v) else {
-            continue;
-        };
-        for key in &slot.pod.claim_sharers {
-            let Some(sharer) = snapshot.pod_id(key) else {
-                continue;
-            };
+        for sharer in snapshot.claim_sharers_of(*v) {
             // One already leaving is awaited instead ([`awaited_victims`]); one marked as a
             // reclaim's owner is left alone.
             let taken = snapshot
                 .slot(sharer)
-                .is_none_or(|s| s.pod.reclaim.is_some() || s.pod.is_terminating());
+                .is_none_or(|s| s.pod.is_leaving() || s.pod.reclaim.is_some());
             if !taken && !all.contains(&sharer) && !victims.contains(&sharer) {
                 all.push(sharer);
             }
@@ -826,16 +820,13 @@ pub(crate) fn awaited_victims(
     // Pods already leaving that share a victim's claim: its devices come free only once they
     // are gone too.
     let mut awaited: Vec<PodKey> = Vec::new();
-    for slot in victims.iter().filter_map(|v| snapshot.slot(*v)) {
-        for key in &slot.pod.claim_sharers {
-            let leaving = snapshot
-                .pod_id(key)
-                .filter(|p| !victims.contains(p))
-                .and_then(|p| snapshot.slot(p))
-                .is_some_and(|s| s.pod.is_terminating() || s.pod.is_reclaim_victim());
-            if leaving && !awaited.contains(key) {
-                awaited.push(key.clone());
-            }
+    let sharers = victims.iter().flat_map(|v| snapshot.claim_sharers_of(*v));
+    for sharer in sharers.filter(|p| !victims.contains(p)) {
+        let Some(slot) = snapshot.slot(sharer).filter(|s| s.pod.is_leaving()) else {
+            continue;
+        };
+        if !awaited.contains(&slot.pod.key) {
+            awaited.push(slot.pod.key.clone());
         }
     }
     let n = snapshot.node_state(node);

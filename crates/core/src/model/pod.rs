@@ -336,6 +336,11 @@ impl Pod {
             .is_some_and(|m| m.role == ReclaimRole::Victim)
     }
 
+    /// Whether the pod is on its way out: being deleted, or a reclaim's victim.
+    pub fn is_leaving(&self) -> bool {
+        self.is_terminating() || self.is_reclaim_victim()
+    }
+
     /// Whether the pod is being deleted (it holds its room until it is gone).
     pub fn is_terminating(&self) -> bool {
         matches!(

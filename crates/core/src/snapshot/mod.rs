@@ -397,6 +397,14 @@ impl Snapshot {
         self.pods.get(id.index()).and_then(Option::as_ref)
     }
 
+    /// The pods here that share a DRA claim `pod` is charged for ([`Pod::claim_sharers`]).
+    pub(crate) fn claim_sharers_of(&self, pod: PodId) -> impl Iterator<Item = PodId> + '_ {
+        self.slot(pod)
+            .into_iter()
+            .flat_map(|slot| &slot.pod.claim_sharers)
+            .filter_map(|key| self.pod_id(key))
+    }
+
     /// A pod; `None` once removed.
     pub fn pod(&self, id: PodId) -> Option<&Pod> {
         self.slot(id).map(|s| &*s.pod)
