@@ -289,28 +289,45 @@ fn with_both_caps_the_one_that_blocks_is_named() {
     assert_eq!(wait.reason.code(), "GpuCoresCap", "{}", wait.reason);
 }
 
-#[test]
-fn a_running_hami_pod_sits_on_the_devices_hami_gave_it() {
-    let register = "GPU-a,10,16384,100,NVIDIA-H100,0,true:GPU-b,10,16384,100,NVIDIA-H100,0,true:";
-    let node = Node::from_k8s(&k8s_node(
-        &[("nvidia.com/gpu", "20")],
+/// A HAMi node `n` of two 16 GiB H100s, `GPU-a` and `GPU-b`, each split `split` ways.
+fn hami_h100s(split: u32) -> Node {
+    let device = |uuid: &str| format!("{uuid},{split},16384,100,NVIDIA-H100,0,true:");
+    let register = device("GPU-a") + &device("GPU-b");
+    let gpus = (2 * split).to_string();
+    Node::from_k8s(&k8s_node(
+        &[("nvidia.com/gpu", &gpus)],
         &[],
-        &[("hami.io/node-nvidia-register", register)],
+        &[("hami.io/node-nvidia-register", &register)],
     ))
     .unwrap()
-    .value;
+    .value
+}
+
+/// Pod `a/name`, created at `created`, running on node `n` with one HAMi GPU (`limits` more)
+/// on the devices `allocated` names in HAMi's annotation.
+fn hami_pod(name: &str, created: &str, allocated: &str, limits: &[(&str, &str)]) -> Arc<Pod> {
+    let mut all = serde_json::Map::new();
+    all.insert("nvidia.com/gpu".into(), "1".into());
+    for (k, v) in limits {
+        all.insert((*k).into(), (*v).into());
+    }
+    let pod: k8s::Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "a", "creationTimestamp": created,
+            "annotations": {"hami.io/vgpu-devices-allocated": allocated}},
+        "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": all}}]},
+    }))
+    .unwrap();
+    Arc::new(Pod::from_k8s(&pod).unwrap().unwrap().value)
+}
+
+#[test]
+fn a_running_hami_pod_sits_on_the_devices_hami_gave_it() {
+    let node = hami_h100s(10);
     assert_eq!(node.hami_devices, ["GPU-a", "GPU-b"]);
-    let k8s_pod = |allocated: &str| -> k8s::Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "x", "namespace": "a", "creationTimestamp": "2026-01-01T00:00:00Z",
-                "annotations": {"hami.io/vgpu-devices-allocated": allocated}},
-            "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": {
-                "nvidia.com/gpu": "1", "nvidia.com/gpumem": "12000"}}}]},
-        }))
-        .unwrap()
+    let read = |allocated: &str| {
+        let gpumem = [("nvidia.com/gpumem", "12000")];
+        hami_pod("x", "2026-01-01T00:00:00Z", allocated, &gpumem)
     };
-    let read =
-        |allocated: &str| Arc::new(Pod::from_k8s(&k8s_pod(allocated)).unwrap().unwrap().value);
     let mut pods = vec![read("GPU-b,NVIDIA,12000,0:;")];
     assert!(
         gpuqueue_core::model::seat_hami_pods(&mut pods, std::slice::from_ref(&node)).is_empty()
@@ -342,27 +359,11 @@ fn a_running_hami_pod_sits_on_the_devices_hami_gave_it() {
 /// before, it left the snapshot, and its queue's quota with it.
 #[test]
 fn a_pod_naming_a_full_hami_device_stays_charged() {
-    let register = "GPU-a,1,16384,100,NVIDIA-H100,0,true:GPU-b,1,16384,100,NVIDIA-H100,0,true:";
-    let node = Node::from_k8s(&k8s_node(
-        &[("nvidia.com/gpu", "2")],
-        &[],
-        &[("hami.io/node-nvidia-register", register)],
-    ))
-    .unwrap()
-    .value;
-    let hami_pod = |name: &str, created: &str| -> k8s::Pod {
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name, "namespace": "a", "creationTimestamp": created,
-                "annotations": {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,16384,100:;"}},
-            "spec": {"nodeName": "n", "containers": [{"name": "c", "resources": {"limits": {
-                "nvidia.com/gpu": "1"}}}]},
-        }))
-        .unwrap()
-    };
-    let read = |pod: k8s::Pod| Arc::new(Pod::from_k8s(&pod).unwrap().unwrap().value);
+    let node = hami_h100s(1);
+    let on_a = "GPU-a,NVIDIA,16384,100:;";
     let mut pods = vec![
-        read(hami_pod("first", "2026-01-01T00:00:00Z")),
-        read(hami_pod("forged", "2026-01-01T00:01:00Z")),
+        hami_pod("first", "2026-01-01T00:00:00Z", on_a, &[]),
+        hami_pod("forged", "2026-01-01T00:01:00Z", on_a, &[]),
     ];
     assert!(
         gpuqueue_core::model::seat_hami_pods(&mut pods, std::slice::from_ref(&node)).is_empty()
