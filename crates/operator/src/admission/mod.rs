@@ -10,7 +10,8 @@
 //! 3. **apply**: release the gate on the chosen node (JSON patch that tests the gate), or,
 //!    once the pod has waited [`FIRST_REASON_AFTER`], record why it waits (annotation, and an
 //!    event when the cause changes).
-//! 4. **report**: queue status by server-side apply when it changed, events for quota edits and
+//! 4. **report**: queue status by server-side apply when it changed (a change of counters alone
+//!    at most once a second per queue, [`status_pacing`]), events for quota edits and
 //!    condition changes, and the queue and fragmentation gauges.
 //!
 //! The writes of steps 3 and 4 run in the background, at most [`WRITE_CONCURRENCY`] at once and
@@ -42,6 +43,7 @@ mod enforce;
 pub mod metrics;
 pub mod observe;
 mod report;
+mod status_pacing;
 mod waiting;
 
 use std::{sync::Arc, time::Duration};
@@ -320,27 +322,27 @@ fn run_pass(
     );
 
     // 4. report: queue status and events (background writes), gauges, the live snapshot
-    let statuses = report(shared, tasks, &snapshot, &invalid_queues, waiting, now);
+    let reported = report(
+        shared,
+        tasks,
+        &mut carried.status_pacing,
+        &snapshot,
+        &invalid_queues,
+        waiting,
+        now,
+    );
     let expiry = creation.next_expiry();
     let reopen = creation.publish(shared.term.clone(), snapshot, left_waiting, now);
     let took = started.elapsed();
-    let cpu = clock::thread_cpu_time().saturating_sub(cpu_started);
     context.metrics.pass_took(took.as_secs_f64());
-    tracing::debug!(
-        ?took,
-        ?cpu,
-        updated = matches!(made, Made::Updated { .. }),
-        admitted = applied.admitted,
-        waiting = applied.waiting,
-        reclaims = applied.reclaims.len(),
-        statuses,
-        "admission pass"
-    );
+    let cpu = clock::thread_cpu_time().saturating_sub(cpu_started);
+    log_pass(took, cpu, &made, &applied, &reported);
     PassResult {
         wake: cooldown
             .into_iter()
             .chain(applied.first_reason_due)
             .chain(stuck_pins.next)
+            .chain(reported.held_until)
             .chain(reopen)
             .chain(expiry)
             .min(),
@@ -348,6 +350,26 @@ fn run_pass(
         planned,
         reclaims: applied.reclaims,
     }
+}
+
+/// One debug line per pass: how long it took, and what it started.
+fn log_pass(
+    took: Duration,
+    cpu: Duration,
+    made: &Made,
+    applied: &apply::ApplySummary,
+    reported: &report::Reported,
+) {
+    tracing::debug!(
+        ?took,
+        ?cpu,
+        updated = matches!(made, Made::Updated { .. }),
+        admitted = applied.admitted,
+        waiting = applied.waiting,
+        reclaims = applied.reclaims.len(),
+        statuses = reported.statuses,
+        "admission pass"
+    );
 }
 
 /// Phase 1 of a pass: what the stores show, with the writes still in flight assumed, the
@@ -398,6 +420,7 @@ struct PassMemory {
     models: Models,
     snapshot: KeptSnapshot,
     enforce: enforce::EnforceMemory,
+    status_pacing: status_pacing::StatusPacing,
 }
 
 /// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).

@@ -1,5 +1,6 @@
-//! Phase 4, report: queue status by server-side apply where it changed, events for quota
-//! edits and condition changes, and the queue and fragmentation gauges.
+//! Phase 4, report: queue status by server-side apply where it changed (counters paced, see
+//! [`status_pacing`](super::status_pacing)), events for quota edits and condition changes, and
+//! the queue and fragmentation gauges.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,6 +19,7 @@ use super::{
     context::{Context, Shared, WriteResult},
     metrics::{FragmentationReport, QueueRow, Waiting},
     observe::InvalidQueue,
+    status_pacing::StatusPacing,
 };
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
@@ -27,25 +29,52 @@ use crate::{
     },
 };
 
+/// What phase 4 started, and when a status it held back is due.
+pub(super) struct Reported {
+    pub(super) statuses: usize,
+    pub(super) held_until: Option<Timestamp>,
+}
+
 /// Phase 4 of a pass: the queues' status and events, and the queue and fragmentation gauges.
-/// Returns how many status writes started.
 pub(super) fn report(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
+    pacing: &mut StatusPacing,
     snapshot: &Snapshot,
     invalid: &[InvalidQueue],
     waiting: Waiting,
     now: Timestamp,
-) -> usize {
+) -> Reported {
     let status_time = Timestamp::from_second(now.as_second()).unwrap_or(now);
     let reports = queue_reports(snapshot, &shared.context.reclaimer.handover_budgets());
     let extras = GaugeExtras {
         namespaces: claimed_namespaces(&shared.context.stores, snapshot),
         waiting,
     };
-    let statuses = start_reports(shared, tasks, &reports, invalid, extras, status_time);
+    let mut reported = Reported {
+        statuses: 0,
+        held_until: None,
+    };
+    let (desired, mut rows) = desired_statuses(
+        &shared.context.assumed,
+        &shared.context.stores,
+        &reports,
+        invalid,
+        status_time,
+    );
+    extras.fill(&mut rows);
+    shared.context.queue_gauges.publish(rows);
+    for write in desired {
+        match start_status_write(shared, tasks, pacing, write, now) {
+            Started::Yes => reported.statuses += 1,
+            Started::No => {}
+            Started::HeldUntil(due) => {
+                reported.held_until = reported.held_until.into_iter().chain(Some(due)).min();
+            }
+        }
+    }
     publish_fragmentation(&shared.context, snapshot);
-    statuses
+    reported
 }
 
 /// What the queue gauges show beyond the status, by queue.
@@ -86,32 +115,6 @@ struct StatusWrite {
     queue: Arc<GpuQueue>,
     previous: Option<GpuQueueStatus>,
     status: GpuQueueStatus,
-}
-
-/// Starts writing the queues' status where it changed (events for quota edits and condition
-/// changes follow each write), and publishes the queue gauges. Returns how many writes started.
-fn start_reports(
-    shared: &Shared,
-    tasks: &mut JoinSet<()>,
-    reports: &[QueueReport],
-    invalid: &[InvalidQueue],
-    extras: GaugeExtras,
-    now: Timestamp,
-) -> usize {
-    let (desired, mut rows) = desired_statuses(
-        &shared.context.assumed,
-        &shared.context.stores,
-        reports,
-        invalid,
-        now,
-    );
-    extras.fill(&mut rows);
-    shared.context.queue_gauges.publish(rows);
-    let mut started = 0;
-    for write in desired {
-        started += usize::from(start_status_write(shared, tasks, write));
-    }
-    started
 }
 
 /// Each queue's status as this pass reports it (valid queues, then invalid ones), with the
@@ -177,24 +180,46 @@ fn desired_statuses(
     (desired, rows)
 }
 
-/// Starts writing one queue's status when it changed and no write to the queue is in flight.
-/// Returns whether it started.
-fn start_status_write(shared: &Shared, tasks: &mut JoinSet<()>, write: StatusWrite) -> bool {
+/// Whether a queue's status write started.
+enum Started {
+    Yes,
+    /// Nothing to write, or a write to the queue is in flight (the next pass looks again).
+    No,
+    /// Its counters changed, but not yet: see [`StatusPacing`].
+    HeldUntil(Timestamp),
+}
+
+/// Starts writing one queue's status when it changed, its turn has come and no write to the
+/// queue is in flight.
+fn start_status_write(
+    shared: &Shared,
+    tasks: &mut JoinSet<()>,
+    pacing: &mut StatusPacing,
+    write: StatusWrite,
+    now: Timestamp,
+) -> Started {
     let StatusWrite {
         queue,
         previous,
         status,
     } = write;
     let Some(uid) = queue.metadata.uid.clone() else {
-        return false;
+        return Started::No;
     };
+    if !status::needs_write(previous.as_ref(), &status) {
+        return Started::No;
+    }
+    if let Some(due) = pacing.held_until(&uid, previous.as_ref(), &status, now) {
+        return Started::HeldUntil(due);
+    }
     {
         let mut assumed = shared.assumed();
-        if !status::needs_write(previous.as_ref(), &status) || !assumed.begin(&uid) {
-            return false;
+        if !assumed.begin(&uid) {
+            return Started::No;
         }
         assumed.status_written(&uid, status.clone());
     }
+    pacing.wrote(&uid, now);
     let context = shared.context.clone();
     let assumed = shared.context.assumed.clone();
     shared.spawn(tasks, uid.clone(), async move {
@@ -213,7 +238,7 @@ fn start_status_write(shared: &Shared, tasks: &mut JoinSet<()>, write: StatusWri
             }
         }
     });
-    true
+    Started::Yes
 }
 
 /// Events on a queue for what changed since its last status: quota edits (guaranteed or
