@@ -237,6 +237,15 @@ async fn an_owner_is_bound_only_after_a_victim_that_uses_its_whole_grace_period_
         victim_pod.metadata.deletion_timestamp.is_some(),
         "the victim is still terminating when the others arrive: {victim_pod:?}"
     );
+    // No disruption budget guards it: deleted without the Eviction API, and marked as the
+    // Eviction API would mark it (a Job's podFailurePolicy reads the condition).
+    let disruption = pod_condition(&victim_pod, "DisruptionTarget");
+    assert!(
+        disruption.is_some_and(
+            |c| c.status == "True" && c.reason.as_deref() == Some("PreemptionByGpuQueue")
+        ),
+        "{victim_pod:?}"
+    );
     let deadline = victim_pod.metadata.deletion_timestamp.unwrap().0;
 
     let owner = bound(&owners, "owner").await;

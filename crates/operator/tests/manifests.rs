@@ -59,12 +59,22 @@ fn the_crd_copy_in_config_matches_crds() {
 fn the_cluster_role_is_least_privilege() {
     let role: ClusterRole = read("rbac/cluster_role.yaml");
     let rules = role.rules.unwrap();
-    // Pods are patched, never updated (a typed PUT drops newer fields); deleted only as the
-    // reclaim fallback; evicted through the Eviction API.
+    // Pods are patched, never updated (a typed PUT drops newer fields); evicted through the
+    // Eviction API, or deleted (marked DisruptionTarget first) where no budget guards them;
+    // budgets are read, never written.
     assert!(grants(&rules, "pods", "patch"));
     assert!(!grants(&rules, "pods", "update"));
     assert!(!grants(&rules, "pods", "create"));
     assert!(grants(&rules, "pods/eviction", "create"));
+    assert!(grants(&rules, "pods/status", "patch"));
+    assert!(!grants(&rules, "pods/status", "update"));
+    assert!(grants(&rules, "poddisruptionbudgets", "watch"));
+    for verb in ["create", "update", "patch", "delete"] {
+        assert!(
+            !grants(&rules, "poddisruptionbudgets", verb),
+            "poddisruptionbudgets {verb}"
+        );
+    }
     // Queues: status only.
     assert!(grants(&rules, "gpuqueues/status", "patch"));
     for verb in ["create", "update", "patch", "delete"] {

@@ -1,5 +1,5 @@
-//! The operator's view of the cluster: reflector stores of GpuQueues, pods, nodes and
-//! namespaces, kept current by watches, plus the change signals that drive the admission loop:
+//! The operator's view of the cluster: reflector stores of GpuQueues, pods, nodes, namespaces
+//! and PodDisruptionBudgets (which victims the Eviction API must judge), kept current by watches, plus the change signals that drive the admission loop:
 //! one after every change, and one after the *urgent* ones, which may call for a decision at
 //! once (see [`is_urgent`]). The rest (a pod the live snapshot already counts being bound,
 //! starting or going away) only has to reach the queue status and the gauges.
@@ -30,6 +30,7 @@ use futures::{Stream, StreamExt, TryStreamExt, future};
 use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
+    policy::v1::PodDisruptionBudget,
     resource::v1::{DeviceClass, ResourceClaim, ResourceSlice},
 };
 use kube::{
@@ -58,13 +59,15 @@ pub type StoredQueue = DeserializeGuard<GpuQueue>;
 /// Which pods the pod store keeps.
 pub type PodFilter = Arc<dyn Fn(&Pod) -> bool + Send + Sync>;
 
-/// Readers of the four stores, and the change signals.
+/// Readers of the stores, and the change signals.
 #[derive(Clone)]
 pub struct Stores {
     pub queues: Store<StoredQueue>,
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
+    /// Read by the reclaim executor only: a change calls for no admission decision.
+    pub budgets: Store<PodDisruptionBudget>,
     /// ResourceClaims, DeviceClasses and ResourceSlices (DRA).
     pub devices: DeviceStores,
     pub(super) changes: watch::Receiver<u64>,
@@ -101,6 +104,7 @@ impl fmt::Debug for Stores {
             .field("pods", &self.pods.len())
             .field("nodes", &self.nodes.len())
             .field("namespaces", &self.namespaces.len())
+            .field("budgets", &self.budgets.len())
             .finish_non_exhaustive()
     }
 }
@@ -137,6 +141,7 @@ impl Stores {
         let (pods, pod_writer) = reflector::store();
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
+        let (budgets, budget_writer) = reflector::store();
 
         let (devices, device_tasks) = device_stores(client, &signals, metrics);
         let mut tasks = vec![
@@ -171,7 +176,15 @@ impl Stores {
                 "namespaces",
                 namespace_writer,
                 namespace_events(client.clone()),
-                (signals, |_: &_| true),
+                (signals.clone(), |_: &_| true),
+                metrics,
+                || {},
+            ),
+            reflect(
+                "poddisruptionbudgets",
+                budget_writer,
+                all_events::<PodDisruptionBudget>(client),
+                (signals, |_: &_| false),
                 metrics,
                 || {},
             ),
@@ -182,6 +195,7 @@ impl Stores {
             pods,
             nodes,
             namespaces,
+            budgets,
             devices,
             changes,
             urgent_changes,
@@ -195,6 +209,7 @@ impl Stores {
         self.pods.wait_until_ready().await?;
         self.nodes.wait_until_ready().await?;
         self.namespaces.wait_until_ready().await?;
+        self.budgets.wait_until_ready().await?;
         self.devices.synced().await?;
         Ok(())
     }

@@ -1,6 +1,9 @@
 //! Stores filled by hand, for tests of the modules that read them.
 
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Pod},
+    policy::v1::PodDisruptionBudget,
+};
 use kube::runtime::{
     reflector::{self, store::Writer},
     watcher,
@@ -18,6 +21,7 @@ pub(crate) struct TestStores {
     pods: Writer<Pod>,
     nodes: Writer<Node>,
     namespaces: Writer<Namespace>,
+    budgets: Writer<PodDisruptionBudget>,
     pub devices: DeviceWriters,
     _signals: Signals,
 }
@@ -29,6 +33,7 @@ impl TestStores {
         let (pods, pod_writer) = reflector::store();
         let (nodes, node_writer) = reflector::store();
         let (namespaces, namespace_writer) = reflector::store();
+        let (budgets, budget_writer) = reflector::store();
         let (devices, device_writers) = DeviceStores::for_tests();
         Self {
             stores: Stores {
@@ -36,6 +41,7 @@ impl TestStores {
                 pods,
                 nodes,
                 namespaces,
+                budgets,
                 devices,
                 changes,
                 urgent_changes,
@@ -44,6 +50,7 @@ impl TestStores {
             pods: pod_writer,
             nodes: node_writer,
             namespaces: namespace_writer,
+            budgets: budget_writer,
             devices: device_writers,
             _signals: signals,
         }
@@ -63,6 +70,12 @@ impl TestStores {
     pub(crate) fn add_node(&mut self, node: serde_json::Value) {
         let node: Node = serde_json::from_value(node).unwrap();
         self.nodes.apply_watcher_event(&watcher::Event::Apply(node));
+    }
+
+    pub(crate) fn add_budget(&mut self, budget: serde_json::Value) {
+        let budget: PodDisruptionBudget = serde_json::from_value(budget).unwrap();
+        self.budgets
+            .apply_watcher_event(&watcher::Event::Apply(budget));
     }
 
     pub(crate) fn add_namespace(&mut self, namespace: serde_json::Value) {

@@ -1,6 +1,16 @@
 //! Evicting one victim: the Eviction API with its queue's grace period, PodDisruptionBudgets
 //! honoured until the handover's deadline, then a delete with the reason recorded.
 //!
+//! **A victim no budget guards** ([`Guard::Unbudgeted`], from the operator's store of budgets,
+//! see [`super::disruption`]) is deleted directly, with the same grace period and uid
+//! precondition, after the `DisruptionTarget` condition the Eviction API would add (a Job's
+//! `podFailurePolicy` reads it). The Eviction API lists the namespace's budgets with a
+//! consistent read, which waits for the API server's cache to catch up with etcd: during a
+//! 12-owner burst an eviction took 103 ms at the median and 219 ms at p90 on the server, a
+//! delete 26 ms (audit log of the handover benchmark). If either write fails, the Eviction API
+//! is used after all. A budget created after the store last showed the namespace is missed, as
+//! one created just after the Eviction API's own read would be.
+//!
 //! | answer | meaning | what happens |
 //! | --- | --- | --- |
 //! | 200/201 | eviction accepted | done |
@@ -25,16 +35,21 @@ use std::time::Duration;
 use k8s_openapi::{
     api::{core::v1::Pod, policy::v1::Eviction as EvictionRequest},
     apimachinery::pkg::apis::meta::v1::{
-        DeleteOptions, ObjectMeta, Preconditions as MetaPreconditions,
+        DeleteOptions, ObjectMeta, Preconditions as MetaPreconditions, Time,
     },
 };
 use kube::{
     Api, Client,
-    api::{DeleteParams, Preconditions},
+    api::{DeleteParams, Patch, PatchParams, Preconditions},
 };
+use serde_json::json;
 use tokio::time::Instant;
 
-use crate::leader::Term;
+use crate::{clock, leader::Term};
+
+/// The `DisruptionTarget` reason on a victim deleted without the Eviction API (the scheduler's
+/// own preemption says `PreemptionByScheduler`).
+pub const DISRUPTION_REASON: &str = "PreemptionByGpuQueue";
 
 /// The first wait after a refusal; doubled after each, up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -98,6 +113,15 @@ impl Eviction {
     }
 }
 
+/// Whether a PodDisruptionBudget may refuse a victim's eviction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// A budget selects it (or the operator cannot tell): the Eviction API judges.
+    Budgeted,
+    /// No budget selects it: deleted directly.
+    Unbudgeted,
+}
+
 /// One victim to evict.
 #[derive(Clone, Debug)]
 pub struct EvictionTarget<'a> {
@@ -113,9 +137,15 @@ pub async fn evict(
     client: &Client,
     term: &Term,
     target: &EvictionTarget<'_>,
+    guard: Guard,
     deadline: Instant,
     mut refused: impl FnMut(&Refusal),
 ) -> Eviction {
+    if guard == Guard::Unbudgeted
+        && let Some(done) = delete_unbudgeted(client, term, target).await
+    {
+        return done;
+    }
     let mut backoff = FIRST_BACKOFF;
     let mut refusals = 0;
     let mut last: Option<Refusal> = None;
@@ -211,6 +241,61 @@ fn eviction_request(
         .body(serde_json::to_vec(&eviction)?)?)
 }
 
+/// Marks `target` `DisruptionTarget`, then deletes it; `None` when either write fails for
+/// another reason than the pod being gone (the Eviction API is tried instead).
+async fn delete_unbudgeted(
+    client: &Client,
+    term: &Term,
+    target: &EvictionTarget<'_>,
+) -> Option<Eviction> {
+    if !term.is_current() {
+        return Some(Eviction::NotLeader);
+    }
+    let api: Api<Pod> = Api::namespaced(client.clone(), target.namespace);
+    let gone = |error: &kube::Error| matches!(error, kube::Error::Api(status) if status.code == 404 || status.code == 409);
+    let marked = api
+        .patch_status(
+            target.name,
+            &PatchParams::default(),
+            &Patch::Strategic(disruption_condition(target)),
+        )
+        .await;
+    match marked {
+        Ok(_) => {}
+        Err(error) if gone(&error) => return Some(Eviction::AlreadyGone),
+        Err(error) => {
+            tracing::warn!(pod = target.name, %error, "marking a reclaim victim DisruptionTarget failed; using the Eviction API");
+            return None;
+        }
+    }
+    if !term.is_current() {
+        return Some(Eviction::NotLeader);
+    }
+    match api.delete(target.name, &delete_params(target)).await {
+        Ok(_) => Some(Eviction::Evicted { refusals: 0 }),
+        Err(error) if gone(&error) => Some(Eviction::AlreadyGone),
+        Err(error) => {
+            tracing::warn!(pod = target.name, %error, "deleting a reclaim victim failed; using the Eviction API");
+            None
+        }
+    }
+}
+
+/// The strategic merge patch adding the `DisruptionTarget` condition, for this uid only (a
+/// namesake's uid makes the API server refuse the patch).
+fn disruption_condition(target: &EvictionTarget<'_>) -> serde_json::Value {
+    json!({
+        "metadata": {"uid": target.uid},
+        "status": {"conditions": [{
+            "type": "DisruptionTarget",
+            "status": "True",
+            "reason": DISRUPTION_REASON,
+            "message": "gpuqueue: reclaiming this pod's GPUs for the queue that is guaranteed them",
+            "lastTransitionTime": Time(clock::now()),
+        }]},
+    })
+}
+
 async fn delete_after_refusal(
     api: &Api<Pod>,
     term: &Term,
@@ -280,7 +365,7 @@ mod tests {
     type Seen = Arc<Mutex<Vec<(String, String, serde_json::Value)>>>;
 
     /// A client whose API server answers each request by its method: the next of `answers`
-    /// for evictions (the last one repeats), 200 for deletes.
+    /// for evictions and status patches (the last one repeats), 200 for deletes.
     fn api(answers: Vec<(u16, &'static str)>) -> (Client, Seen) {
         let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let seen: Seen = Arc::default();
@@ -300,9 +385,15 @@ mod tests {
                 } else {
                     *answers.peek().unwrap()
                 };
-                let status = json!({"kind": "Status", "apiVersion": "v1",
-                    "status": if code < 300 { "Success" } else { "Failure" },
-                    "message": format!("{reason} (test)"), "reason": reason, "code": code});
+                // A patch that lands answers with the pod; anything else with a Status.
+                let status = if method == "PATCH" && code < 300 {
+                    json!({"kind": "Pod", "apiVersion": "v1",
+                        "metadata": {"name": "victim", "namespace": "batch"}})
+                } else {
+                    json!({"kind": "Status", "apiVersion": "v1",
+                        "status": if code < 300 { "Success" } else { "Failure" },
+                        "message": format!("{reason} (test)"), "reason": reason, "code": code})
+                };
                 send.send_response(
                     Response::builder()
                         .status(code)
@@ -336,7 +427,15 @@ mod tests {
     async fn an_accepted_eviction_carries_the_grace_period_and_the_uid() {
         let (api, seen) = api(vec![(201, "Created")]);
         let (term, _state) = term().await;
-        let outcome = evict(&api, &term, &target(), Instant::now(), |_| {}).await;
+        let outcome = evict(
+            &api,
+            &term,
+            &target(),
+            Guard::Budgeted,
+            Instant::now(),
+            |_| {},
+        )
+        .await;
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 1);
@@ -363,6 +462,7 @@ mod tests {
             &api,
             &term,
             &target(),
+            Guard::Budgeted,
             Instant::now() + Duration::from_secs(3),
             |r| reported.push(r.clone()),
         )
@@ -382,6 +482,7 @@ mod tests {
             &api,
             &term,
             &target(),
+            Guard::Budgeted,
             start + Duration::from_secs(2),
             |_| {},
         )
@@ -409,6 +510,7 @@ mod tests {
             &api,
             &term,
             &target(),
+            Guard::Budgeted,
             Instant::now() + Duration::from_millis(150),
             |r| reported.push(r.clone()),
         )
@@ -425,7 +527,15 @@ mod tests {
         for code in [404, 409] {
             let (api, seen) = api(vec![(code, "Gone")]);
             let (term, _state) = term().await;
-            let outcome = evict(&api, &term, &target(), Instant::now(), |_| {}).await;
+            let outcome = evict(
+                &api,
+                &term,
+                &target(),
+                Guard::Budgeted,
+                Instant::now(),
+                |_| {},
+            )
+            .await;
             assert_eq!(outcome, Eviction::AlreadyGone);
             assert_eq!(seen.lock().unwrap().len(), 1);
         }
@@ -439,8 +549,95 @@ mod tests {
             term: 1,
             acting_until: None,
         });
-        let outcome = evict(&api, &term, &target(), Instant::now(), |_| {}).await;
+        let outcome = evict(
+            &api,
+            &term,
+            &target(),
+            Guard::Budgeted,
+            Instant::now(),
+            |_| {},
+        )
+        .await;
         assert_eq!(outcome, Eviction::NotLeader);
         assert!(seen.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_victim_no_budget_guards_is_marked_then_deleted_without_the_eviction_api() {
+        let (api, seen) = api(vec![(200, "OK")]);
+        let (term, _state) = term().await;
+        let outcome = evict(
+            &api,
+            &term,
+            &target(),
+            Guard::Unbudgeted,
+            Instant::now(),
+            |_| {},
+        )
+        .await;
+        assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
+        let seen = seen.lock().unwrap();
+        let calls: Vec<(&str, &str)> = seen
+            .iter()
+            .map(|(method, path, _)| (method.as_str(), path.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("PATCH", "/api/v1/namespaces/batch/pods/victim/status"),
+                ("DELETE", "/api/v1/namespaces/batch/pods/victim"),
+            ]
+        );
+        let marked = &seen[0].2;
+        assert_eq!(marked["metadata"]["uid"], "uid-1");
+        let condition = &marked["status"]["conditions"][0];
+        assert_eq!(condition["type"], "DisruptionTarget");
+        assert_eq!(condition["status"], "True");
+        assert_eq!(condition["reason"], DISRUPTION_REASON);
+        let deleted = &seen[1].2;
+        assert_eq!(deleted["preconditions"]["uid"], "uid-1");
+        assert_eq!(deleted["gracePeriodSeconds"], 1);
+    }
+
+    #[tokio::test]
+    async fn a_victim_that_cannot_be_marked_goes_through_the_eviction_api() {
+        let (api, seen) = api(vec![(403, "Forbidden"), (201, "Created")]);
+        let (term, _state) = term().await;
+        let outcome = evict(
+            &api,
+            &term,
+            &target(),
+            Guard::Unbudgeted,
+            Instant::now(),
+            |_| {},
+        )
+        .await;
+        assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
+        let seen = seen.lock().unwrap();
+        let (method, path, _) = seen.last().unwrap();
+        assert_eq!(
+            (method.as_str(), path.as_str()),
+            ("POST", "/api/v1/namespaces/batch/pods/victim/eviction")
+        );
+        assert!(seen.iter().all(|(method, _, _)| method != "DELETE"));
+    }
+
+    #[tokio::test]
+    async fn an_unguarded_victim_already_gone_or_replaced_is_not_deleted() {
+        for code in [404, 409] {
+            let (api, seen) = api(vec![(code, "Gone")]);
+            let (term, _state) = term().await;
+            let outcome = evict(
+                &api,
+                &term,
+                &target(),
+                Guard::Unbudgeted,
+                Instant::now(),
+                |_| {},
+            )
+            .await;
+            assert_eq!(outcome, Eviction::AlreadyGone);
+            assert_eq!(seen.lock().unwrap().len(), 1);
+        }
     }
 }

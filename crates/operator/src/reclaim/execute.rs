@@ -14,6 +14,7 @@ use kube::{Api, api::Patch};
 use tokio::time::Instant;
 
 use super::{
+    disruption,
     evict::{self, Eviction},
     handover::{COMPLETED, Handover, Victim},
     intent::{self, Role},
@@ -149,6 +150,7 @@ impl Reclaimer {
                 &self.client,
                 term,
                 &target,
+                disruption::guard(&self.stores, &victim.target.key),
                 handover.timeline.deadline(),
                 |refusal| self.announce_refusal(handover, victim, refusal),
             )

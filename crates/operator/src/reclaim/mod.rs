@@ -11,17 +11,19 @@
 //!                                                               mark `checkpointing`, checkpoint
 //!                                                               (deadline from the budget left),
 //!                                                               evict (PDB: retry to the deadline,
-//!                                                               then delete)
+//!                                                               then delete; no PDB: mark
+//!                                                               DisruptionTarget, delete)
 //!                                                             ─▶ watch: victims gone, owner bound
 //!                                                             ─▶ record on both queues, events,
 //!                                                               metrics; clear the owner's intent
 //! ```
 //!
 //! The files follow the diagram: `begin` writes the intent and releases the owner, `execute`
-//! checkpoints, evicts (`evict`), waits and records (`record`), `resume` finds what an
-//! earlier leader left, and `announce` holds every event text. `handover` says what a
-//! handover is, `intent` how it is written on pods, `timeline` how it is timed, and
-//! `reclaimer` is the handle they all run on; this file drives the tasks.
+//! checkpoints, evicts (`evict`; `disruption` says whether a budget guards the victim), waits
+//! and records (`record`), `resume` finds what an earlier leader left, and `announce` holds
+//! every event text. `handover` says what a handover is, `intent` how it is written on pods,
+//! `timeline` how it is timed, and `reclaimer` is the handle they all run on; this file drives
+//! the tasks.
 //!
 //! Every phase is timed from the start of the admission pass that found the owner blocked
 //! ([`timeline`]). The intent and the owner's release are written inside that pass, so the next
@@ -49,6 +51,7 @@ mod announce;
 mod begin;
 mod budget;
 mod crash;
+mod disruption;
 mod evict;
 mod execute;
 mod handover;
