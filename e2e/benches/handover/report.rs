@@ -241,10 +241,17 @@ fn rows_json(rows: &[Row]) -> Vec<serde_json::Value> {
 
 /// What the benchmark ran on, for the report's first line.
 fn setup(knobs: &Knobs) -> String {
+    let behaving = if knobs.node_behaviour == "fast" {
+        "on KWOK's fast stages (an evicted victim vanishes at once)".to_owned()
+    } else {
+        format!(
+            "behaving like kubelets (a victim terminates within its {VICTIM_GRACE_SECONDS} s grace \
+             period)"
+        )
+    };
     let mut setup = format!(
-        "{} KWOK nodes of {GPUS_PER_NODE} GPUs behaving like kubelets (a victim terminates within \
-         its {VICTIM_GRACE_SECONDS} s grace period), full of one-GPU borrowers; owners within \
-         their guarantee, budget 3 s",
+        "{} KWOK nodes of {GPUS_PER_NODE} GPUs {behaving}, full of one-GPU borrowers; owners \
+         within their guarantee, budget 3 s",
         knobs.nodes
     );
     if knobs.owner_priority > 0 {
@@ -304,8 +311,13 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
         values.sort_by(f64::total_cmp);
         percentile(&values, 0.5)
     };
+    let title = if knobs.node_behaviour == "fast" {
+        "on KWOK's fast stages"
+    } else {
+        "on nodes that behave like kubelets"
+    };
     let mut text = format!(
-        "# Handover latency on nodes that behave like kubelets\n\n\
+        "# Handover latency {title}\n\n\
          {setup}. Nodes: {} (KWOK stages). Operator: {} build; real kube-apiserver, kube-scheduler,\n\
          kube-controller-manager and etcd on this machine. Phase durations from the operator's\n\
          handover records, in ms; the control-plane share is the whole handover minus the\n\
