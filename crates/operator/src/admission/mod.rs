@@ -1,7 +1,8 @@
 //! The admission loop: the leader's work. Each pass is a short pipeline, run when the stores
 //! change (debounced; while no pod waits, a change that calls for no decision is taken in
-//! within [`BOOKKEEPING`]) and never on a timer unless a decision names a time, or a
-//! reservation made at creation expires (its pod may never appear, and bring no change):
+//! within [`BOOKKEEPING`]) and never on a timer unless a decision names a time, a reservation
+//! made at creation expires (its pod may never appear, and bring no change), or a queue status
+//! held back by [`status_pacing`] is due:
 //!
 //! 1. **observe**: read the stores into the core's model (pods seen through [`Assumed`], and the
 //!    pods the webhook reserved at creation that the store does not show yet).
@@ -78,8 +79,9 @@ use report::report;
 use waiting::WaitingSince;
 
 /// How soon a change that calls for no decision (see `Stores::urgent_changes`) reaches the
-/// queue status and the gauges while no pod waits: in a burst of pods admitted at their
-/// creation, a pass every few milliseconds would only count them again.
+/// gauges while no pod waits (and the queue status, within [`status_pacing`]'s second): in a
+/// burst of pods admitted at their creation, a pass every few milliseconds would only count
+/// them again.
 const BOOKKEEPING: Debounce = Debounce {
     quiet: Duration::from_millis(500),
     max: Duration::from_millis(500),

@@ -26,7 +26,7 @@ use std::{
     },
 };
 
-use futures::{Stream, StreamExt, TryStreamExt, future};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
@@ -66,7 +66,8 @@ pub struct Stores {
     pub pods: Store<Pod>,
     pub nodes: Store<Node>,
     pub namespaces: Store<Namespace>,
-    /// Read by the reclaim executor only: a change calls for no admission decision.
+    /// Read by the reclaim executor only: a change calls for no admission decision, and
+    /// nothing waits for its initial list (see [`Stores::budgets_synced`]).
     pub budgets: Store<PodDisruptionBudget>,
     /// ResourceClaims, DeviceClasses and ResourceSlices (DRA).
     pub devices: DeviceStores,
@@ -176,15 +177,17 @@ impl Stores {
                 "namespaces",
                 namespace_writer,
                 namespace_events(client.clone()),
-                (signals.clone(), |_: &_| true),
+                (signals, |_: &_| true),
                 metrics,
                 || {},
             ),
+            // Signals nobody listens to: a budget change (its status moves with every pod it
+            // selects, GPU or not) calls for no admission pass.
             reflect(
                 "poddisruptionbudgets",
                 budget_writer,
                 all_events::<PodDisruptionBudget>(client),
-                (signals, |_: &_| false),
+                (Signals::new().0, |_: &_| false),
                 metrics,
                 || {},
             ),
@@ -209,9 +212,18 @@ impl Stores {
         self.pods.wait_until_ready().await?;
         self.nodes.wait_until_ready().await?;
         self.namespaces.wait_until_ready().await?;
-        self.budgets.wait_until_ready().await?;
         self.devices.synced().await?;
         Ok(())
+    }
+
+    /// Whether the budget store holds its initial list. Admission does not wait for it: an
+    /// operator whose RBAC lacks budgets (an image upgraded without its manifests) still
+    /// admits, and evicts every victim through the Eviction API.
+    pub fn budgets_synced(&self) -> bool {
+        self.budgets
+            .wait_until_ready()
+            .now_or_never()
+            .is_some_and(|ready| ready.is_ok())
     }
 
     /// A signal bumped after every change any store applied (after its initial list).

@@ -72,6 +72,11 @@ impl TestStores {
         self.nodes.apply_watcher_event(&watcher::Event::Apply(node));
     }
 
+    /// The budgets' initial list, empty: the store is ready.
+    pub(crate) fn budgets_listed(&mut self) {
+        self.budgets.apply_watcher_event(&watcher::Event::InitDone);
+    }
+
     pub(crate) fn add_budget(&mut self, budget: serde_json::Value) {
         let budget: PodDisruptionBudget = serde_json::from_value(budget).unwrap();
         self.budgets

@@ -4,8 +4,9 @@
 //!
 //! The rule is the Eviction API's own: a budget guards the pods of its namespace its selector
 //! matches; a budget without a selector guards none, an empty selector guards all. Where the
-//! store cannot tell (the victim is not in the pod store, a selector the operator cannot read),
-//! the victim counts as guarded: the Eviction API decides.
+//! stores cannot tell (the budgets not listed yet, the victim not in the pod store or another
+//! pod of its name, a selector the operator cannot read), the victim counts as guarded: the
+//! Eviction API decides.
 
 use k8s_openapi::api::{core::v1::Pod, policy::v1::PodDisruptionBudget};
 use kube::{
@@ -18,11 +19,17 @@ use gpuqueue_core::model::PodKey;
 use super::evict::Guard;
 use crate::cluster::stores::Stores;
 
-/// The guard of the victim `key`, as the stores show it now.
-pub fn guard(stores: &Stores, key: &PodKey) -> Guard {
+/// The guard of the victim `key` with `uid`, as the stores show it now.
+pub fn guard(stores: &Stores, key: &PodKey, uid: &str) -> Guard {
     let reference = ObjectRef::new(&key.name).within(&key.namespace);
     match stores.pods.get(&reference) {
-        Some(pod) if !any_selects(&stores.budgets, &pod) => Guard::Unbudgeted,
+        Some(pod)
+            if stores.budgets_synced()
+                && pod.metadata.uid.as_deref() == Some(uid)
+                && !any_selects(&stores.budgets, &pod) =>
+        {
+            Guard::Unbudgeted
+        }
         _ => Guard::Budgeted,
     }
 }
@@ -63,6 +70,7 @@ mod tests {
                          "labels": {"app": "b", "tier": "batch"}},
             "spec": {"containers": [{"name": "c", "image": "i"}]},
         }));
+        stores.budgets_listed();
         for budget in budgets {
             stores.add_budget(budget.clone());
         }
@@ -82,12 +90,15 @@ mod tests {
 
     #[test]
     fn a_victim_no_budget_selects_is_unbudgeted() {
-        assert_eq!(guard(&stores_with(&[]).stores, &key()), Guard::Unbudgeted);
+        assert_eq!(
+            guard(&stores_with(&[]).stores, &key(), "u"),
+            Guard::Unbudgeted
+        );
         let elsewhere = budget("online", Some(json!({})));
         let other_app = budget("batch", Some(json!({"matchLabels": {"app": "other"}})));
         let no_selector = budget("batch", None);
         let stores = stores_with(&[elsewhere, other_app, no_selector]);
-        assert_eq!(guard(&stores.stores, &key()), Guard::Unbudgeted);
+        assert_eq!(guard(&stores.stores, &key(), "u"), Guard::Unbudgeted);
     }
 
     #[test]
@@ -101,10 +112,31 @@ mod tests {
         ];
         for selector in selecting {
             let stores = stores_with(&[budget("batch", Some(selector.clone()))]);
-            assert_eq!(guard(&stores.stores, &key()), Guard::Budgeted, "{selector}");
+            assert_eq!(
+                guard(&stores.stores, &key(), "u"),
+                Guard::Budgeted,
+                "{selector}"
+            );
         }
-        // A victim the store does not hold.
+        // A victim the store does not hold, or holds another pod of its name.
         let absent = PodKey::new("batch", "gone");
-        assert_eq!(guard(&stores_with(&[]).stores, &absent), Guard::Budgeted);
+        assert_eq!(
+            guard(&stores_with(&[]).stores, &absent, "u"),
+            Guard::Budgeted
+        );
+        assert_eq!(
+            guard(&stores_with(&[]).stores, &key(), "namesake"),
+            Guard::Budgeted
+        );
+    }
+
+    #[test]
+    fn before_the_budgets_are_listed_every_victim_is_left_to_the_eviction_api() {
+        let mut stores = TestStores::new();
+        stores.add_pod(json!({
+            "metadata": {"name": "b-0", "namespace": "batch", "uid": "u"},
+            "spec": {"containers": [{"name": "c", "image": "i"}]},
+        }));
+        assert_eq!(guard(&stores.stores, &key(), "u"), Guard::Budgeted);
     }
 }

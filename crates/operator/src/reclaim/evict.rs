@@ -624,10 +624,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_unguarded_victim_already_gone_or_replaced_is_not_deleted() {
-        for code in [404, 409] {
-            let (api, seen) = api(vec![(code, "Gone")]);
+        let unguarded = |api| async move {
             let (term, _state) = term().await;
-            let outcome = evict(
+            evict(
                 &api,
                 &term,
                 &target(),
@@ -635,9 +634,18 @@ mod tests {
                 Instant::now(),
                 |_| {},
             )
-            .await;
-            assert_eq!(outcome, Eviction::AlreadyGone);
-            assert_eq!(seen.lock().unwrap().len(), 1);
-        }
+            .await
+        };
+        // Gone: the mark finds no pod.
+        let (client, seen) = api(vec![(404, "NotFound")]);
+        assert_eq!(unguarded(client).await, Eviction::AlreadyGone);
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        // Replaced by a namesake: the API server refuses the mark (its uid is immutable), and
+        // the Eviction API's uid precondition finds the victim gone; nothing is deleted.
+        let (client, seen) = api(vec![(422, "Invalid"), (409, "Conflict")]);
+        assert_eq!(unguarded(client).await, Eviction::AlreadyGone);
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        assert!(seen.iter().all(|(method, _, _)| method != "DELETE"));
     }
 }

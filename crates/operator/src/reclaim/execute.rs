@@ -150,7 +150,7 @@ impl Reclaimer {
                 &self.client,
                 term,
                 &target,
-                disruption::guard(&self.stores, &victim.target.key),
+                disruption::guard(&self.stores, &victim.target.key, &victim.target.uid),
                 handover.timeline.deadline(),
                 |refusal| self.announce_refusal(handover, victim, refusal),
             )
