@@ -414,6 +414,12 @@ mod tests {
         (term, state)
     }
 
+    /// `evict` with its deadline already reached: one try, no backoff.
+    async fn evict_now(client: &Client, guard: Guard) -> Eviction {
+        let (term, _state) = term().await;
+        evict(client, &term, &target(), guard, Instant::now(), |_| {}).await
+    }
+
     fn target() -> EvictionTarget<'static> {
         EvictionTarget {
             namespace: "batch",
@@ -426,16 +432,7 @@ mod tests {
     #[tokio::test]
     async fn an_accepted_eviction_carries_the_grace_period_and_the_uid() {
         let (api, seen) = api(vec![(201, "Created")]);
-        let (term, _state) = term().await;
-        let outcome = evict(
-            &api,
-            &term,
-            &target(),
-            Guard::Budgeted,
-            Instant::now(),
-            |_| {},
-        )
-        .await;
+        let outcome = evict_now(&api, Guard::Budgeted).await;
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 1);
@@ -526,16 +523,7 @@ mod tests {
     async fn a_victim_already_gone_or_replaced_is_not_evicted_again() {
         for code in [404, 409] {
             let (api, seen) = api(vec![(code, "Gone")]);
-            let (term, _state) = term().await;
-            let outcome = evict(
-                &api,
-                &term,
-                &target(),
-                Guard::Budgeted,
-                Instant::now(),
-                |_| {},
-            )
-            .await;
+            let outcome = evict_now(&api, Guard::Budgeted).await;
             assert_eq!(outcome, Eviction::AlreadyGone);
             assert_eq!(seen.lock().unwrap().len(), 1);
         }
@@ -565,16 +553,7 @@ mod tests {
     #[tokio::test]
     async fn a_victim_no_budget_guards_is_marked_then_deleted_without_the_eviction_api() {
         let (api, seen) = api(vec![(200, "OK")]);
-        let (term, _state) = term().await;
-        let outcome = evict(
-            &api,
-            &term,
-            &target(),
-            Guard::Unbudgeted,
-            Instant::now(),
-            |_| {},
-        )
-        .await;
+        let outcome = evict_now(&api, Guard::Unbudgeted).await;
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
         let calls: Vec<(&str, &str)> = seen
@@ -602,16 +581,7 @@ mod tests {
     #[tokio::test]
     async fn a_victim_that_cannot_be_marked_goes_through_the_eviction_api() {
         let (api, seen) = api(vec![(403, "Forbidden"), (201, "Created")]);
-        let (term, _state) = term().await;
-        let outcome = evict(
-            &api,
-            &term,
-            &target(),
-            Guard::Unbudgeted,
-            Instant::now(),
-            |_| {},
-        )
-        .await;
+        let outcome = evict_now(&api, Guard::Unbudgeted).await;
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
         let (method, path, _) = seen.last().unwrap();
@@ -624,26 +594,20 @@ mod tests {
 
     #[tokio::test]
     async fn an_unguarded_victim_already_gone_or_replaced_is_not_deleted() {
-        let unguarded = |api| async move {
-            let (term, _state) = term().await;
-            evict(
-                &api,
-                &term,
-                &target(),
-                Guard::Unbudgeted,
-                Instant::now(),
-                |_| {},
-            )
-            .await
-        };
         // Gone: the mark finds no pod.
         let (client, seen) = api(vec![(404, "NotFound")]);
-        assert_eq!(unguarded(client).await, Eviction::AlreadyGone);
+        assert_eq!(
+            evict_now(&client, Guard::Unbudgeted).await,
+            Eviction::AlreadyGone
+        );
         assert_eq!(seen.lock().unwrap().len(), 1);
         // Replaced by a namesake: the API server refuses the mark (its uid is immutable), and
         // the Eviction API's uid precondition finds the victim gone; nothing is deleted.
         let (client, seen) = api(vec![(422, "Invalid"), (409, "Conflict")]);
-        assert_eq!(unguarded(client).await, Eviction::AlreadyGone);
+        assert_eq!(
+            evict_now(&client, Guard::Unbudgeted).await,
+            Eviction::AlreadyGone
+        );
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 2);
         assert!(seen.iter().all(|(method, _, _)| method != "DELETE"));
