@@ -2,7 +2,7 @@
 //! kubelet.
 //!
 //! `/healthz` answers 200 while the process serves requests. `/readyz` answers 200 only once
-//! every store has synced *and* the webhook serves with its CA published; until then it
+//! every store has synced (the budgets aside, see `Stores::synced`) *and* the webhook serves with its CA published; until then it
 //! answers 503 and names what is missing. Readiness does not depend on leadership: a standby
 //! replica serves the webhook too, so it is ready as soon as it can answer it.
 
@@ -38,7 +38,7 @@ struct ReadinessFlags {
 }
 
 impl Readiness {
-    /// Every store holds its initial list.
+    /// Every store (the budgets aside) holds its initial list.
     pub fn set_stores_synced(&self) {
         self.inner.stores_synced.store(true, Ordering::Release);
     }

@@ -21,7 +21,7 @@
 //! and a burst of pods is not held back by the round trips of the one before.
 //!
 //! Nothing is written unless this replica's leadership [`Term`] is current at that moment, and
-//! nothing runs before every store has synced (fail closed). When the term ends this future and
+//! nothing runs before every store has synced, the budgets aside (fail closed). When the term ends this future and
 //! every write it started are aborted.
 //!
 //! The phases are files: [`observe`] (1), the core (2), `apply` (3: plan the writes, then start

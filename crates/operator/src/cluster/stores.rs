@@ -1,12 +1,14 @@
 //! The operator's view of the cluster: reflector stores of GpuQueues, pods, nodes, namespaces
-//! and PodDisruptionBudgets (which victims the Eviction API must judge), kept current by watches, plus the change signals that drive the admission loop:
-//! one after every change, and one after the *urgent* ones, which may call for a decision at
-//! once (see [`is_urgent`]). The rest (a pod the live snapshot already counts being bound,
-//! starting or going away) only has to reach the queue status and the gauges.
+//! and PodDisruptionBudgets (which victims the Eviction API must judge), kept current by
+//! watches, plus the change signals that drive the admission loop: one after every change
+//! (budgets aside: they call for no decision), and one after the *urgent* ones, which may call
+//! for a decision at once (see [`is_urgent`]). The rest (a pod the live snapshot already counts
+//! being bound, starting or going away) only has to reach the queue status and the gauges.
 //!
-//! - **Fail closed.** Nothing is decided before every store holds its initial list:
-//!   [`Stores::synced`] resolves only then (Volcano #5174 and ROCm/spur#745 decided from half a
-//!   cache and over-admitted).
+//! - **Fail closed.** Nothing is decided before every store but the budgets holds its initial
+//!   list: [`Stores::synced`] resolves only then (Volcano #5174 and ROCm/spur#745 decided from
+//!   half a cache and over-admitted). Until the budgets are listed, every victim counts as
+//!   guarded by one ([`Stores::budgets_synced`]).
 //! - **A bad queue does not wedge the watch.** Queues are read through kube's
 //!   `DeserializeGuard`: an object the operator cannot read is kept in the store as an error
 //!   (so its status can say why) instead of failing the whole list.
@@ -206,7 +208,7 @@ impl Stores {
         (stores, Watches { tasks })
     }
 
-    /// Resolves once every store holds its initial list.
+    /// Resolves once every store but the budgets holds its initial list.
     pub async fn synced(&self) -> Result<(), reflector::store::WriterDropped> {
         self.queues.wait_until_ready().await?;
         self.pods.wait_until_ready().await?;
@@ -218,7 +220,8 @@ impl Stores {
 
     /// Whether the budget store holds its initial list. Admission does not wait for it: an
     /// operator whose RBAC lacks budgets (an image upgraded without its manifests) still
-    /// admits, and evicts every victim through the Eviction API.
+    /// admits, and evicts every victim through the Eviction API. Its single poll leaves a no-op
+    /// waker in the store's ready slot: nothing may await the budgets' readiness as well.
     pub fn budgets_synced(&self) -> bool {
         self.budgets
             .wait_until_ready()
@@ -226,7 +229,8 @@ impl Stores {
             .is_some_and(|ready| ready.is_ok())
     }
 
-    /// A signal bumped after every change any store applied (after its initial list).
+    /// A signal bumped after every change any store but the budgets applied (after its initial
+    /// list).
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.changes.clone()
     }

@@ -77,9 +77,13 @@ mod tests {
         stores
     }
 
-    fn budget(namespace: &str, selector: Option<serde_json::Value>) -> serde_json::Value {
+    fn budget(
+        name: &str,
+        namespace: &str,
+        selector: Option<serde_json::Value>,
+    ) -> serde_json::Value {
         let mut budget = json!({
-            "metadata": {"name": "pdb", "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace},
             "spec": {"maxUnavailable": 0},
         });
         if let Some(selector) = selector {
@@ -94,10 +98,15 @@ mod tests {
             guard(&stores_with(&[]).stores, &key(), "u"),
             Guard::Unbudgeted
         );
-        let elsewhere = budget("online", Some(json!({})));
-        let other_app = budget("batch", Some(json!({"matchLabels": {"app": "other"}})));
-        let no_selector = budget("batch", None);
+        let elsewhere = budget("everything", "online", Some(json!({})));
+        let other_app = budget(
+            "other-app",
+            "batch",
+            Some(json!({"matchLabels": {"app": "other"}})),
+        );
+        let no_selector = budget("no-selector", "batch", None);
         let stores = stores_with(&[elsewhere, other_app, no_selector]);
+        assert_eq!(stores.stores.budgets.len(), 3);
         assert_eq!(guard(&stores.stores, &key(), "u"), Guard::Unbudgeted);
     }
 
@@ -111,7 +120,7 @@ mod tests {
             json!({"matchExpressions": [{"key": "tier", "operator": "In"}]}),
         ];
         for selector in selecting {
-            let stores = stores_with(&[budget("batch", Some(selector.clone()))]);
+            let stores = stores_with(&[budget("pdb", "batch", Some(selector.clone()))]);
             assert_eq!(
                 guard(&stores.stores, &key(), "u"),
                 Guard::Budgeted,
