@@ -83,6 +83,8 @@ E2E_DEBIAN_PACKAGES := prometheus:prometheus prometheus:promtool
 E2E_DEBIAN_PACKAGES += podman:podman
 # It runs the image with runc: Debian's crun refuses a hybrid cgroup layout (this machine's).
 E2E_DEBIAN_PACKAGES += runc:runc
+# A fake vLLM that finds its pod's address taken names the listener with iproute2's ss.
+E2E_DEBIAN_PACKAGES += iproute2:ss
 E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
 # Options of `gpuqueue-e2e-cluster up`, such as --gpu-nodes 2 --gpus-per-node 4.

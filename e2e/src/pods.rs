@@ -2,12 +2,14 @@
 //! pod to be bound.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
 
+use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ObjectMeta};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::wait::{DEFAULT_TIMEOUT, wait_for};
 
 /// A pod asking for `count` of GPU resource `resource` (such as `nvidia.com/gpu` or a MIG
@@ -105,4 +107,80 @@ pub async fn bound_pod(pods: &Api<Pod>, name: &str) -> Result<Pod> {
         },
     )
     .await
+}
+
+/// A fake vLLM on `pod`'s IP and `port`, as the pod's own server would listen. When the
+/// address is taken, the error names what listens there (`ss`): a CI run once failed here
+/// with nothing in the test's logs to say which process held the pod's address.
+pub async fn fake_vllm_on(pod: &Pod, port: u16, config: VllmConfig) -> Result<FakeVllm> {
+    let what = format!("serving a fake vLLM for pod {}", describe_pod(pod));
+    let ip: IpAddr = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.as_deref())
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| Error::Manifest {
+            what: what.clone(),
+            reason: "the pod has no IP address".to_owned(),
+        })?;
+    let addr = SocketAddr::new(ip, port);
+    FakeVllm::start(config, addr).await.map_err(|source| {
+        let holders = if source.kind() == std::io::ErrorKind::AddrInUse {
+            format!("; listening there: {}", listeners_on(addr))
+        } else {
+            String::new()
+        };
+        Error::Io {
+            what: format!("{what} on {addr}{holders}"),
+            source,
+        }
+    })
+}
+
+/// `ss`'s line for each socket listening on `addr`, with its process, or why there is none.
+fn listeners_on(addr: SocketAddr) -> String {
+    let output = std::process::Command::new("ss")
+        .args(["-Hltnp", &format!("src {addr}")])
+        .output();
+    match output {
+        Ok(out) if !out.stdout.is_empty() => String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        Ok(out) => format!(
+            "no listener found ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(error) => format!("`ss` could not run: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_taken_pod_address_names_its_listener() {
+        // An address of the pod range no slot reaches (slots take 127.100.0.0/20 upwards).
+        let taken = tokio::net::TcpListener::bind("127.100.255.254:0")
+            .await
+            .unwrap();
+        let addr = taken.local_addr().unwrap();
+        let mut pod = gpu_pod("holder", "nvidia.com/gpu", 1);
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            pod_ip: Some(addr.ip().to_string()),
+            ..Default::default()
+        });
+        let error = fake_vllm_on(&pod, addr.port(), VllmConfig::default())
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            error.contains(&format!("on {addr}; listening there: ")),
+            "{error}"
+        );
+        // `ss` shows the listener and its process: this test's.
+        assert!(
+            error.contains(&addr.to_string()) && error.contains("users:"),
+            "{error}"
+        );
+    }
 }

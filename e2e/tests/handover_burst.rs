@@ -11,7 +11,6 @@ mod common;
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use common::{
@@ -21,7 +20,7 @@ use common::{
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, CheckpointCall, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT,
-    GpuNode, InvariantChecker, apply_yaml, describe_pod, pod_condition, wait_for,
+    GpuNode, InvariantChecker, apply_yaml, describe_pod, fake_vllm_on, pod_condition, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -89,21 +88,12 @@ fn key(pod: &Pod) -> String {
 
 /// A fake vLLM on the pod's IP whose pause takes 300 ms, as the pod's own server would listen.
 async fn fake_vllm(pod: &Pod) -> FakeVllm {
-    let ip: IpAddr = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_ip.as_ref())
-        .unwrap()
-        .parse()
-        .unwrap();
     let config = VllmConfig {
         dev_mode: true,
         pause_latency: Duration::from_millis(300),
         ..VllmConfig::default()
     };
-    FakeVllm::start(config, SocketAddr::new(ip, VLLM_PORT))
-        .await
-        .unwrap()
+    fake_vllm_on(pod, VLLM_PORT, config).await.unwrap()
 }
 
 /// Waits until `count` pods of the namespace are Ready: a borrower whose status still changes

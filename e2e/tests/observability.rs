@@ -20,7 +20,7 @@ use common::{
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, Prometheus, PrometheusConfig,
-    TempNamespace, gpu_pod, repo_root, wait_for,
+    TempNamespace, fake_vllm_on, gpu_pod, repo_root, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -339,13 +339,11 @@ async fn stage_a_reclaim(cluster: &ControlPlane) -> Staged {
     let mut servers = Vec::new();
     let mut held = Vec::new();
     for pod in all_running(&borrowers, 4).await {
-        let ip = pod.status.as_ref().unwrap().pod_ip.as_ref().unwrap();
         let config = VllmConfig {
             dev_mode: true,
             ..VllmConfig::default()
         };
-        let addr = SocketAddr::new(ip.parse().unwrap(), VLLM_PORT);
-        servers.push(FakeVllm::start(config, addr).await.unwrap());
+        servers.push(fake_vllm_on(&pod, VLLM_PORT, config).await.unwrap());
         held.push((batch.name().to_owned(), pod.metadata.name.clone().unwrap()));
     }
 

@@ -9,7 +9,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    describe_pod, gpu_pod, wait_for,
+    describe_pod, fake_vllm_on, gpu_pod, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm, FaultAction, Phase};
 use k8s_openapi::api::core::v1::Pod;
@@ -129,16 +128,7 @@ fn node_of(pod: &Pod) -> String {
 
 /// A fake vLLM on the pod's IP, as the pod's own server would listen.
 async fn fake_vllm(pod: &Pod, config: VllmConfig) -> FakeVllm {
-    let ip: IpAddr = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_ip.as_ref())
-        .unwrap()
-        .parse()
-        .unwrap();
-    FakeVllm::start(config, SocketAddr::new(ip, VLLM_PORT))
-        .await
-        .unwrap()
+    fake_vllm_on(pod, VLLM_PORT, config).await.unwrap()
 }
 
 /// vLLM with its dev routes on, whose pause takes `pause`.

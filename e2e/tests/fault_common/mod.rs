@@ -6,10 +6,9 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
 
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
-use gpuqueue_e2e::{DEFAULT_TIMEOUT, describe_pod, wait_for};
+use gpuqueue_e2e::{DEFAULT_TIMEOUT, describe_pod, fake_vllm_on, wait_for};
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -62,23 +61,29 @@ pub fn uid(pod: &Pod) -> String {
 /// A fake vLLM (dev routes on) on each pod's IP, as the pod's own server would listen; by pod
 /// name.
 pub async fn fake_vllms(pods: &[Pod]) -> HashMap<String, FakeVllm> {
+    let ips: Vec<Option<&str>> = pods
+        .iter()
+        .map(|p| p.status.as_ref().and_then(|s| s.pod_ip.as_deref()))
+        .collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let twin = ip.and_then(|_| ips[..i].iter().position(|other| other == ip));
+        assert!(
+            twin.is_none(),
+            "KWOK gave {} and {} the same IP {ip:?}",
+            describe_pod(&pods[twin.unwrap_or_default()]),
+            describe_pod(&pods[i])
+        );
+    }
     let mut servers = HashMap::new();
     for pod in pods {
-        let ip: IpAddr = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_ip.as_ref())
-            .unwrap()
-            .parse()
-            .unwrap();
         let config = VllmConfig {
             dev_mode: true,
             ..VllmConfig::default()
         };
-        let server = FakeVllm::start(config, SocketAddr::new(ip, VLLM_PORT))
-            .await
-            .unwrap();
-        servers.insert(name(pod), server);
+        servers.insert(
+            name(pod),
+            fake_vllm_on(pod, VLLM_PORT, config).await.unwrap(),
+        );
     }
     servers
 }
