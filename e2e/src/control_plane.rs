@@ -1052,13 +1052,15 @@ impl Launcher<'_> {
             ],
         )?;
         let ca = serving.join("apiserver.crt");
+        // The file exists before it is written (kube-apiserver creates, then writes it): a
+        // client made from it empty trusts no certificate and never connects.
         self.wait("kube-apiserver to write its serving certificate", || {
             let ca = ca.clone();
             async move {
-                if ca.exists() {
-                    Ok(())
-                } else {
-                    Err("no certificate yet".to_owned())
+                match std::fs::read_to_string(&ca) {
+                    Ok(pem) if pem.trim_end().ends_with("-----END CERTIFICATE-----") => Ok(()),
+                    Ok(pem) => Err(format!("{} bytes, no whole certificate yet", pem.len())),
+                    Err(error) => Err(error.to_string()),
                 }
             }
         })
