@@ -2,7 +2,9 @@
 //! reclaim recorded in its owner queue's status (the only evidence its pod annotations are
 //! believed, see [`super::trust`]), the intent on every victim, then the owner's intent together
 //! with its admission and pin, in the order [`super::resume`] relies on (the owner keeps its
-//! gate until its room is free: [`super::release`]). What a failed start wrote is taken back.
+//! gate until its room is free: [`super::release`]), while the victims no budget guards are
+//! marked `DisruptionTarget` (their eviction is then one delete). What a failed start wrote is
+//! taken back, but for those marks.
 //!
 //! A burst starts many handovers in one pass: each is [`prepared`](Reclaimer::prepare) (no
 //! write), every one of an owner queue is recorded in one status write
@@ -16,6 +18,7 @@
 //! before its reclaim is recorded and every victim marked.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::join_all;
 use gpuqueue_core::{
@@ -31,6 +34,8 @@ use tracing::{Instrument, Span};
 use gpuqueue_api::v1alpha1::ReclaimInFlight;
 
 use super::{
+    disruption,
+    evict::{self, EvictionTarget, Guard},
     handover::{self, Handover, HandoverPod, OwnerRelease, PassTiming, Victim, checkpoint_policy},
     in_flight::{self, InFlightError},
     intent::{self, Intent, VictimRef},
@@ -219,11 +224,13 @@ impl Reclaimer {
         timeline.end(Phase::Intent, Instant::now());
         self.crash_after(Phase::Intent, &intent.id);
 
-        // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated).
-        let owner = match self
-            .reserve_owner(term, owner, plan, &intent, found.started_at, &marked)
-            .await
-        {
+        // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated);
+        //    meanwhile each victim no budget guards is marked `DisruptionTarget`.
+        let (reserved, marked) = futures::join!(
+            self.reserve_owner(term, owner, plan, &intent, found.started_at, &marked),
+            self.mark_disruption(term, &marked),
+        );
+        let owner = match reserved {
             Ok(owner) => owner,
             Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
         };
@@ -347,6 +354,36 @@ impl Reclaimer {
                 Err(error.into())
             }
         }
+    }
+
+    /// Marks `DisruptionTarget` on each of `victims` no budget guards, as its eviction would
+    /// (the Eviction API marks the others itself), so that its eviction is one delete; each
+    /// victim as the API server last returned it. A mark that fails is written again before
+    /// the delete. If the reserve fails meanwhile, the mark stays on a pod that goes on
+    /// running, until kube-controller-manager clears it (2 minutes): the same as when an
+    /// eviction fails after the Eviction API marked the pod.
+    async fn mark_disruption(&self, term: &Term, victims: &[Pod]) -> Vec<Pod> {
+        join_all(victims.iter().map(|pod| async move {
+            let victim = HandoverPod::of(pod);
+            let guard = disruption::guard(&self.stores, &victim.key, &victim.uid);
+            if guard != Guard::Unbudgeted || !term.is_current() {
+                return pod.clone();
+            }
+            let target = EvictionTarget {
+                namespace: &victim.key.namespace,
+                name: &victim.key.name,
+                uid: &victim.uid,
+                grace: Duration::ZERO,
+            };
+            match evict::mark(&self.client, &target).await {
+                Ok(marked) => marked,
+                Err(error) => {
+                    tracing::debug!(pod = %victim.key, %error, "marking a victim DisruptionTarget failed; marked again before its delete");
+                    pod.clone()
+                }
+            }
+        }))
+        .await
     }
 
     /// Removes this reclaim's intent from pods it was written on, best effort: what stays

@@ -150,7 +150,8 @@ impl Reclaimer {
                 &self.client,
                 term,
                 &target,
-                disruption::guard(&self.stores, &victim.target.key, &victim.target.uid),
+                disruption::guard(&self.stores, &victim.target.key, &victim.target.uid)
+                    .marked(victim.disruption_marked),
                 handover.timeline.deadline(),
                 |refusal| self.announce_refusal(handover, victim, refusal),
             )

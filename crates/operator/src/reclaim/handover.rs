@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
 use tokio::time::Instant;
 
-use super::{intent, timeline::Timeline};
+use super::{evict, intent, timeline::Timeline};
 use crate::checkpoint::{SkipReason, pod_address};
 
 /// A pod the handover acts on.
@@ -56,6 +56,8 @@ pub struct Victim {
     pub checkpoint_started: bool,
     /// Already being deleted: nothing to checkpoint or evict.
     pub terminating: bool,
+    /// Already marked `DisruptionTarget` (when its reclaim started): its eviction is a delete.
+    pub disruption_marked: bool,
 }
 
 impl Victim {
@@ -87,6 +89,7 @@ impl Victim {
             address: Err(SkipReason::NoPodIp),
             checkpoint_started: false,
             terminating: true,
+            disruption_marked: false,
         }
     }
 
@@ -99,6 +102,7 @@ impl Victim {
             address: pod_address(pod),
             checkpoint_started: intent::Mark::read(pod).is_some_and(|m| m.checkpoint_started),
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            disruption_marked: evict::is_marked(pod),
         }
     }
 }

@@ -7,12 +7,11 @@
 //! recover: resume / abandon intents from the store
 //! plan (core) ─▶ intent on every victim (rv-tested), while the owner queue's
 //!                status.reclaimsInFlight records it
-//!              ─▶ owner: intent + pin + release, one patch ─▶ per victim, all at once:
-//!                                                               mark `checkpointing`, checkpoint
-//!                                                               (deadline from the budget left),
+//!              ─▶ owner: intent + pin, one patch (gated); ─▶ per victim, all at once:
+//!                 meanwhile victims no PDB guards are         mark `checkpointing`, checkpoint
+//!                 marked DisruptionTarget                     (deadline from the budget left),
 //!                                                               evict (PDB: retry to the deadline,
-//!                                                               then delete; no PDB: mark
-//!                                                               DisruptionTarget, delete)
+//!                                                               then delete; no PDB: delete)
 //!                                                             ─▶ watch: victims gone, owner bound
 //!                                                             ─▶ record on both queues, events,
 //!                                                               metrics; clear the owner's intent
