@@ -226,7 +226,7 @@ impl Reclaimer {
 
         // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated);
         //    meanwhile each victim no budget guards is marked `DisruptionTarget`.
-        let (reserved, marked) = futures::join!(
+        let (reserved, disrupted) = futures::join!(
             self.reserve_owner(term, owner, plan, &intent, found.started_at, &marked),
             self.mark_disruption(term, &marked),
         );
@@ -234,11 +234,19 @@ impl Reclaimer {
             Ok(owner) => owner,
             Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
         };
+        let (marked, disruption_marked): (Vec<Pod>, Vec<bool>) = disrupted.into_iter().unzip();
         timeline.end(Phase::Reserve, Instant::now());
         self.crash_after(Phase::Reserve, &intent.id);
 
         let awaits = self.awaited(&plan.awaits);
-        let handover = reserved_handover(plan, intent.id, &owner, &marked, timeline, awaits);
+        let handover = reserved_handover(
+            plan,
+            intent.id,
+            &owner,
+            (&marked, &disruption_marked),
+            timeline,
+            awaits,
+        );
         self.metrics.started(Instant::now());
         self.announce_start(&handover);
         Ok(Reservation {
@@ -358,16 +366,16 @@ impl Reclaimer {
 
     /// Marks `DisruptionTarget` on each of `victims` no budget guards, as its eviction would
     /// (the Eviction API marks the others itself), so that its eviction is one delete; each
-    /// victim as the API server last returned it. A mark that fails is written again before
-    /// the delete. If the reserve fails meanwhile, the mark stays on a pod that goes on
-    /// running, until kube-controller-manager clears it (2 minutes): the same as when an
-    /// eviction fails after the Eviction API marked the pod.
-    async fn mark_disruption(&self, term: &Term, victims: &[Pod]) -> Vec<Pod> {
+    /// victim as the API server last returned it, and whether this call marked it. One not
+    /// marked here is marked before its delete. If the reserve fails meanwhile, the mark stays
+    /// on a pod that goes on running, until kube-controller-manager clears it (2 minutes): the
+    /// same as when an eviction fails after the Eviction API marked the pod.
+    async fn mark_disruption(&self, term: &Term, victims: &[Pod]) -> Vec<(Pod, bool)> {
         join_all(victims.iter().map(|pod| async move {
             let victim = HandoverPod::of(pod);
             let guard = disruption::guard(&self.stores, &victim.key, &victim.uid);
             if guard != Guard::Unbudgeted || !term.is_current() {
-                return pod.clone();
+                return (pod.clone(), false);
             }
             let target = EvictionTarget {
                 namespace: &victim.key.namespace,
@@ -376,10 +384,10 @@ impl Reclaimer {
                 grace: Duration::ZERO,
             };
             match evict::mark(&self.client, &target).await {
-                Ok(marked) => marked,
+                Ok(marked) => (marked, true),
                 Err(error) => {
                     tracing::debug!(pod = %victim.key, %error, "marking a victim DisruptionTarget failed; marked again before its delete");
-                    pod.clone()
+                    (pod.clone(), false)
                 }
             }
         }))
@@ -415,20 +423,24 @@ fn victim_refs(plan: &ReclaimPlan, stored: &[Arc<Pod>]) -> Vec<VictimRef> {
         .collect()
 }
 
-/// The handover of `plan` once its owner is reserved, for the task that carries it out.
+/// The handover of `plan` once its owner is reserved, for the task that carries it out: its
+/// victims as `marked` with the intent, and whether each was marked `DisruptionTarget`.
 fn reserved_handover(
     plan: &ReclaimPlan,
     id: String,
     owner: &Pod,
-    marked: &[Pod],
+    (marked, disruption_marked): (&[Pod], &[bool]),
     timeline: Timeline,
     awaits: Vec<HandoverPod>,
 ) -> Handover {
     let victims = plan
         .victims
         .iter()
-        .zip(marked)
-        .map(|(v, pod)| Victim::of(pod, &v.queue, checkpoint_policy(&v.checkpoint), v.grace))
+        .zip(marked.iter().zip(disruption_marked))
+        .map(|(v, (pod, &disrupted))| Victim {
+            disruption_marked: disrupted,
+            ..Victim::of(pod, &v.queue, checkpoint_policy(&v.checkpoint), v.grace)
+        })
         .collect();
     Handover {
         id,

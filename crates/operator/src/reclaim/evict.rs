@@ -306,18 +306,6 @@ pub async fn mark(client: &Client, target: &EvictionTarget<'_>) -> Result<Pod, k
     .await
 }
 
-/// Whether `pod` carries the `DisruptionTarget` condition (whoever wrote it).
-pub fn is_marked(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "DisruptionTarget" && c.status == "True")
-        })
-}
-
 /// The strategic merge patch adding the `DisruptionTarget` condition, for this uid only (a
 /// namesake's uid makes the API server refuse the patch).
 fn disruption_condition(target: &EvictionTarget<'_>) -> serde_json::Value {
@@ -625,19 +613,6 @@ mod tests {
         assert_eq!(calls, ["DELETE"]);
         // A budget that guards the victim still sends it through the Eviction API.
         assert_eq!(Guard::Budgeted.marked(true), Guard::Budgeted);
-    }
-
-    #[test]
-    fn a_pod_is_marked_only_by_a_true_disruption_target() {
-        let pod = |status: &str| -> Pod {
-            serde_json::from_value(json!({"metadata": {"name": "p"}, "status": {"conditions": [
-                {"type": "DisruptionTarget", "status": status},
-                {"type": "Ready", "status": "True"}]}}))
-            .unwrap()
-        };
-        assert!(is_marked(&pod("True")));
-        assert!(!is_marked(&pod("False")));
-        assert!(!is_marked(&Pod::default()));
     }
 
     #[tokio::test]

@@ -362,7 +362,7 @@ impl Reclaimer {
                 counted: handover.counted,
             };
         }
-        let recorded = self.write_records(&writes).await;
+        let recorded = self.write_records(term, &writes).await;
         if !handover.counted {
             self.count_finish(handover, outcome, &victim_queues);
         }
@@ -383,12 +383,12 @@ impl Reclaimer {
     }
 
     /// Writes every record at once; whether all of them were written.
-    async fn write_records(&self, writes: &[(&str, HandoverRecord)]) -> bool {
+    async fn write_records(&self, term: &Term, writes: &[(&str, HandoverRecord)]) -> bool {
         let queues: Api<GpuQueue> = Api::all(self.client.clone());
         let results = join_all(
             writes
                 .iter()
-                .map(|(queue, record)| self.records.write(&queues, queue, record)),
+                .map(|(queue, record)| self.records.write(&queues, term, queue, record)),
         )
         .await;
         let mut recorded = true;

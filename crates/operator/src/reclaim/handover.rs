@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::Resource;
 use tokio::time::Instant;
 
-use super::{evict, intent, timeline::Timeline};
+use super::{intent, timeline::Timeline};
 use crate::checkpoint::{SkipReason, pod_address};
 
 /// A pod the handover acts on.
@@ -56,7 +56,8 @@ pub struct Victim {
     pub checkpoint_started: bool,
     /// Already being deleted: nothing to checkpoint or evict.
     pub terminating: bool,
-    /// Already marked `DisruptionTarget` (when its reclaim started): its eviction is a delete.
+    /// This process marked it `DisruptionTarget` when the reclaim started: its eviction is a
+    /// delete. (A condition found on the pod may be stale or somebody else's: not trusted.)
     pub disruption_marked: bool,
 }
 
@@ -102,7 +103,7 @@ impl Victim {
             address: pod_address(pod),
             checkpoint_started: intent::Mark::read(pod).is_some_and(|m| m.checkpoint_started),
             terminating: pod.metadata.deletion_timestamp.is_some(),
-            disruption_marked: evict::is_marked(pod),
+            disruption_marked: false,
         }
     }
 }

@@ -38,7 +38,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 
 use super::{in_flight, intent::OWNER};
-use crate::sync::lock;
+use crate::{leader::Term, sync::lock};
 
 /// Conflicting writes of the same queue's status get this many tries. Records of one queue
 /// are written one batch at a time ([`RecordWriter`]), but reclaims starting
@@ -111,11 +111,14 @@ struct Waiting {
 
 impl RecordWriter {
     /// Writes `record` into queue `name`'s `status.lastHandovers`, with the records of other
-    /// handovers waiting for the same queue. A queue that no longer exists has nothing to
-    /// record on: that is not an error (retrying would never end).
+    /// handovers waiting for the same queue, while `term` lasts (a batch whose turn comes
+    /// after it ended is not written: the next leader records those handovers). A queue that
+    /// no longer exists has nothing to record on: that is not an error (retrying would never
+    /// end).
     pub async fn write(
         &self,
         api: &Api<GpuQueue>,
+        term: &Term,
         name: &str,
         record: &HandoverRecord,
     ) -> Result<(), RecordError> {
@@ -133,12 +136,21 @@ impl RecordWriter {
             // Whoever takes the turn after a record was queued writes it: this caller, or one
             // that queued earlier and took the turn later.
             let _turn = turn.turn.lock().await;
-            let batch = std::mem::take(&mut *lock(&turn.waiting));
+            // A record whose handover task was aborted meanwhile (its term ended) is dropped:
+            // written later, it would undo what the next leader recorded.
+            let batch: Vec<Waiting> = std::mem::take(&mut *lock(&turn.waiting))
+                .into_iter()
+                .filter(|w| !w.written.is_closed())
+                .collect();
             if !batch.is_empty() {
                 let records: Vec<&HandoverRecord> = batch.iter().map(|w| &w.record).collect();
-                let outcome = write_batch(api, name, &records)
-                    .await
-                    .map_err(|e| e.to_string());
+                let outcome = if term.is_current() {
+                    write_batch(api, name, &records)
+                        .await
+                        .map_err(|e| e.to_string())
+                } else {
+                    Err("this replica is no longer the leader".to_owned())
+                };
                 for waiting in batch {
                     let _ = waiting.written.send(outcome.clone());
                 }
@@ -214,6 +226,7 @@ mod tests {
     use tower_test::mock;
 
     use super::*;
+    use crate::leader::{LeaderState, Leadership};
 
     /// A client whose API server holds one empty queue status and answers every read and
     /// patch of it with that; the bodies of the patches it saw.
@@ -242,16 +255,27 @@ mod tests {
         (Api::all(Client::new(service, "default")), patches)
     }
 
+    /// A leadership term, and the sender that ends it.
+    async fn term() -> (Term, tokio::sync::watch::Sender<LeaderState>) {
+        let (state, receiver) = tokio::sync::watch::channel(LeaderState {
+            term: 1,
+            acting_until: Some(crate::clock::now() + jiff::SignedDuration::from_hours(1)),
+        });
+        let term = Leadership::new(receiver).acquired().await.unwrap();
+        (term, state)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn records_of_a_burst_that_end_within_the_gather_are_written_in_one_patch() {
         let (api, patches) = queue_api();
+        let (term, _state) = term().await;
         let writer = RecordWriter::default();
         let first = record("rc-1", "owner", 7, "Completed");
         let second = record("rc-2", "owner", 7, "Completed");
         let late = record("rc-3", "owner", 8, "Completed");
-        let (a, b) = tokio::join!(writer.write(&api, "online", &first), async {
+        let (a, b) = tokio::join!(writer.write(&api, &term, "online", &first), async {
             tokio::time::sleep(GATHER / 2).await;
-            writer.write(&api, "online", &second).await
+            writer.write(&api, &term, "online", &second).await
         });
         a.unwrap();
         b.unwrap();
@@ -266,8 +290,38 @@ mod tests {
         assert!(ids.contains(&"rc-1".to_owned()) && ids.contains(&"rc-2".to_owned()));
 
         // One that ends after the write is written on its own.
-        writer.write(&api, "online", &late).await.unwrap();
+        writer.write(&api, &term, "online", &late).await.unwrap();
         assert_eq!(lock(&patches).len(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_record_is_written_after_the_term_or_for_an_aborted_handover() {
+        let (api, patches) = queue_api();
+        let (term, state) = term().await;
+        let writer = RecordWriter::default();
+        // A handover task aborted while its record waits (its term ended): never written.
+        let aborted = tokio::spawn({
+            let (writer, api, term) = (writer.clone(), api.clone(), term.clone());
+            async move {
+                let record = record("rc-1", "owner", 7, "Completed");
+                writer.write(&api, &term, "online", &record).await
+            }
+        });
+        tokio::time::sleep(GATHER / 2).await;
+        aborted.abort();
+        let kept = record("rc-2", "owner", 7, "Completed");
+        writer.write(&api, &term, "online", &kept).await.unwrap();
+        let written = lock(&patches)[0]["status"]["lastHandovers"].clone();
+        assert_eq!(written.as_array().unwrap().len(), 1, "{written}");
+        assert_eq!(written[0]["id"], "rc-2");
+
+        // A term that ends while a record waits: the record is not written, and says why.
+        let late = record("rc-3", "owner", 8, "Completed");
+        let (result, ()) = tokio::join!(writer.write(&api, &term, "online", &late), async {
+            state.send_modify(|s| s.acting_until = Some(crate::clock::now()));
+        });
+        assert!(result.unwrap_err().reason.contains("no longer the leader"));
+        assert_eq!(lock(&patches).len(), 1);
     }
 
     fn record(id: &str, role: &str, second: i64, outcome: &str) -> HandoverRecord {
