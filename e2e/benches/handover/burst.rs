@@ -36,6 +36,9 @@ pub struct Burst {
     /// The API server's clock, whole seconds: latest `PodScheduled` minus the Deployment's
     /// update by the scale request.
     pub last_scheduled_server_s: Option<i64>,
+    /// Scale request → the last owner pod seen created by this process's watch: the
+    /// ReplicaSet's slow start (batches of 1, 2, 4, … creates, each through the webhook).
+    pub last_created_ms: Option<f64>,
     /// Scale request → the first and the last owner pod found blocked by the operator.
     pub first_found_blocked_ms: Option<f64>,
     pub last_found_blocked_ms: Option<f64>,
@@ -246,7 +249,14 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
     }
     writes.retain(|_, count| *count > 0.0);
     let server = server_seconds(bench, &before).await;
+    let created = sightings
+        .snapshot()
+        .into_iter()
+        .filter(|(n, _)| !before.contains(n))
+        .filter_map(|(_, s)| s.seen)
+        .max();
     let mut burst = measure(mode, requested, &new_pods, &ours, &bench.online, server);
+    burst.last_created_ms = created.map(|at| millis(requested, at));
     burst.api_writes = writes;
     settle(bench, BASE_REPLICAS).await;
     burst
@@ -318,6 +328,7 @@ fn measure(
         last_bound_by_records_ms: ends.and_then(|e| e.into_iter().max_by(f64::total_cmp)),
         reclaims: reclaims.len(),
         last_scheduled_server_s,
+        last_created_ms: None,
         first_found_blocked_ms: found.iter().min().map(|t| millis(requested, *t)),
         last_found_blocked_ms: found.iter().max().map(|t| millis(requested, *t)),
         found_blocked_to_bound_ms,

@@ -118,6 +118,12 @@ fn burst_rows(bursts: &[Burst]) -> Vec<Row> {
             "",
         ));
         rows.push(row(
+            &format!("{prefix}scale request → last owner pod created (watch), per round"),
+            mode,
+            of.iter().filter_map(|b| b.last_created_ms).collect(),
+            "",
+        ));
+        rows.push(row(
             &format!("{prefix}scale request → first owner pod found blocked, per round"),
             mode,
             of.iter().filter_map(|b| b.first_found_blocked_ms).collect(),
