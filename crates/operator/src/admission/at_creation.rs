@@ -5,11 +5,9 @@
 //! The decision is the core's [`admit_at_creation`] on the leader's live snapshot: the one its
 //! last admission pass ended with, plus every pod admitted at creation since. Each pass builds
 //! its snapshot and publishes it while holding this lock, so the webhook and the loop never
-//! decide on the same capacity twice. The webhook never blocks on that lock: while admission at
-//! creation is closed (a pod waits, as all through a burst) it gates the pod without taking it;
-//! otherwise, while a pass holds it, the webhook tries again a moment later, for a short while,
-//! then sends the pod to the gate (the pass that follows decides it), well within its own
-//! timeout.
+//! decide on the same capacity twice. The webhook never blocks on that lock: while a pass holds
+//! it, the webhook tries again a moment later, for a short while, then sends the pod to the gate
+//! (the pass that follows decides it), well within its own timeout.
 //!
 //! A pod admitted here is *reserved* (its capacity counted by every pass) until the pod store
 //! shows it, found by the token the webhook annotates it with. A creation can fail after the
@@ -30,7 +28,7 @@ use std::{
     collections::HashSet,
     sync::{
         Arc, Mutex, MutexGuard, TryLockError,
-        atomic::{AtomicBool, AtomicI64, Ordering},
+        atomic::{AtomicI64, Ordering},
     },
 };
 
@@ -77,12 +75,8 @@ pub struct AtCreation {
     enabled: bool,
     per_namespace: usize,
     state: Arc<Mutex<State>>,
-    /// Whether admission at creation is closed (no snapshot, or a pod waits): kept outside the
-    /// lock, so that while it is closed, as all through a burst, the webhook gates a pod at once
-    /// instead of waiting for the pass that holds the lock.
-    closed: Arc<AtomicBool>,
-    /// When (Unix milliseconds) the webhook last gated a pod without the lock (a pass held it,
-    /// or admission was closed): kept outside the lock, which the webhook did not take.
+    /// When (Unix milliseconds) the webhook last gated a pod because a pass held the lock: kept
+    /// outside the lock, which the webhook could not take.
     busy_gated: Arc<AtomicI64>,
     /// Told when a reservation is made while none is held, so that the loop wakes at its
     /// expiry even if nothing else changes (its pod may never appear).
@@ -165,7 +159,6 @@ impl AtCreation {
             enabled,
             per_namespace: DEFAULT_RESERVATIONS_PER_NAMESPACE,
             state: Arc::default(),
-            closed: Arc::new(AtomicBool::new(true)),
             busy_gated: Arc::default(),
             first_reservation: Arc::default(),
         }
@@ -191,10 +184,9 @@ impl AtCreation {
         }
     }
 
-    /// A pod went to the gate at `now` without the lock (passes kept it, or admission was
-    /// closed): the pass running then read the stores before the pod existed, so admission at
-    /// creation stays closed until one has seen it (kept outside the lock, which the webhook
-    /// did not take).
+    /// A pod went to the gate at `now` because passes kept the lock: the pass running then read
+    /// the stores before the pod existed, so admission at creation stays closed until one has
+    /// seen it (kept outside the lock, which the webhook could not take).
     pub fn gated_busy(&self, now: Timestamp) {
         self.busy_gated
             .fetch_max(now.as_millisecond(), Ordering::Relaxed);
@@ -212,27 +204,19 @@ impl AtCreation {
         Pass {
             state: self.lock(),
             enabled: self.enabled,
-            closed: &self.closed,
             busy_gated: &self.busy_gated,
         }
     }
 
     /// The term ended: admit nothing at creation until the next leader's first pass.
     pub fn withdraw(&self) {
-        let mut state = self.lock();
-        state.live = None;
-        self.closed.store(true, Ordering::Release);
+        self.lock().live = None;
     }
 
     /// Decides a managed pod about to be created: `Ok` admits it (the webhook pins it), `Err`
     /// sends it to the gate, saying why. Never waits for a pass: `Busy` changes nothing, and
     /// the caller may ask again, or gate the pod and say so with [`Self::gated_busy`].
     pub fn admit(&self, pod: &Pod, now: Timestamp) -> Result<CreationAdmission, Gate> {
-        // Gating is always safe, and needs no snapshot: only an admission waits for the lock.
-        if self.closed.load(Ordering::Acquire) {
-            self.gated_busy(now);
-            return Err(Gate::Declined);
-        }
         let Some(mut state) = self.try_lock() else {
             return Err(Gate::Busy);
         };
@@ -243,7 +227,6 @@ impl AtCreation {
             if let Some(live) = state.live.as_mut() {
                 live.contended = true;
             }
-            self.closed.store(true, Ordering::Release);
             return Err(Gate::Declined);
         };
         if was_empty {
@@ -318,7 +301,6 @@ impl AtCreation {
 pub struct Pass<'a> {
     state: MutexGuard<'a, State>,
     enabled: bool,
-    closed: &'a AtomicBool,
     busy_gated: &'a AtomicI64,
 }
 
@@ -412,14 +394,12 @@ impl Pass<'_> {
             .last_gated
             .map(|gated| gated + GATED_SETTLE)
             .filter(|reopen| started < *reopen);
-        let contended = waiting || reopen.is_some();
         let previous = self.state.live.replace(Live {
             term,
             snapshot,
             started,
-            contended,
+            contended: waiting || reopen.is_some(),
         });
-        self.closed.store(contended, Ordering::Release);
         drop_later(previous);
         reopen.filter(|_| !waiting)
     }
@@ -593,36 +573,6 @@ mod tests {
         assert_eq!(pass.reserved_pods().count(), 1, "still within the timeout");
         pass.settle(&[], at(1) + RESERVATION_TTL);
         assert_eq!(pass.reserved_pods().count(), 0);
-    }
-
-    #[tokio::test]
-    async fn while_admission_is_closed_the_webhook_gates_at_once_even_during_a_pass() {
-        let (term, _state) = term().await;
-        let at_creation = AtCreation::new(true);
-        assert_eq!(
-            at_creation.admit(&new_pod(1), at(1)),
-            Err(Gate::Declined),
-            "no snapshot yet"
-        );
-        at_creation
-            .pass()
-            .publish(term.clone(), snapshot(), true, at(2));
-        let pass = at_creation.pass();
-        assert_eq!(
-            at_creation.admit(&new_pod(1), at(3)),
-            Err(Gate::Declined),
-            "a pod waits: gated without waiting for the pass that holds the lock"
-        );
-        // That pass read the stores before the pod was gated: it cannot have decided it.
-        let reopen = pass.publish(term.clone(), snapshot(), false, at(2));
-        assert_eq!(reopen, Some(at(4)));
-        assert_eq!(at_creation.admit(&new_pod(2), at(3)), Err(Gate::Declined));
-        at_creation
-            .pass()
-            .publish(term.clone(), snapshot(), false, at(4));
-        assert!(at_creation.admit(&new_pod(2), at(5)).is_ok());
-        at_creation.withdraw();
-        assert_eq!(at_creation.admit(&new_pod(3), at(5)), Err(Gate::Declined));
     }
 
     #[tokio::test]
