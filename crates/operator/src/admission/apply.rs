@@ -220,8 +220,6 @@ pub(super) fn begin_reclaims(
             .map(|v| v.queue.clone())
             .collect();
         let task = start_reclaim(shared.clone(), prepared, assumption, record);
-        // The pass's span: the start's log lines say which pass planned it.
-        let task = task.instrument(tracing::Span::current());
         handovers.begin(entry, &victim_queues, found.started_at, task);
     }
 }
@@ -259,15 +257,8 @@ async fn start_reclaim(
                 BeginError::NotRecorded => record.await == Some(true),
                 error => not_started(&shared, &error) == ReclaimStart::Failed,
             };
-            // The pods' own watch events may have come while they were assumed, and started
-            // a pass that skipped them: the loop decides them again, at once if they moved on.
             if failed {
-                let retry = shared.retry.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(RETRY_AFTER).await;
-                    retry.notify_one();
-                });
-            } else {
+                tokio::time::sleep(RETRY_AFTER).await;
                 shared.retry.notify_one();
             }
             None
@@ -286,23 +277,19 @@ impl Assumption {
     /// Assumes `prepared` started; `None` (nothing assumed) when one of its pods has a write
     /// in flight or a patch does not apply: the reclaim is decided again on a later pass.
     fn take(shared: &Shared, prepared: &Prepared) -> Option<Self> {
-        let Some(Written { owner, victims }) = prepared.as_written() else {
-            tracing::debug!(owner = %prepared.plan.owner_key, "a reclaim's patches do not apply to the stored pods; decided again on the next change");
-            return None;
-        };
+        let Written { owner, victims } = prepared.as_written()?;
         let mut assumed = shared.assumed();
         let uids: Vec<String> = std::iter::once(&owner)
             .chain(victims.iter().map(|(_, marked)| marked))
             .filter_map(|pod| pod.metadata.uid.clone())
             .collect();
         if uids.len() != victims.len() + 1 || uids.iter().any(|uid| assumed.in_flight(uid)) {
-            tracing::debug!(owner = %prepared.plan.owner_key, "a pod of the reclaim has a write in flight; decided again on the next change");
             return None;
         }
         for uid in &uids {
             assumed.begin(uid);
         }
-        assumed.reserved(owner);
+        assumed.admitted(owner);
         for (before, marked) in victims {
             assumed.marked(&before, marked);
         }

@@ -7,15 +7,12 @@
 //! So, like kube-scheduler's "assumed" pods, the pod as the API server returned it from the
 //! patch stands in for the stored one until the store shows the gate gone (or the pod gone).
 //!
-//! The same holds for a reclaim's victims and owner: from the moment the reclaim is planned,
-//! each victim as its intent patch will leave it (then as the patch returned it) stands in
-//! while the store still shows the version the intent was written on
+//! The same holds for a reclaim's victims: once their intent is written, the pod as the patch
+//! returned it stands in while the store still shows the version the intent was written on
 //! (the patch is tested against that `resourceVersion`, so any other version the store shows
-//! is newer, even after a relist skipped some), and the owner as its reserve will leave it
-//! (admitted and pinned at its gate) stands in while the store shows it gated. Otherwise a
-//! pass that runs before the watch delivers the mark sees the victim as an unclaimed borrower
-//! and plans it into a second reclaim: a burst's handovers start evicting while later passes
-//! plan.
+//! is newer, even after a relist skipped some). Otherwise a pass
+//! that runs before the watch delivers the mark sees the victim as an unclaimed borrower and
+//! plans it into a second reclaim: a burst's handovers start evicting while later passes plan.
 //!
 //! The same holds for the waiting reasons and queue statuses written this term: the last one
 //! written is remembered until the store shows it, so a lagging store causes neither a second
@@ -46,7 +43,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Client};
 
-use gpuqueue_core::model::{is_gated, is_held_owner};
+use gpuqueue_core::model::is_gated;
 
 use super::stores::Stores;
 
@@ -81,18 +78,8 @@ impl Assumed {
         }
     }
 
-    /// Remembers a reclaim's owner as its reserve will leave it, before the API server
-    /// answers: like [`Self::admitted`], but its waiting reason is kept, for the reserve may
-    /// fail and leave it waiting.
-    pub fn reserved(&mut self, owner: Pod) {
-        if let Some(uid) = owner.metadata.uid.clone() {
-            self.admitted.insert(uid, owner);
-        }
-    }
-
-    /// Remembers `victim` as marked with its reclaim intent (as the patch will leave it, then
-    /// as the API server returned it), written on `before` (the stored version the patch is
-    /// tested against).
+    /// Remembers `victim` as the API server returned it from its reclaim intent patch,
+    /// written on `before` (the stored version the patch was tested against).
     pub fn marked(&mut self, before: &Pod, victim: Pod) {
         let (Some(uid), Some(version)) = (
             victim.metadata.uid.clone(),
@@ -142,8 +129,9 @@ impl Assumed {
             return;
         };
         self.in_flight.remove(uid);
-        // A reclaim's reserved owner keeps its gate: its reserve landed if the pod shows it.
-        if is_gated(pod) && !is_held_owner(pod) {
+        // A held admission (a reclaim's reserved owner) keeps its gate: it landed if the pod
+        // carries the admission.
+        if is_gated(pod) && !carries_admission(pod) {
             self.admitted.remove(uid);
         } else {
             self.admitted.insert(uid.to_owned(), pod.clone());
@@ -335,6 +323,14 @@ impl Assumed {
         }
         self.statuses = still_lagging;
     }
+}
+
+/// Whether `pod` carries an admission (held at its gate, or released).
+fn carries_admission(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|notes| notes.contains_key(annotations::ADMITTED_AS))
 }
 
 /// Whether the store shows `pod` at `version` still.
@@ -558,22 +554,8 @@ mod tests {
         };
         let mut assumed = Assumed::default();
         let mut reserved = pod("owner", true, None);
-        reserved.metadata.annotations = Some(
-            [
-                (annotations::RECLAIM_ROLE, "owner"),
-                (annotations::RECLAIM_ID, "rc-1"),
-                (annotations::ADMITTED_AT, "2026-12-05T00:00:00Z"),
-            ]
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .into(),
-        );
-        reserved.spec.as_mut().unwrap().node_selector = Some(
-            [(
-                gpuqueue_core::model::HOSTNAME_LABEL.to_owned(),
-                "gpu-node-1".to_owned(),
-            )]
-            .into(),
-        );
+        reserved.metadata.annotations =
+            Some([(annotations::ADMITTED_AS.to_owned(), "guaranteed".to_owned())].into());
         let mut lost = victim("10", None);
         lost.metadata.uid = Some("lost".to_owned());
         let landed = victim("20", None);
@@ -592,7 +574,7 @@ mod tests {
 
         let stored_owner = pod("owner", true, None);
         assert!(
-            is_held_owner(assumed.view(&stored_owner)),
+            carries_admission(assumed.view(&stored_owner)),
             "the reserve landed: it holds the owner's GPUs while the store lags"
         );
         assert_eq!(mark(assumed.view(&lost)), None, "this intent never landed");

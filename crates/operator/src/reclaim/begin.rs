@@ -1,5 +1,4 @@
-//! Starting a handover from the core's plan, in the handover's task (the admission pass that
-//! made the plan assumes it started, as [`Prepared::as_written`] says, and goes on): the
+//! Starting a handover from the core's plan, inside the admission pass that made it: the
 //! reclaim recorded in its owner queue's status (the only evidence its pod annotations are
 //! believed, see [`super::trust`]), the intent on every victim, then the owner's intent together
 //! with its admission and pin, in the order [`super::resume`] relies on (the owner keeps its
@@ -49,10 +48,10 @@ use crate::{
     writes::pod::{self as patch, PatchError},
 };
 
-/// A handover whose owner is reserved: run it with [`Reclaimer::run`].
+/// A handover whose owner is released: run it with [`Reclaimer::run`].
 #[derive(Debug)]
 pub struct Reservation {
-    /// The owner as the API server returned it, reserved (admitted and pinned, still gated).
+    /// The owner as the API server returned it, released and pinned.
     pub owner: Pod,
     /// Each victim as the store showed it when its intent was written, and as the API server
     /// returned it, marked.

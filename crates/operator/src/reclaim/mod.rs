@@ -17,7 +17,7 @@
 //!                                            owner's intent
 //! ```
 //!
-//! The files follow the diagram: `begin` writes the intent and reserves the owner, `execute`
+//! The files follow the diagram: `begin` writes the intent and releases the owner, `execute`
 //! checkpoints, evicts (`evict`; `disruption` says whether a budget guards the victim), waits
 //! and records (`record`), `resume` finds what an earlier leader left, and `announce` holds
 //! every event text. `handover` says what a handover is, `intent` how it is written on pods,
@@ -119,9 +119,6 @@ pub struct Handovers {
     /// Queues reclaimed from by this process, with the start of the newest reclaim: their
     /// borrowing cool-down holds before their `lastHandovers` show it.
     reclaimed_from: HashMap<String, Timestamp>,
-    /// The reclaims whose task runs, with their victims' queues and start: those count as
-    /// reclaimed from, but only once a start has not failed.
-    starting: HashMap<String, (Vec<String>, Timestamp)>,
     /// The `status.reclaimsInFlight` entries of the reclaims this process started, until they
     /// end: the queue store may not show them yet, and their marks must count at once.
     mine: HashMap<String, Recorded>,
@@ -156,21 +153,13 @@ impl Handovers {
             finished: HashSet::new(),
             counted: HashSet::new(),
             reclaimed_from: HashMap::new(),
-            starting: HashMap::new(),
             mine: HashMap::new(),
         }
     }
 
     /// Queues a reclaim took GPUs from, and when, for the snapshot's cool-down.
     pub fn reclaimed_from(&self) -> impl Iterator<Item = (String, Timestamp)> + '_ {
-        let starting = self
-            .starting
-            .values()
-            .flat_map(|(queues, at)| queues.iter().map(move |q| (q.clone(), *at)));
-        self.reclaimed_from
-            .iter()
-            .map(|(q, at)| (q.clone(), *at))
-            .chain(starting)
+        self.reclaimed_from.iter().map(|(q, at)| (q.clone(), *at))
     }
 
     /// Takes the reclaim mark off every pod of this pass's model whose mark the operator did
@@ -198,16 +187,18 @@ impl Handovers {
     /// Runs `task`, which starts reclaim `recorded` (its writes, see [`Reclaimer::begin`]) and
     /// then carries out the handover ([`Reclaimer::run`]); `None` when the start failed. From
     /// now on the reclaim counts as this process's: its marks are trusted, a later pass never
-    /// resumes it, and its victims' queues are reclaimed from as of `at` (taken back if the
-    /// start fails).
+    /// resumes it, and its victims' queues are reclaimed from as of `at` (also when the start
+    /// fails: their borrowing waits out one cool-down too many, never one too few).
     pub fn begin<F>(&mut self, recorded: Recorded, victim_queues: &[String], at: Timestamp, task: F)
     where
         F: Future<Output = Option<HandoverEnd>> + Send + 'static,
     {
         let id = recorded.entry.id.clone();
         self.mine.insert(id.clone(), recorded);
-        self.starting
-            .insert(id.clone(), (victim_queues.to_vec(), at));
+        for queue in victim_queues {
+            let entry = self.reclaimed_from.entry(queue.clone()).or_insert(at);
+            *entry = (*entry).max(at);
+        }
         let task = self.tasks.spawn(task);
         self.by_task.insert(task.id(), id.clone());
         self.running.insert(id, task.id());
@@ -234,16 +225,9 @@ impl Handovers {
             };
             if let Some(id) = self.by_task.remove(&task) {
                 self.running.remove(&id);
-                let started = self.starting.remove(&id);
                 let Some((done, counted)) = ended else {
                     continue;
                 };
-                if let Some((queues, at)) = started {
-                    for queue in queues {
-                        let entry = self.reclaimed_from.entry(queue).or_insert(at);
-                        *entry = (*entry).max(at);
-                    }
-                }
                 if done {
                     self.retry.remove(&id);
                     self.counted.remove(&id);
