@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use futures::{
-    FutureExt,
+    FutureExt, StreamExt,
     future::{BoxFuture, Shared as SharedFuture},
+    stream::FuturesUnordered,
 };
 
 use gpuqueue_api::v1alpha1::ReclaimInFlight;
@@ -19,19 +20,16 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, Resource, runtime::reflector::ObjectRef};
 use tokio::task::JoinSet;
-use tracing::Instrument;
 
 use super::{
     at_creation::Arrival,
-    context::{Context, RETRY_AFTER, Shared, WriteResult},
+    context::{Context, Shared, WriteResult},
     metrics::Outcome,
     waiting::{ReasonTiming, RecordedReason, WaitLine, WaitingSince},
 };
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
-    reclaim::{
-        BeginError, HandoverEnd, Handovers, PassTiming, Prepared, Recorded, Reservation, Written,
-    },
+    reclaim::{BeginError, PassTiming, Prepared, Reservation},
     writes::{
         events::Notice,
         pod::{self as patch, PatchError},
@@ -165,184 +163,100 @@ pub(super) fn plan(
     planned
 }
 
-/// Starts the reclaims of a pass without waiting for their writes: each is prepared (an owner
-/// with a write in flight, or no longer gated, starts nothing) and assumed started at once, its
-/// owner reserved and its victims marked as the writes will leave them, so the next pass
-/// decides while they are in flight and plans neither the owner nor a victim again. Every
-/// owner queue's reclaims are recorded in its status in one write per queue while every intent
-/// is written, then each owner is reserved (see [`Reclaimer::begin`]), in a task of
-/// `handovers` that goes on with the handover once its own writes land. A start that fails
-/// takes back what it assumed and, unless the pods moved on, has the loop decide again after
-/// [`RETRY_AFTER`].
-///
-/// [`Reclaimer::begin`]: crate::reclaim::Reclaimer::begin
-pub(super) fn begin_reclaims(
+/// What became of starting one reclaim.
+enum ReclaimStart {
+    /// The owner is released (remembered as admitted); the rest runs in a task.
+    Started(Box<Reservation>),
+    /// Not started: the owner or a victim moved on (decided again on the next change), or
+    /// the owner has a write in flight.
+    Nothing,
+    /// A write failed; the next pass decides again after [`RETRY_AFTER`](super::context::RETRY_AFTER).
+    Failed,
+}
+
+/// Starts the reclaims of a pass, all at once: each is prepared (an owner with a write in
+/// flight, or no longer gated, starts nothing), every owner queue's reclaims are recorded in
+/// its status in one write per queue while every intent is written, then each owner is
+/// released (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)). Each reclaim whose
+/// owner is released goes to `started` the moment its own writes land (its eviction need not
+/// wait for the slowest start of the pass). Whether a start failed (the pass is retried).
+pub(super) async fn begin_reclaims(
     shared: &Shared,
-    tasks: &mut JoinSet<()>,
-    handovers: &mut Handovers,
-    reclaims: Vec<(Arc<Pod>, ReclaimPlan)>,
+    reclaims: &[(Arc<Pod>, ReclaimPlan)],
     found: PassTiming,
-) {
+    mut started: impl FnMut(Reservation),
+) -> bool {
     let reclaimer = &shared.context.reclaimer;
-    let prepared: Vec<(Prepared, Assumption)> = reclaims
-        .into_iter()
-        .filter(|(stored, _)| startable(shared, stored))
-        .filter_map(
-            |(stored, plan)| match reclaimer.prepare(plan, stored, found) {
-                Ok(prepared) => {
-                    let assumption = Assumption::take(shared, &prepared)?;
-                    Some((prepared, assumption))
-                }
-                Err(error) => {
-                    if not_started(shared, &error) == ReclaimStart::Failed {
-                        let retry = shared.retry.clone();
-                        tasks.spawn(async move {
-                            tokio::time::sleep(RETRY_AFTER).await;
-                            retry.notify_one();
-                        });
-                    }
-                    None
-                }
-            },
-        )
+    let prepared: Vec<Result<Prepared<'_>, ReclaimStart>> = reclaims
+        .iter()
+        .map(|(stored, plan)| {
+            if !startable(shared, stored) {
+                return Err(ReclaimStart::Nothing);
+            }
+            reclaimer
+                .prepare(plan, stored, found)
+                .map_err(|error| not_started(shared, &error))
+        })
         .collect();
     let recorded = record_per_queue(shared, &prepared);
-    for (prepared, assumption) in prepared {
-        let record = recorded[prepared.plan.owner_queue.as_str()].clone();
-        let entry = Recorded {
-            queue: prepared.plan.owner_queue.clone(),
-            entry: prepared.entry.clone(),
-        };
-        let victim_queues: Vec<String> = prepared
-            .plan
-            .victims
-            .iter()
-            .map(|v| v.queue.clone())
-            .collect();
-        let task = start_reclaim(shared.clone(), prepared, assumption, record);
-        handovers.begin(entry, &victim_queues, found.started_at, task);
-    }
-}
-
-/// One reclaim's start, then its handover: `None` when the start failed.
-async fn start_reclaim(
-    shared: Shared,
-    prepared: Prepared,
-    assumption: Assumption,
-    record: RecordWrite,
-) -> Option<HandoverEnd> {
-    let reclaimer = shared.context.reclaimer.clone();
-    let (queue, said) = (prepared.plan.owner_queue.clone(), prepared.plan.to_string());
-    let owner = prepared.plan.owner_key.clone();
-    let begun = reclaimer
-        .begin(
-            &shared.term,
-            prepared,
-            record.clone().map(|failed| failed.is_none()),
-        )
-        .await;
-    match begun {
-        Ok(started) => {
-            assumption.confirm(&shared, &started);
-            shared.context.metrics.decided(&queue, Outcome::Reclaim);
-            tracing::info!(pod = %owner, reclaim = %started.handover.id, "{said}");
-            let span = started.handover.span();
-            let run = reclaimer.run(shared.term.clone(), started.handover);
-            Some(run.instrument(span).await)
-        }
-        Err(error) => {
-            assumption.take_back(&shared);
-            let failed = match error {
+    let mut starts: FuturesUnordered<_> = prepared
+        .into_iter()
+        .map(|p| async {
+            let p = p?;
+            let plan = p.plan;
+            let record = recorded[plan.owner_queue.as_str()].clone();
+            match reclaimer
+                .begin(
+                    &shared.term,
+                    p,
+                    record.clone().map(|failed| failed.is_none()),
+                )
+                .await
+            {
+                Ok(started) => {
+                    shared
+                        .context
+                        .metrics
+                        .decided(&plan.owner_queue, Outcome::Reclaim);
+                    tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
+                    Ok(ReclaimStart::Started(Box::new(started)))
+                }
                 // Reported once for the queue, by its write.
-                BeginError::NotRecorded => record.await == Some(true),
-                error => not_started(&shared, &error) == ReclaimStart::Failed,
-            };
-            if failed {
-                tokio::time::sleep(RETRY_AFTER).await;
-                shared.retry.notify_one();
+                Err(BeginError::NotRecorded) => Err(if record.await == Some(true) {
+                    ReclaimStart::Failed
+                } else {
+                    ReclaimStart::Nothing
+                }),
+                Err(error) => Err(not_started(shared, &error)),
             }
-            None
-        }
-    }
-}
-
-/// What a pass assumes of a reclaim it starts until the writes answer: the owner reserved and
-/// every victim marked, each pod with a write in flight.
-struct Assumption {
-    owner: String,
-    victims: Vec<String>,
-}
-
-impl Assumption {
-    /// Assumes `prepared` started; `None` (nothing assumed) when one of its pods has a write
-    /// in flight or a patch does not apply: the reclaim is decided again on a later pass.
-    fn take(shared: &Shared, prepared: &Prepared) -> Option<Self> {
-        let Written { owner, victims } = prepared.as_written()?;
-        let mut assumed = shared.assumed();
-        let uids: Vec<String> = std::iter::once(&owner)
-            .chain(victims.iter().map(|(_, marked)| marked))
-            .filter_map(|pod| pod.metadata.uid.clone())
-            .collect();
-        if uids.len() != victims.len() + 1 || uids.iter().any(|uid| assumed.in_flight(uid)) {
-            return None;
-        }
-        for uid in &uids {
-            assumed.begin(uid);
-        }
-        assumed.admitted(owner);
-        for (before, marked) in victims {
-            assumed.marked(&before, marked);
-        }
-        let mut uids = uids.into_iter();
-        Some(Self {
-            owner: uids.next()?,
-            victims: uids.collect(),
         })
-    }
-
-    /// The writes landed: the pods as the API server returned them stand in for the store.
-    fn confirm(self, shared: &Shared, started: &Reservation) {
-        let mut assumed = shared.assumed();
-        assumed.admitted(started.owner.clone());
-        for (before, marked) in &started.victims {
-            assumed.marked(before, marked.clone());
-        }
-        for uid in std::iter::once(&self.owner).chain(&self.victims) {
-            assumed.end(uid);
+        .collect();
+    let mut any_failed = false;
+    while let Some(outcome) = starts.next().await {
+        match outcome.unwrap_or_else(|not| not) {
+            ReclaimStart::Started(reservation) => started(*reservation),
+            ReclaimStart::Failed => any_failed = true,
+            ReclaimStart::Nothing => {}
         }
     }
-
-    /// The start failed: the pods are decided again from the store.
-    fn take_back(self, shared: &Shared) {
-        let mut assumed = shared.assumed();
-        assumed.forget_admission(&self.owner);
-        assumed.end(&self.owner);
-        for uid in &self.victims {
-            assumed.forget_mark(uid);
-            assumed.end(uid);
-        }
-    }
+    any_failed
 }
 
-/// One owner queue's status write recording the reclaims of a pass, shared by them: `None`
-/// when it landed, else whether it failed (then none of them starts).
-type RecordWrite = SharedFuture<BoxFuture<'static, Option<bool>>>;
-
-/// Per owner queue of `prepared`, the one write recording its reclaims in its status (their
-/// intents are written meanwhile).
-fn record_per_queue(
-    shared: &Shared,
-    prepared: &[(Prepared, Assumption)],
-) -> BTreeMap<String, RecordWrite> {
+/// Per owner queue of `prepared`, the one write recording its reclaims in its status, shared by
+/// them (their intents are written meanwhile): `None` when it landed, else whether it failed
+/// (then none of them starts).
+fn record_per_queue<'a>(
+    shared: &'a Shared,
+    prepared: &[Result<Prepared<'a>, ReclaimStart>],
+) -> BTreeMap<String, SharedFuture<BoxFuture<'a, Option<bool>>>> {
     let mut queues: BTreeMap<String, Vec<ReclaimInFlight>> = BTreeMap::new();
-    for (p, _) in prepared {
+    for p in prepared.iter().flatten() {
         let entries = queues.entry(p.plan.owner_queue.clone()).or_default();
         entries.push(p.entry.clone());
     }
     queues
         .into_iter()
         .map(|(queue, entries)| {
-            let shared = shared.clone();
             let name = queue.clone();
             let write = async move {
                 let reclaimer = &shared.context.reclaimer;
@@ -351,20 +265,11 @@ fn record_per_queue(
                     .await;
                 result
                     .err()
-                    .map(|error| not_started(&shared, &error) == ReclaimStart::Failed)
+                    .map(|error| matches!(not_started(shared, &error), ReclaimStart::Failed))
             };
             (queue, write.boxed().shared())
         })
         .collect()
-}
-
-/// What became of starting one reclaim that did not start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReclaimStart {
-    /// The owner or a victim moved on: decided again on the next change.
-    Nothing,
-    /// A write failed; the next pass decides again after [`RETRY_AFTER`].
-    Failed,
 }
 
 /// Whether a reclaim for the owner `stored` may start: it is still gated and no write to it

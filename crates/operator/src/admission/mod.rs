@@ -32,10 +32,9 @@
 //! [`FIRST_REASON_AFTER`]: waiting::FIRST_REASON_AFTER
 //!
 //! Reclaims (see [`crate::reclaim`]): each pass first resumes or abandons handovers an earlier
-//! leader left in the intent annotations; a `Reclaim` decision is assumed started at once (its
-//! owner reserved on the node, its victims marked: the next pass sees the node taken and plans
-//! neither again) while a task the loop owns writes its intent, reserves the owner and carries
-//! out the handover; the task is aborted with the loop when the term ends.
+//! leader left in the intent annotations; a `Reclaim` decision writes its intent and releases
+//! the owner before the next pass (so that pass sees the node taken), and the rest of the
+//! handover runs in a task the loop owns, aborted with it when the term ends.
 
 mod apply;
 pub mod at_creation;
@@ -70,7 +69,7 @@ use crate::{
     clock,
     cluster::{assumed, debounce::Debounce},
     leader::Term,
-    reclaim::{Handovers, PassTiming},
+    reclaim::{Handovers, PassTiming, Reservation},
 };
 use apply::{admitted_at_creation, apply, begin_reclaims};
 use at_creation::{AtCreation, RESERVATION_TTL};
@@ -216,8 +215,8 @@ struct Wakeup {
 }
 
 /// One pass with its reclaims: handovers an earlier leader left half done are resumed or
-/// abandoned first, then [`run_pass`] decides, and the reclaims it planned are started in the
-/// background, assumed started for the next pass.
+/// abandoned first, then [`run_pass`] decides, and the reclaims it planned are started (intent
+/// written, owner released) before the next pass.
 async fn pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
@@ -235,7 +234,28 @@ async fn pass(
     };
     let mut reclaims = decided.reclaims;
     reclaims.retain(|(_, plan)| !recovered.defers(&plan.node_name));
-    begin_reclaims(shared, tasks, handovers, reclaims, found);
+    let failed = begin_reclaims(shared, &reclaims, found, |started| {
+        let Reservation {
+            owner,
+            victims,
+            handover,
+        } = started;
+        let mut assumed = shared.assumed();
+        assumed.admitted(owner);
+        for (before, marked) in victims {
+            assumed.marked(&before, marked);
+        }
+        drop(assumed);
+        handovers.start(&shared.term, handover);
+    })
+    .await;
+    if failed {
+        let retry = shared.retry.clone();
+        tasks.spawn(async move {
+            tokio::time::sleep(RETRY_AFTER).await;
+            retry.notify_one();
+        });
+    }
     Wakeup {
         wake: decided.wake.into_iter().chain(recovered.wake).min(),
         waiting: decided.waiting,

@@ -129,17 +129,10 @@ impl Assumed {
             return;
         };
         self.in_flight.remove(uid);
-        // A held admission (a reclaim's reserved owner) keeps its gate: it landed if the pod
-        // carries the admission.
-        if is_gated(pod) && !carries_admission(pod) {
+        if is_gated(pod) {
             self.admitted.remove(uid);
         } else {
             self.admitted.insert(uid.to_owned(), pod.clone());
-        }
-        // A reclaim intent on a victim landed or not: the fresh pod says which, and stands in
-        // while the store shows the version the intent was tested against.
-        if let Some((_, marked)) = self.marked.get_mut(uid) {
-            marked.clone_from(pod);
         }
         let shown = pod
             .metadata
@@ -166,11 +159,6 @@ impl Assumed {
     /// Forgets an admission whose write failed: the pod is decided again from the store.
     pub fn forget_admission(&mut self, uid: &str) {
         self.admitted.remove(uid);
-    }
-
-    /// Forgets a reclaim intent whose write failed or was taken back.
-    pub fn forget_mark(&mut self, uid: &str) {
-        self.marked.remove(uid);
     }
 
     /// Forgets a waiting reason whose write failed.
@@ -325,21 +313,13 @@ impl Assumed {
     }
 }
 
-/// Whether `pod` carries an admission (held at its gate, or released).
-fn carries_admission(pod: &Pod) -> bool {
-    pod.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|notes| notes.contains_key(annotations::ADMITTED_AS))
-}
-
+/// Answers the writes a term left in flight (see [`Assumed::left_in_flight`]) from fresh reads
+/// of their objects, found by uid in `stores`; an object no store holds any more is gone.
 /// Whether the store shows `pod` at `version` still.
 fn is_version(pod: &Pod, version: &str) -> bool {
     pod.metadata.resource_version.as_deref() == Some(version)
 }
 
-/// Answers the writes a term left in flight (see [`Assumed::left_in_flight`]) from fresh reads
-/// of their objects, found by uid in `stores`; an object no store holds any more is gone.
 /// A read that fails leaves its object in flight, and the error to the caller, who tries again.
 pub async fn reconcile(
     assumed: &Mutex<Assumed>,
@@ -540,50 +520,6 @@ mod tests {
             assumed.left_in_flight().is_empty(),
             "each may be written again"
         );
-    }
-
-    /// A term ended while a reclaim's start was in flight: the owner's reserve (an admission
-    /// held at the gate) landed, one victim's intent did not, another's did.
-    #[test]
-    fn a_new_term_keeps_the_reclaim_writes_that_landed() {
-        let mark = |pod: &Pod| {
-            pod.metadata
-                .annotations
-                .as_ref()
-                .and_then(|notes| notes.get(annotations::RECLAIM_ID).cloned())
-        };
-        let mut assumed = Assumed::default();
-        let mut reserved = pod("owner", true, None);
-        reserved.metadata.annotations =
-            Some([(annotations::ADMITTED_AS.to_owned(), "guaranteed".to_owned())].into());
-        let mut lost = victim("10", None);
-        lost.metadata.uid = Some("lost".to_owned());
-        let landed = victim("20", None);
-        for uid in ["owner", "lost", "v"] {
-            assert!(assumed.begin(uid));
-        }
-        assumed.admitted(reserved.clone());
-        let mut assumed_lost = victim("11", Some("rc-1"));
-        assumed_lost.metadata.uid = Some("lost".to_owned());
-        assumed.marked(&lost, assumed_lost);
-        assumed.marked(&landed, victim("21", Some("rc-1")));
-
-        assumed.reconcile_pod("owner", Some(&reserved));
-        assumed.reconcile_pod("lost", Some(&lost));
-        assumed.reconcile_pod("v", Some(&victim("21", Some("rc-1"))));
-
-        let stored_owner = pod("owner", true, None);
-        assert!(
-            carries_admission(assumed.view(&stored_owner)),
-            "the reserve landed: it holds the owner's GPUs while the store lags"
-        );
-        assert_eq!(mark(assumed.view(&lost)), None, "this intent never landed");
-        assert_eq!(
-            mark(assumed.view(&landed)).as_deref(),
-            Some("rc-1"),
-            "this one did: it stands in while the store lags"
-        );
-        assert!(assumed.left_in_flight().is_empty());
     }
 
     #[test]

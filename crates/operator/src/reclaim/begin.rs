@@ -106,9 +106,9 @@ impl BeginError {
 /// into its owner queue's `status.reclaimsInFlight` first ([`Reclaimer::record_in_flight`]),
 /// then [`Reclaimer::begin`] writes its pods.
 #[derive(Debug)]
-pub struct Prepared {
-    pub plan: ReclaimPlan,
-    owner: Arc<Pod>,
+pub struct Prepared<'a> {
+    pub plan: &'a ReclaimPlan,
+    owner: &'a Pod,
     found: PassTiming,
     timeline: Timeline,
     stored: Vec<Arc<Pod>>,
@@ -122,12 +122,12 @@ impl Reclaimer {
     /// Checks `plan` against the store (its victims still there, in the queues that claim
     /// them) and gives the handover its id, intent and in-flight entry, for `owner` as the
     /// store shows it. Writes nothing.
-    pub fn prepare(
+    pub fn prepare<'a>(
         &self,
-        plan: ReclaimPlan,
-        owner: Arc<Pod>,
+        plan: &'a ReclaimPlan,
+        owner: &'a Pod,
         found: PassTiming,
-    ) -> Result<Prepared, BeginError> {
+    ) -> Result<Prepared<'a>, BeginError> {
         let id = intent::new_id();
         let span = handover::span(
             &id,
@@ -138,15 +138,15 @@ impl Reclaimer {
         );
         let mut timeline = Timeline::new(found.started, found.started_at, plan.budget);
         timeline.end(Phase::Plan, found.planned);
-        let stored = self.stored_victims(&plan)?;
-        self.check_victim_queues(&plan)?;
+        let stored = self.stored_victims(plan)?;
+        self.check_victim_queues(plan)?;
         let intent = Intent {
             id,
             deadline: timeline.deadline_at(),
             node: plan.node_name.clone(),
-            victims: victim_refs(&plan, &stored),
+            victims: victim_refs(plan, &stored),
         };
-        let entry = in_flight::from_intent(&intent, &HandoverPod::of(&owner), found.started_at);
+        let entry = in_flight::from_intent(&intent, &HandoverPod::of(owner), found.started_at);
         Ok(Prepared {
             plan,
             owner,
@@ -184,7 +184,7 @@ impl Reclaimer {
     pub async fn begin(
         &self,
         term: &Term,
-        prepared: Prepared,
+        prepared: Prepared<'_>,
         recorded: impl Future<Output = bool>,
     ) -> Result<Reservation, BeginError> {
         let span = prepared.span.clone();
@@ -196,7 +196,7 @@ impl Reclaimer {
     async fn begin_traced(
         &self,
         term: &Term,
-        prepared: Prepared,
+        prepared: Prepared<'_>,
         recorded: impl Future<Output = bool>,
     ) -> Result<Reservation, BeginError> {
         let Prepared {
@@ -218,9 +218,7 @@ impl Reclaimer {
                 self.take_back(&marked, &intent.id).await;
                 return Err(BeginError::NotRecorded);
             }
-            (Err(error), true) => {
-                return Err(self.forget_in_flight(&plan, &intent.id, error).await);
-            }
+            (Err(error), true) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
             (Err(_), false) => return Err(BeginError::NotRecorded),
         };
         timeline.end(Phase::Intent, Instant::now());
@@ -229,12 +227,12 @@ impl Reclaimer {
         // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated);
         //    meanwhile each victim no budget guards is marked `DisruptionTarget`.
         let (reserved, disrupted) = futures::join!(
-            self.reserve_owner(term, &owner, &plan, &intent, found.started_at, &marked),
+            self.reserve_owner(term, owner, plan, &intent, found.started_at, &marked),
             self.mark_disruption(term, &marked),
         );
         let owner = match reserved {
             Ok(owner) => owner,
-            Err(error) => return Err(self.forget_in_flight(&plan, &intent.id, error).await),
+            Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
         };
         let (marked, disruption_marked): (Vec<Pod>, Vec<bool>) = disrupted.into_iter().unzip();
         timeline.end(Phase::Reserve, Instant::now());
@@ -242,7 +240,7 @@ impl Reclaimer {
 
         let awaits = self.awaited(&plan.awaits);
         let handover = reserved_handover(
-            &plan,
+            plan,
             intent.id,
             &owner,
             (&marked, &disruption_marked),
@@ -347,7 +345,13 @@ impl Reclaimer {
             self.take_back(marked, &intent.id).await;
             return Err(BeginError::NotLeader);
         }
-        let released = match reserve_patch(owner, plan, intent, at) {
+        let admission = patch::Admission {
+            node_pin: &plan.pin,
+            queue: &plan.owner_queue,
+            admitted_as: AdmittedAs::Guaranteed.as_str(),
+            at,
+        };
+        let released = match intent::owner_patch(owner, intent, &admission) {
             Ok(patch) => self.patch_pod(owner, patch).await,
             Err(error) => Err(error),
         };
@@ -404,51 +408,6 @@ impl Reclaimer {
         }))
         .await;
     }
-}
-
-/// The pods of a reclaim as [`Reclaimer::begin`] leaves them when its writes land.
-#[derive(Debug)]
-pub struct Written {
-    /// The owner, reserved: its intent, admission and pin, still gated.
-    pub owner: Pod,
-    /// Each victim as the store shows it (the version its intent is tested against), and
-    /// marked with the intent.
-    pub victims: Vec<(Arc<Pod>, Pod)>,
-}
-
-impl Prepared {
-    /// The reclaim's pods as [`Reclaimer::begin`] leaves them when its writes land; `None`
-    /// when a patch does not apply to the stored pod (its write would fail too).
-    pub fn as_written(&self) -> Option<Written> {
-        let reserve = reserve_patch(&self.owner, &self.plan, &self.intent, self.found.started_at);
-        let owner = patch::applied_locally(&self.owner, &reserve.ok()?)?;
-        let victims = self
-            .stored
-            .iter()
-            .map(|pod| {
-                let intent = intent::victim_intent_patch(pod, &self.intent).ok()?;
-                Some((pod.clone(), patch::applied_locally(pod, &intent)?))
-            })
-            .collect::<Option<_>>()?;
-        Some(Written { owner, victims })
-    }
-}
-
-/// The owner's reserve: its intent, admission within its guarantee at `at`, and pin, in one
-/// patch that keeps its gate.
-fn reserve_patch(
-    owner: &Pod,
-    plan: &ReclaimPlan,
-    intent: &Intent,
-    at: Timestamp,
-) -> Result<json_patch::Patch, PatchError> {
-    let admission = patch::Admission {
-        node_pin: &plan.pin,
-        queue: &plan.owner_queue,
-        admitted_as: AdmittedAs::Guaranteed.as_str(),
-        at,
-    };
-    intent::owner_patch(owner, intent, &admission)
 }
 
 /// The victims as the owner's intent lists them.

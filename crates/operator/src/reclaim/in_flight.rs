@@ -24,7 +24,10 @@ use kube::{
 };
 use serde_json::json;
 
-use super::{handover::HandoverPod, intent::Intent};
+use super::{
+    handover::{Handover, HandoverPod},
+    intent::Intent,
+};
 
 /// Conflicting writers of the same queue's list get this many tries: each conflict means
 /// another writer's change landed, so every reclaim the list can hold gets its turn.
@@ -44,6 +47,27 @@ pub enum InFlightError {
         "GpuQueue {queue} would have more than {MAX_RECLAIMS_IN_FLIGHT} reclaims in flight (status.reclaimsInFlight is full); reclaims {id} wait until some finish"
     )]
     Full { queue: String, id: String },
+}
+
+/// The entry of `handover`, as its owner queue's status records it.
+pub fn entry_of(handover: &Handover) -> ReclaimInFlight {
+    ReclaimInFlight {
+        id: handover.id.clone(),
+        owner_pod: handover.owner.key.to_string(),
+        owner_uid: handover.owner.uid.clone(),
+        node: handover.node.clone(),
+        victims: handover
+            .victims
+            .iter()
+            .map(|v| VictimInFlight {
+                pod: v.target.key.to_string(),
+                uid: v.target.uid.clone(),
+                queue: v.queue.clone(),
+            })
+            .collect(),
+        started_at: MicroTime(handover.timeline.started_at),
+        deadline: MicroTime(handover.timeline.deadline_at()),
+    }
 }
 
 /// The entry of a reclaim about to start: `intent` for `owner`, found blocked at `started_at`.

@@ -2,19 +2,19 @@
 //! handovers that an earlier leader left half done.
 //!
 //! ```text
-//! admission pass (leader)                  handover task (one per reclaim)
-//! ───────────────────────                  ───────────────────────────────
-//! recover: resume / abandon intents        intent on every victim (rv-tested), while the owner
-//!          from the store                    queue's status.reclaimsInFlight records it
-//! plan (core) ─▶ assume it started:        ─▶ owner: intent + pin, one patch (gated); meanwhile
-//!   owner reserved, victims marked           victims no PDB guards are marked DisruptionTarget
-//!   (the next pass plans neither)          ─▶ per victim, all at once: mark `checkpointing`,
-//!                                            checkpoint (deadline from the budget left), evict
-//!                                            (PDB: retry to the deadline, then delete; no PDB:
-//!                                            delete)
-//!                                          ─▶ watch: victims gone, owner bound
-//!                                          ─▶ record on both queues, events, metrics; clear the
-//!                                            owner's intent
+//! admission pass (leader)                         handover task (one per reclaim)
+//! ───────────────────────                         ───────────────────────────────
+//! recover: resume / abandon intents from the store
+//! plan (core) ─▶ intent on every victim (rv-tested), while the owner queue's
+//!                status.reclaimsInFlight records it
+//!              ─▶ owner: intent + pin, one patch (gated); ─▶ per victim, all at once:
+//!                 meanwhile victims no PDB guards are         mark `checkpointing`, checkpoint
+//!                 marked DisruptionTarget                     (deadline from the budget left),
+//!                                                               evict (PDB: retry to the deadline,
+//!                                                               then delete; no PDB: delete)
+//!                                                             ─▶ watch: victims gone, owner bound
+//!                                                             ─▶ record on both queues, events,
+//!                                                               metrics; clear the owner's intent
 //! ```
 //!
 //! The files follow the diagram: `begin` writes the intent and releases the owner, `execute`
@@ -25,12 +25,9 @@
 //! the tasks.
 //!
 //! Every phase is timed from the start of the admission pass that found the owner blocked
-//! ([`timeline`]). The pass assumes the start done at once (the owner reserved, the victims
-//! marked, as the writes will leave them), so the next pass already sees the owner admitted on
-//! its node and the node closed to other pods, and decides while those writes are in flight;
-//! they and the rest of the handover run in a task of their own
-//! ([`Handovers::begin`]), so neither a burst's writes nor a 1.2-second checkpoint hold other
-//! admissions back.
+//! ([`timeline`]). The intent and the owner's release are written inside that pass, so the next
+//! pass already sees the owner admitted on its node and the node closed to other pods; the rest
+//! runs in a task of its own, so a 1.2-second checkpoint never holds other admissions back.
 //!
 //! **Crash safety.** Writes happen in the order [`resume`] relies on, each one testing the pod
 //! it changes (uid, the plan's `resourceVersion` or the reclaim id; see [`intent`]), and every
@@ -73,25 +70,23 @@ mod trust;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use futures::FutureExt;
 use gpuqueue_core::model;
 use jiff::{SignedDuration, Timestamp};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-pub use begin::{BeginError, Prepared, Reservation, Written};
+pub use begin::{BeginError, Prepared, Reservation};
 pub use crash::{BadCrashPoint, CrashPoint};
 pub use evict::{Eviction, EvictionTarget, try_evict};
-pub use execute::HandoverEnd;
+use execute::HandoverEnd;
 pub use handover::{Handover, PassTiming};
 use intent::Mark;
 pub use intent::VICTIM;
 pub use metrics::ReclaimMetrics;
 pub use reclaimer::Reclaimer;
 pub use resume::Recovery;
-pub use trust::Recorded;
-use trust::{Claims, Trusted};
+use trust::{Claims, Recorded, Trusted};
 
 use crate::leader::Term;
 
@@ -104,8 +99,7 @@ const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Handovers {
     reclaimer: Reclaimer,
-    /// `None`: a handover whose start failed (nothing to resume: what it wrote was taken back).
-    tasks: JoinSet<Option<HandoverEnd>>,
+    tasks: JoinSet<HandoverEnd>,
     running: HashMap<String, Id>,
     by_task: HashMap<Id, String>,
     /// Reclaims whose recovery did not settle, and when to try again.
@@ -157,6 +151,11 @@ impl Handovers {
         }
     }
 
+    /// Reclaims this process is running.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
     /// Queues a reclaim took GPUs from, and when, for the snapshot's cool-down.
     pub fn reclaimed_from(&self) -> impl Iterator<Item = (String, Timestamp)> + '_ {
         self.reclaimed_from.iter().map(|(q, at)| (q.clone(), *at))
@@ -184,31 +183,35 @@ impl Handovers {
         self.reclaimer.metrics.unrecorded_marks(dropped);
     }
 
-    /// Runs `task`, which starts reclaim `recorded` (its writes, see [`Reclaimer::begin`]) and
-    /// then carries out the handover ([`Reclaimer::run`]); `None` when the start failed. From
-    /// now on the reclaim counts as this process's: its marks are trusted, a later pass never
-    /// resumes it, and its victims' queues are reclaimed from as of `at` (also when the start
-    /// fails: their borrowing waits out one cool-down too many, never one too few).
-    pub fn begin<F>(&mut self, recorded: Recorded, victim_queues: &[String], at: Timestamp, task: F)
-    where
-        F: Future<Output = Option<HandoverEnd>> + Send + 'static,
-    {
-        let id = recorded.entry.id.clone();
-        self.mine.insert(id.clone(), recorded);
-        for queue in victim_queues {
-            let entry = self.reclaimed_from.entry(queue.clone()).or_insert(at);
+    /// Runs a handover whose owner was just released.
+    pub fn start(&mut self, term: &Term, handover: Handover) {
+        self.mine.insert(
+            handover.id.clone(),
+            Recorded {
+                queue: handover.owner_queue.clone(),
+                entry: in_flight::entry_of(&handover),
+            },
+        );
+        for victim in &handover.victims {
+            let at = handover.timeline.started_at;
+            let entry = self
+                .reclaimed_from
+                .entry(victim.queue.clone())
+                .or_insert(at);
             *entry = (*entry).max(at);
         }
-        let task = self.tasks.spawn(task);
-        self.by_task.insert(task.id(), id.clone());
-        self.running.insert(id, task.id());
+        self.spawn(term, handover);
     }
 
     fn spawn(&mut self, term: &Term, handover: Handover) {
         let id = handover.id.clone();
         let span = handover.span();
-        let run = self.reclaimer.clone().run(term.clone(), handover);
-        let task = self.tasks.spawn(run.map(Some).instrument(span));
+        let task = self.tasks.spawn(
+            self.reclaimer
+                .clone()
+                .run(term.clone(), handover)
+                .instrument(span),
+        );
         self.by_task.insert(task.id(), id.clone());
         self.running.insert(id, task.id());
     }
@@ -216,18 +219,15 @@ impl Handovers {
     /// Forgets finished tasks; one that stopped early is looked at again after a while.
     fn reap(&mut self, now: Instant) {
         while let Some(joined) = self.tasks.try_join_next_with_id() {
-            let (task, ended) = match joined {
-                Ok((task, ended)) => (task, ended.map(|e| (e.done, e.counted))),
+            let (task, done, counted) = match joined {
+                Ok((task, finished)) => (task, finished.done, finished.counted),
                 Err(error) => {
                     tracing::error!(%error, "a handover task failed");
-                    (error.id(), Some((false, false)))
+                    (error.id(), false, false)
                 }
             };
             if let Some(id) = self.by_task.remove(&task) {
                 self.running.remove(&id);
-                let Some((done, counted)) = ended else {
-                    continue;
-                };
                 if done {
                     self.retry.remove(&id);
                     self.counted.remove(&id);
