@@ -18,7 +18,6 @@
 //! before its reclaim is recorded and every victim marked.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::future::join_all;
 use gpuqueue_core::{
@@ -35,7 +34,7 @@ use gpuqueue_api::v1alpha1::ReclaimInFlight;
 
 use super::{
     disruption,
-    evict::{self, EvictionTarget, Guard},
+    evict::{self, Guard},
     handover::{self, Handover, HandoverPod, OwnerRelease, PassTiming, Victim, checkpoint_policy},
     in_flight::{self, InFlightError},
     intent::{self, Intent, VictimRef},
@@ -377,13 +376,8 @@ impl Reclaimer {
             if guard != Guard::Unbudgeted || !term.is_current() {
                 return (pod.clone(), false);
             }
-            let target = EvictionTarget {
-                namespace: &victim.key.namespace,
-                name: &victim.key.name,
-                uid: &victim.uid,
-                grace: Duration::ZERO,
-            };
-            match evict::mark(&self.client, &target).await {
+            let (namespace, name) = (&victim.key.namespace, &victim.key.name);
+            match evict::mark(&self.client, namespace, name, &victim.uid).await {
                 Ok(marked) => (marked, true),
                 Err(error) => {
                     tracing::debug!(pod = %victim.key, %error, "marking a victim DisruptionTarget failed; marked again before its delete");

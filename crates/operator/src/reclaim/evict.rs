@@ -271,7 +271,7 @@ async fn delete_unbudgeted(
     }
     let gone = |error: &kube::Error| matches!(error, kube::Error::Api(status) if status.code == 404 || status.code == 409);
     if !marked {
-        match mark(client, target).await {
+        match mark(client, target.namespace, target.name, target.uid).await {
             Ok(_) => {}
             Err(error) if gone(&error) => return Some(Eviction::AlreadyGone),
             Err(error) => {
@@ -294,23 +294,28 @@ async fn delete_unbudgeted(
     }
 }
 
-/// Adds the `DisruptionTarget` condition the Eviction API would add to `target` (this uid
-/// only); the pod as the API server returned it.
-pub async fn mark(client: &Client, target: &EvictionTarget<'_>) -> Result<Pod, kube::Error> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), target.namespace);
+/// Adds the `DisruptionTarget` condition the Eviction API would add to pod `namespace/name`
+/// (uid `uid` only); the pod as the API server returned it.
+pub async fn mark(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Pod, kube::Error> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     api.patch_status(
-        target.name,
+        name,
         &PatchParams::default(),
-        &Patch::Strategic(disruption_condition(target)),
+        &Patch::Strategic(disruption_condition(uid)),
     )
     .await
 }
 
 /// The strategic merge patch adding the `DisruptionTarget` condition, for this uid only (a
 /// namesake's uid makes the API server refuse the patch).
-fn disruption_condition(target: &EvictionTarget<'_>) -> serde_json::Value {
+fn disruption_condition(uid: &str) -> serde_json::Value {
     json!({
-        "metadata": {"uid": target.uid},
+        "metadata": {"uid": uid},
         "status": {"conditions": [{
             "type": "DisruptionTarget",
             "status": "True",

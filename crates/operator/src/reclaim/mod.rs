@@ -151,11 +151,6 @@ impl Handovers {
         }
     }
 
-    /// Reclaims this process is running.
-    pub fn running(&self) -> usize {
-        self.running.len()
-    }
-
     /// Queues a reclaim took GPUs from, and when, for the snapshot's cool-down.
     pub fn reclaimed_from(&self) -> impl Iterator<Item = (String, Timestamp)> + '_ {
         self.reclaimed_from.iter().map(|(q, at)| (q.clone(), *at))
