@@ -31,8 +31,10 @@ mod replicas;
 mod report;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::StreamExt;
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, Component, ControlPlane, ControlPlaneConfig, FaultKind,
@@ -41,7 +43,10 @@ use gpuqueue_e2e::{
 };
 use gpuqueue_sim::scenario::Scenario;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::Store;
+use kube::{
+    Api, Client,
+    runtime::{WatchStreamExt, reflector::Store, watcher},
+};
 use tokio::time::Instant;
 
 use common::{OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, apply_queue, free_port, install};
@@ -159,7 +164,7 @@ async fn main() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let load = load.spawn(stopped.clone());
     let fleet = fleet::Fleet::new(knobs.seed).spawn(pods.clone(), batch_namespaces, stopped);
-    let mut records: BTreeMap<String, HandoverRecord> = BTreeMap::new();
+    let (records, record_watch) = watch_records(&client);
     let mut leader_changes = 0usize;
     let mut last_holder = Replicas::holder(&cluster).await;
     let mut injected: Vec<Injected> = Vec::new();
@@ -171,12 +176,12 @@ async fn main() {
     let end = began + Duration::from_secs(knobs.minutes * 60);
     let mut next_rss = began;
 
-    // Between faults the background keeps going: the load, the servers, the records, RSS.
+    // Between faults the background keeps going: the load, the servers, RSS (the records have
+    // a watch of their own).
     macro_rules! background_until {
         ($until:expr) => {{
             let until = $until;
             loop {
-                collect_records(&queues, &mut records);
                 if Instant::now() >= next_rss {
                     replicas.sample_rss();
                     next_rss += Duration::from_secs(10);
@@ -235,6 +240,8 @@ async fn main() {
     let report = checker.finish(&calls, Duration::from_secs(2)).await;
     pod_watch.abort();
     queue_watch.abort();
+    record_watch.abort();
+    let records = records.lock().unwrap().clone();
     let handovers = report::handovers(&records, &injected, SETTLE);
     let soak = report::Soak {
         knobs,
@@ -339,15 +346,33 @@ async fn wait_for_reclaim(queues: &Store<GpuQueue>, patience: Duration) -> bool 
     false
 }
 
-/// Every owner record the queues show, by id (`lastHandovers` keeps the newest 32).
-fn collect_records(queues: &Store<GpuQueue>, records: &mut BTreeMap<String, HandoverRecord>) {
-    for queue in queues.state() {
-        for record in queue.status.iter().flat_map(|s| &s.last_handovers) {
-            if record.role == "owner" {
-                records.insert(record.id.clone(), record.clone());
+/// Every owner record that any version of a queue's status showed, by id: a watch sees each
+/// status write, where a queue keeps only its newest 8 records.
+fn watch_records(
+    client: &Client,
+) -> (
+    Arc<Mutex<BTreeMap<String, HandoverRecord>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let records = Arc::new(Mutex::new(BTreeMap::new()));
+    let seen = records.clone();
+    let queues: Api<GpuQueue> = Api::all(client.clone());
+    let task = tokio::spawn(async move {
+        let mut events = watcher(queues, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(queue) = event else { continue };
+            let mut seen = seen.lock().unwrap();
+            for record in queue.status.into_iter().flat_map(|s| s.last_handovers) {
+                if record.role == "owner" {
+                    seen.insert(record.id.clone(), record);
+                }
             }
         }
-    }
+    });
+    (records, task)
 }
 
 /// Watch answers "too old resource version" (410) in every operator log of the run: relists.

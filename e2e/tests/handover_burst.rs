@@ -17,7 +17,7 @@ use common::{
     OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, Operator, Options, all_running, apply_queue, free_port,
     install, queue_status,
 };
-use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
+use gpuqueue_api::v1alpha1::{GpuQueue, HANDOVER_RECORDS_KEPT, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, CheckpointCall, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT,
     GpuNode, InvariantChecker, apply_yaml, describe_pod, fake_vllm_on, pod_condition, wait_for,
@@ -45,9 +45,10 @@ const PHASES: [&str; 7] = [
 const GPUS: u32 = 4;
 const NODES: u32 = 3;
 /// Owners already running before the burst, and after it: the burst is the difference, all
-/// within online's guarantee, and no more than a queue keeps handover records of (10).
+/// within online's guarantee, and as many as a queue keeps handover records of.
 const OWNERS_BEFORE: u32 = 1;
-const OWNERS_AFTER: u32 = 10;
+const OWNERS_AFTER: u32 = OWNERS_BEFORE + 8;
+const _: () = assert!((OWNERS_AFTER - OWNERS_BEFORE) as usize == HANDOVER_RECORDS_KEPT);
 
 /// A one-resource GpuQueue claiming `namespace`.
 fn queue(

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use gpuqueue_api::v1alpha1::MAX_HANDOVER_RECORDS;
+use gpuqueue_api::v1alpha1::HANDOVER_RECORDS_KEPT;
 use gpuqueue_e2e::repo_root;
 use serde_json::json;
 
@@ -353,7 +353,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
         let _ = writeln!(
             text,
             "- {}: {} owner pods in {} rounds, {} reclaims started for them, {} handover records seen (the status keeps the last \
-             {MAX_HANDOVER_RECORDS} per queue), {} over budget, {} missing a \
+             {HANDOVER_RECORDS_KEPT} per queue), {} over budget, {} missing a \
              phase, {} not Completed.",
             count["mode"].as_str().unwrap_or_default(),
             count["owner_pods"],

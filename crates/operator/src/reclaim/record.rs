@@ -1,5 +1,5 @@
 //! The handover records in `status.lastHandovers` of the owner's queue and of each victim's
-//! queue: newest first, at most [`MAX_HANDOVER_RECORDS`], one per reclaim id and role (a
+//! queue: newest first, the last [`HANDOVER_RECORDS_KEPT`], one per reclaim id and role (a
 //! resumed handover replaces its record instead of adding a second).
 //!
 //! These writes do not go through the admission loop's server-side apply of the status (which
@@ -9,7 +9,9 @@
 //! admission loop never writes back a list it read before a handover finished.
 //!
 //! Handovers that finish together (a burst) take turns per queue ([`RecordWriter`]): the one
-//! whose turn it is writes every record then waiting for that queue in one patch. Written one
+//! whose turn it is writes every record then waiting for that queue in one patch, or, when more
+//! are waiting than the queue keeps, in one patch per [`HANDOVER_RECORDS_KEPT`], oldest first:
+//! each record is in some version of the status, so a watcher sees every one. Written one
 //! by one, 22 records raced for one `resourceVersion` (each conflict costs every other writer a
 //! read and a write) and the last landed seconds after its handover ended. A record first waits
 //! [`GATHER`] for the others of its burst, so that a burst costs its queues one write each, not
@@ -28,7 +30,7 @@ use std::time::Duration;
 
 use gpuqueue_api::{
     FIELD_MANAGER,
-    v1alpha1::{GpuQueue, HandoverRecord, MAX_HANDOVER_RECORDS, MAX_RECLAIMS_IN_FLIGHT},
+    v1alpha1::{GpuQueue, HANDOVER_RECORDS_KEPT, HandoverRecord, MAX_RECLAIMS_IN_FLIGHT},
 };
 use kube::{
     Api,
@@ -50,11 +52,10 @@ const ATTEMPTS: usize = MAX_RECLAIMS_IN_FLIGHT + 1;
 
 /// How long a record waits for the records of other handovers of its queue before it is
 /// written. A burst's handovers end within a few hundred milliseconds of each other, and each
-/// status write makes kube-apiserver decode, validate and encode the whole queue (about 22 KB
-/// with 32 records) while the burst's deletes and binds wait for the same CPU. Without it, a
-/// burst's records took a write per turn: 14–30 GpuQueue status patches per burst in the
-/// handover benchmark. The record's figures are taken when its handover ends; only the write
-/// waits.
+/// status write makes kube-apiserver decode, validate and encode the whole queue while the
+/// burst's deletes and binds wait for the same CPU. Without it, a burst's records took a write
+/// per turn: 14–30 GpuQueue status patches per burst in the handover benchmark. The record's
+/// figures are taken when its handover ends; only the write waits.
 const GATHER: Duration = Duration::from_millis(300);
 
 /// Why a record was not written.
@@ -67,27 +68,40 @@ pub struct RecordError {
     pub reason: String,
 }
 
-/// `records` with `record` in place of any with the same id and role, newest first, cut to
-/// the API's limit.
-pub fn upsert(records: &[HandoverRecord], record: HandoverRecord) -> Vec<HandoverRecord> {
-    // The one written now goes first, so that among records started in the same second
-    // (`startedAt` has whole seconds; a burst starts many) the sort keeps it ahead of older
-    // writes and the cut never drops the record just written.
-    let (id, role) = (record.id.clone(), record.role.clone());
-    let older = records
+/// `records` with those of `batch` in place of any with the same id and role, newest first:
+/// every record of `batch` (a later one of the same id and role in place of an earlier), then
+/// the newest of the others, [`HANDOVER_RECORDS_KEPT`] in all. A record of the batch is never
+/// cut, however old its start: the write that carries it is the one a watcher sees it in.
+fn merge(records: &[HandoverRecord], batch: &[&HandoverRecord]) -> Vec<HandoverRecord> {
+    let same = |a: &HandoverRecord, b: &HandoverRecord| a.id == b.id && a.role == b.role;
+    let mut written: Vec<HandoverRecord> = Vec::with_capacity(batch.len());
+    for record in batch {
+        written.retain(|w| !same(w, record));
+        written.push((*record).clone());
+    }
+    let mut older: Vec<HandoverRecord> = records
         .iter()
-        .filter(|r| !(r.id == id && r.role == role))
-        .cloned();
-    let mut next: Vec<HandoverRecord> = std::iter::once(record).chain(older).collect();
-    // Newest first (stable); records without a start (never written by this operator) last.
-    next.sort_by(|a, b| {
+        .filter(|r| !written.iter().any(|w| same(w, r)))
+        .cloned()
+        .collect();
+    newest_first(&mut older);
+    older.truncate(HANDOVER_RECORDS_KEPT.saturating_sub(written.len()));
+    // Among records started in the same second (`startedAt` has whole seconds; a burst starts
+    // many), the ones written now go first.
+    let mut next: Vec<HandoverRecord> = written.into_iter().rev().chain(older).collect();
+    newest_first(&mut next);
+    next
+}
+
+/// Sorts `records` newest first (stable); records without a start (never written by this
+/// operator) last.
+fn newest_first(records: &mut [HandoverRecord]) {
+    records.sort_by(|a, b| {
         b.started_at
             .as_ref()
             .map(|t| t.0)
             .cmp(&a.started_at.as_ref().map(|t| t.0))
     });
-    next.truncate(MAX_HANDOVER_RECORDS);
-    next
 }
 
 /// Writes handover records into the queues' `status.lastHandovers`, one writer per queue at a
@@ -138,20 +152,28 @@ impl RecordWriter {
             let _turn = turn.turn.lock().await;
             // A record whose handover task was aborted meanwhile (its term ended) is dropped:
             // written later, it would undo what the next leader recorded.
-            let batch: Vec<Waiting> = std::mem::take(&mut *lock(&turn.waiting))
+            let mut batch: Vec<Waiting> = std::mem::take(&mut *lock(&turn.waiting))
                 .into_iter()
                 .filter(|w| !w.written.is_closed())
                 .collect();
-            if !batch.is_empty() {
-                let records: Vec<&HandoverRecord> = batch.iter().map(|w| &w.record).collect();
-                let outcome = if term.is_current() {
-                    write_batch(api, name, &records)
-                        .await
-                        .map_err(|e| e.to_string())
-                } else {
-                    Err("this replica is no longer the leader".to_owned())
-                };
-                for waiting in batch {
+            // Oldest first, so that the last patch leaves the newest records in the status.
+            batch.sort_by_key(|w| w.record.started_at.as_ref().map(|t| t.0));
+            let mut outcome = Ok(());
+            let mut rest = batch.into_iter().peekable();
+            while rest.peek().is_some() {
+                let chunk: Vec<Waiting> = rest.by_ref().take(HANDOVER_RECORDS_KEPT).collect();
+                // After a failed patch the later ones are not tried: their handovers retry.
+                if outcome.is_ok() {
+                    let records: Vec<&HandoverRecord> = chunk.iter().map(|w| &w.record).collect();
+                    outcome = if term.is_current() {
+                        write_batch(api, name, &records)
+                            .await
+                            .map_err(|e| e.to_string())
+                    } else {
+                        Err("this replica is no longer the leader".to_owned())
+                    };
+                }
+                for waiting in chunk {
                     let _ = waiting.written.send(outcome.clone());
                 }
             }
@@ -187,13 +209,12 @@ async fn write_batch(
             Err(source) => return Err(source),
         };
         let status = queue.status.as_ref();
-        let mut handovers = status.map(|s| s.last_handovers.clone()).unwrap_or_default();
+        let handovers = merge(status.map_or(&[], |s| &s.last_handovers), records);
         let mut in_flight = status
             .map(|s| s.reclaims_in_flight.clone())
             .unwrap_or_default();
         let mut in_flight_changed = false;
         for record in records {
-            handovers = upsert(&handovers, (*record).clone());
             if record.role == OWNER
                 && let Some(rest) = in_flight::without(&in_flight, &record.id)
             {
@@ -219,6 +240,7 @@ async fn write_batch(
 
 #[cfg(test)]
 mod tests {
+    use futures::future::join_all;
     use http::{Request, Response};
     use http_body_util::BodyExt;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -334,34 +356,99 @@ mod tests {
         }
     }
 
+    /// `records` with `record` merged in, alone.
+    fn merge_one(records: &[HandoverRecord], record: &HandoverRecord) -> Vec<HandoverRecord> {
+        merge(records, &[record])
+    }
+
     #[test]
     fn the_newest_records_are_kept_first() {
         let mut records = Vec::new();
-        let written = MAX_HANDOVER_RECORDS + 2;
+        let written = HANDOVER_RECORDS_KEPT + 2;
         for i in 0..written {
             let second = i64::try_from(i).unwrap();
-            records = upsert(
+            records = merge_one(
                 &records,
-                record(&format!("rc-{i}"), "victim", second, "Completed"),
+                &record(&format!("rc-{i}"), "victim", second, "Completed"),
             );
         }
-        assert_eq!(records.len(), MAX_HANDOVER_RECORDS);
+        assert_eq!(records.len(), HANDOVER_RECORDS_KEPT);
         assert_eq!(records[0].id, format!("rc-{}", written - 1));
-        assert_eq!(records[MAX_HANDOVER_RECORDS - 1].id, "rc-2");
+        assert_eq!(records[HANDOVER_RECORDS_KEPT - 1].id, "rc-2");
     }
 
     #[test]
     fn a_record_written_in_a_full_second_of_a_burst_is_kept() {
         let mut records = Vec::new();
-        for i in 0..=MAX_HANDOVER_RECORDS {
-            records = upsert(
+        for i in 0..=HANDOVER_RECORDS_KEPT {
+            records = merge_one(
                 &records,
-                record(&format!("rc-{i}"), "owner", 7, "Completed"),
+                &record(&format!("rc-{i}"), "owner", 7, "Completed"),
             );
         }
-        assert_eq!(records.len(), MAX_HANDOVER_RECORDS);
-        assert_eq!(records[0].id, format!("rc-{MAX_HANDOVER_RECORDS}"));
+        assert_eq!(records.len(), HANDOVER_RECORDS_KEPT);
+        assert_eq!(records[0].id, format!("rc-{HANDOVER_RECORDS_KEPT}"));
         assert!(records.iter().all(|r| r.id != "rc-0"));
+    }
+
+    #[test]
+    fn a_record_older_than_every_kept_one_is_still_in_the_write_that_carries_it() {
+        let kept: Vec<HandoverRecord> = (0..HANDOVER_RECORDS_KEPT)
+            .map(|i| record(&format!("rc-new-{i}"), "owner", 100, "Completed"))
+            .collect();
+        // A handover that started long before the others and ended after them.
+        let slow = record("rc-slow", "owner", 1, "Completed");
+        let written = merge(&kept, &[&slow]);
+        assert_eq!(written.len(), HANDOVER_RECORDS_KEPT);
+        assert_eq!(written.last().unwrap().id, "rc-slow", "oldest, so last");
+        // The next write keeps the newest again.
+        let next = merge_one(&written, &record("rc-next", "owner", 101, "Completed"));
+        assert!(next.iter().all(|r| r.id != "rc-slow"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_larger_than_the_list_is_written_in_turns_each_record_once() {
+        let (api, patches) = queue_api();
+        let (term, _state) = term().await;
+        let writer = RecordWriter::default();
+        let burst: Vec<HandoverRecord> = (0..=HANDOVER_RECORDS_KEPT)
+            .map(|i| {
+                let second = i64::try_from(i).unwrap();
+                record(&format!("rc-{i}"), "owner", second, "Completed")
+            })
+            .collect();
+        let written = join_all(
+            burst
+                .iter()
+                .rev()
+                .map(|r| writer.write(&api, &term, "online", r)),
+        )
+        .await;
+        assert!(written.iter().all(Result::is_ok), "{written:?}");
+        let patches = lock(&patches);
+        assert_eq!(
+            patches.len(),
+            2,
+            "one patch per {HANDOVER_RECORDS_KEPT} records"
+        );
+        let ids = |patch: &serde_json::Value| -> Vec<String> {
+            patch["status"]["lastHandovers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        // Oldest first: the last patch holds the newest.
+        assert_eq!(ids(&patches[1]), [format!("rc-{HANDOVER_RECORDS_KEPT}")]);
+        let mut all: Vec<String> = patches.iter().flat_map(ids).collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(
+            all.len(),
+            burst.len(),
+            "every record in some patch: {all:?}"
+        );
     }
 
     #[test]
@@ -370,11 +457,11 @@ mod tests {
             record("rc-1", "owner", 10, "InProgress"),
             record("rc-0", "owner", 5, "Completed"),
         ];
-        let records = upsert(&records, record("rc-1", "owner", 10, "Completed"));
+        let records = merge_one(&records, &record("rc-1", "owner", 10, "Completed"));
         assert_eq!(records.len(), 2);
         assert_eq!(records[0].outcome, "Completed");
         // The same id in another role is another record.
-        let records = upsert(&records, record("rc-1", "victim", 10, "Completed"));
+        let records = merge_one(&records, &record("rc-1", "victim", 10, "Completed"));
         assert_eq!(records.len(), 3);
     }
 }
