@@ -46,7 +46,8 @@ pub struct Burst {
     pub reclaims: usize,
     /// Each owner pod: first found blocked (the operator's `startedAt`) → seen bound.
     pub found_blocked_to_bound_ms: Vec<f64>,
-    /// The records of the handovers that the watch saw (`lastHandovers` keeps the last 8; a burst's are written 8 at a time).
+    /// The records of the handovers that the watch saw (`lastHandovers` keeps the last 8; the
+    /// older ones of a burst are written in patches before that).
     pub handovers: Vec<Handover>,
     /// The API server's write requests from the scale request until the records were seen,
     /// by `VERB resource[/subresource]`: the burst's cost in writes, whatever the machine's load.

@@ -36,8 +36,8 @@ pub const MAX_NAMESPACES: usize = 256;
 /// earlier versions kept). Every status write makes kube-apiserver decode, validate and encode
 /// the whole queue: with 32 records a queue of the handover benchmark was 47 KB as served, with
 /// 8 it is 17 KB, and its mean status patch during bursts went from 33–39 to 15–18 ms. A
-/// burst's records are still all written, this many at a time, so a watcher sees each one; the
-/// longer history is in the events and the metrics.
+/// burst's records are still all written, the older ones in patches before the last, so a
+/// watcher sees each one; the longer history is in the events and the metrics.
 pub const HANDOVER_RECORDS_KEPT: usize = 8;
 /// Most reclaims one queue may have in flight (`status.reclaimsInFlight`).
 pub const MAX_RECLAIMS_IN_FLIGHT: usize = 128;

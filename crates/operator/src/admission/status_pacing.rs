@@ -4,9 +4,9 @@
 //! a condition's message) at most once per [`COUNTERS_EVERY`] per queue.
 //!
 //! Why: a burst of owner pods changes the counters at every pass, and each status write costs
-//! the API server a decode, schema validation and encode of the whole GpuQueue, whose
-//! `lastHandovers` fill it. Profiled on the handover benchmark (`BENCH_BURST_NONE_PODS=12`,
-//! KWOK fast stages), GpuQueue status writes took 31% of kube-apiserver's CPU while it was the
+//! the API server a decode, schema validation and encode of the whole GpuQueue. Profiled on
+//! the handover benchmark (`BENCH_BURST_NONE_PODS=12`, KWOK fast stages, with 32 handover
+//! records a queue), GpuQueue status writes took 31% of kube-apiserver's CPU while it was the
 //! machine's bottleneck, and slowed every eviction and bind of the burst. The gauges are
 //! published at every pass regardless: only the object written waits.
 

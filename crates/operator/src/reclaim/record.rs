@@ -39,7 +39,10 @@ use kube::{
 use serde_json::json;
 use tokio::sync::oneshot;
 
-use super::{in_flight, intent::OWNER};
+use super::{
+    in_flight,
+    intent::{OWNER, VICTIM},
+};
 use crate::{leader::Term, sync::lock};
 
 /// Conflicting writes of the same queue's status get this many tries. Records of one queue
@@ -68,29 +71,45 @@ pub struct RecordError {
     pub reason: String,
 }
 
-/// `records` with those of `batch` in place of any with the same id and role, newest first:
-/// every record of `batch` (a later one of the same id and role in place of an earlier), then
-/// the newest of the others, [`HANDOVER_RECORDS_KEPT`] in all. A record of the batch is never
-/// cut, however old its start: the write that carries it is the one a watcher sees it in.
-fn merge(records: &[HandoverRecord], batch: &[&HandoverRecord]) -> Vec<HandoverRecord> {
+/// The lists one turn writes into a queue's `status.lastHandovers` for `batch` over `stored`,
+/// in order. The last is the newest [`HANDOVER_RECORDS_KEPT`] of both (a record of `batch` in
+/// place of a stored one with the same id and role; among records started in the same second,
+/// `startedAt` having whole seconds, the batch's first). A record of the batch older than those
+/// goes in a list before it, with that last list's newest record of each role (what the
+/// borrowing cool-down and the budget condition read): every record is in some write, and no
+/// write shows an older record as the newest.
+fn turns(stored: &[HandoverRecord], batch: &[&HandoverRecord]) -> Vec<Vec<HandoverRecord>> {
     let same = |a: &HandoverRecord, b: &HandoverRecord| a.id == b.id && a.role == b.role;
     let mut written: Vec<HandoverRecord> = Vec::with_capacity(batch.len());
     for record in batch {
         written.retain(|w| !same(w, record));
         written.push((*record).clone());
     }
-    let mut older: Vec<HandoverRecord> = records
+    let others = stored
         .iter()
-        .filter(|r| !written.iter().any(|w| same(w, r)))
-        .cloned()
+        .filter(|r| !written.iter().any(|w| same(w, r)));
+    let mut kept: Vec<HandoverRecord> = written.iter().rev().chain(others).cloned().collect();
+    newest_first(&mut kept);
+    let left_out = kept.split_off(kept.len().min(HANDOVER_RECORDS_KEPT));
+    let newest: Vec<&HandoverRecord> = [OWNER, VICTIM]
+        .iter()
+        .filter_map(|role| kept.iter().find(|r| r.role == *role))
         .collect();
-    newest_first(&mut older);
-    older.truncate(HANDOVER_RECORDS_KEPT.saturating_sub(written.len()));
-    // Among records started in the same second (`startedAt` has whole seconds; a burst starts
-    // many), the ones written now go first.
-    let mut next: Vec<HandoverRecord> = written.into_iter().rev().chain(older).collect();
-    newest_first(&mut next);
-    next
+    let unseen: Vec<&HandoverRecord> = left_out
+        .iter()
+        .filter(|r| written.iter().any(|w| same(w, r)))
+        .collect();
+    let mut lists: Vec<Vec<HandoverRecord>> = unseen
+        .rchunks(HANDOVER_RECORDS_KEPT - newest.len())
+        .map(|chunk| {
+            let mut list: Vec<HandoverRecord> =
+                newest.iter().chain(chunk).map(|r| (*r).clone()).collect();
+            newest_first(&mut list);
+            list
+        })
+        .collect();
+    lists.push(kept);
+    lists
 }
 
 /// Sorts `records` newest first (stable); records without a start (never written by this
@@ -152,28 +171,20 @@ impl RecordWriter {
             let _turn = turn.turn.lock().await;
             // A record whose handover task was aborted meanwhile (its term ended) is dropped:
             // written later, it would undo what the next leader recorded.
-            let mut batch: Vec<Waiting> = std::mem::take(&mut *lock(&turn.waiting))
+            let batch: Vec<Waiting> = std::mem::take(&mut *lock(&turn.waiting))
                 .into_iter()
                 .filter(|w| !w.written.is_closed())
                 .collect();
-            // Oldest first, so that the last patch leaves the newest records in the status.
-            batch.sort_by_key(|w| w.record.started_at.as_ref().map(|t| t.0));
-            let mut outcome = Ok(());
-            let mut rest = batch.into_iter().peekable();
-            while rest.peek().is_some() {
-                let chunk: Vec<Waiting> = rest.by_ref().take(HANDOVER_RECORDS_KEPT).collect();
-                // After a failed patch the later ones are not tried: their handovers retry.
-                if outcome.is_ok() {
-                    let records: Vec<&HandoverRecord> = chunk.iter().map(|w| &w.record).collect();
-                    outcome = if term.is_current() {
-                        write_batch(api, name, &records)
-                            .await
-                            .map_err(|e| e.to_string())
-                    } else {
-                        Err("this replica is no longer the leader".to_owned())
-                    };
-                }
-                for waiting in chunk {
+            if !batch.is_empty() {
+                let records: Vec<&HandoverRecord> = batch.iter().map(|w| &w.record).collect();
+                let outcome = if term.is_current() {
+                    write_batch(api, name, &records)
+                        .await
+                        .map_err(|e| e.to_string())
+                } else {
+                    Err("this replica is no longer the leader".to_owned())
+                };
+                for waiting in batch {
                     let _ = waiting.written.send(outcome.clone());
                 }
             }
@@ -189,53 +200,84 @@ impl RecordWriter {
     }
 }
 
-/// Writes `records` into queue `name`'s `status.lastHandovers` in one patch, taking every
-/// owner's reclaim out of `status.reclaimsInFlight` in the same patch.
+/// Writes `records` into queue `name`'s `status.lastHandovers`: the lists of [`turns`] over
+/// what the status holds, one patch each, every patch taking the owners' reclaims out of
+/// `status.reclaimsInFlight`. Usually one patch.
 async fn write_batch(
     api: &Api<GpuQueue>,
     name: &str,
     records: &[&HandoverRecord],
 ) -> Result<(), kube::Error> {
+    let Some(mut queue) = read(api, name).await? else {
+        return Ok(());
+    };
+    let stored = queue.status.as_ref().map_or(&[][..], |s| &s.last_handovers);
+    let owners: Vec<&str> = records
+        .iter()
+        .filter(|r| r.role == OWNER)
+        .map(|r| r.id.as_str())
+        .collect();
+    for list in turns(stored, records) {
+        let mut attempt = 0;
+        queue = loop {
+            attempt += 1;
+            match patch_list(api, name, &queue, &list, &owners).await {
+                Ok(patched) => break patched,
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
+                Err(source) => return Err(source),
+            }
+            let Some(fresh) = read(api, name).await? else {
+                return Ok(());
+            };
+            queue = fresh;
+        };
+    }
+    Ok(())
+}
+
+/// Queue `name` as the API server has it; `None` when it no longer exists.
+async fn read(api: &Api<GpuQueue>, name: &str) -> Result<Option<GpuQueue>, kube::Error> {
+    match api.get_status(name).await {
+        Ok(queue) => Ok(Some(queue)),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(None),
+        Err(source) => Err(source),
+    }
+}
+
+/// Sets `status.lastHandovers` of `queue` (as last read) to `list`, and takes the reclaims of
+/// `owners` out of its `status.reclaimsInFlight`, under its `resourceVersion`.
+async fn patch_list(
+    api: &Api<GpuQueue>,
+    name: &str,
+    queue: &GpuQueue,
+    list: &[HandoverRecord],
+    owners: &[&str],
+) -> Result<GpuQueue, kube::Error> {
     let params = PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     };
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let queue = match api.get_status(name).await {
-            Ok(queue) => queue,
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(source) => return Err(source),
-        };
-        let status = queue.status.as_ref();
-        let handovers = merge(status.map_or(&[], |s| &s.last_handovers), records);
-        let mut in_flight = status
-            .map(|s| s.reclaims_in_flight.clone())
-            .unwrap_or_default();
-        let mut in_flight_changed = false;
-        for record in records {
-            if record.role == OWNER
-                && let Some(rest) = in_flight::without(&in_flight, &record.id)
-            {
-                in_flight = rest;
-                in_flight_changed = true;
-            }
-        }
-        let mut body = json!({
-            "metadata": {"resourceVersion": queue.metadata.resource_version},
-            "status": {"lastHandovers": handovers},
-        });
-        if in_flight_changed {
-            body["status"]["reclaimsInFlight"] = json!(in_flight);
-        }
-        match api.patch_status(name, &params, &Patch::Merge(&body)).await {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
-            Err(source) => return Err(source),
+    let mut in_flight = queue
+        .status
+        .as_ref()
+        .map(|s| s.reclaims_in_flight.clone())
+        .unwrap_or_default();
+    let mut in_flight_changed = false;
+    for id in owners {
+        if let Some(rest) = in_flight::without(&in_flight, id) {
+            in_flight = rest;
+            in_flight_changed = true;
         }
     }
+    let mut body = json!({
+        "metadata": {"resourceVersion": queue.metadata.resource_version},
+        "status": {"lastHandovers": list},
+    });
+    if in_flight_changed {
+        body["status"]["reclaimsInFlight"] = json!(in_flight);
+    }
+    api.patch_status(name, &params, &Patch::Merge(&body)).await
 }
 
 #[cfg(test)]
@@ -356,9 +398,13 @@ mod tests {
         }
     }
 
-    /// `records` with `record` merged in, alone.
+    /// What `records` become with `record` written.
     fn merge_one(records: &[HandoverRecord], record: &HandoverRecord) -> Vec<HandoverRecord> {
-        merge(records, &[record])
+        turns(records, &[record]).pop().unwrap()
+    }
+
+    fn ids(list: &[HandoverRecord]) -> Vec<&str> {
+        list.iter().map(|r| r.id.as_str()).collect()
     }
 
     #[test]
@@ -367,10 +413,8 @@ mod tests {
         let written = HANDOVER_RECORDS_KEPT + 2;
         for i in 0..written {
             let second = i64::try_from(i).unwrap();
-            records = merge_one(
-                &records,
-                &record(&format!("rc-{i}"), "victim", second, "Completed"),
-            );
+            let next = record(&format!("rc-{i}"), "victim", second, "Completed");
+            records = merge_one(&records, &next);
         }
         assert_eq!(records.len(), HANDOVER_RECORDS_KEPT);
         assert_eq!(records[0].id, format!("rc-{}", written - 1));
@@ -381,10 +425,8 @@ mod tests {
     fn a_record_written_in_a_full_second_of_a_burst_is_kept() {
         let mut records = Vec::new();
         for i in 0..=HANDOVER_RECORDS_KEPT {
-            records = merge_one(
-                &records,
-                &record(&format!("rc-{i}"), "owner", 7, "Completed"),
-            );
+            let next = record(&format!("rc-{i}"), "owner", 7, "Completed");
+            records = merge_one(&records, &next);
         }
         assert_eq!(records.len(), HANDOVER_RECORDS_KEPT);
         assert_eq!(records[0].id, format!("rc-{HANDOVER_RECORDS_KEPT}"));
@@ -392,18 +434,61 @@ mod tests {
     }
 
     #[test]
-    fn a_record_older_than_every_kept_one_is_still_in_the_write_that_carries_it() {
-        let kept: Vec<HandoverRecord> = (0..HANDOVER_RECORDS_KEPT)
+    fn a_record_older_than_every_kept_one_is_written_once_with_the_newest_of_each_role() {
+        let mut stored: Vec<HandoverRecord> = (0..HANDOVER_RECORDS_KEPT - 1)
             .map(|i| record(&format!("rc-new-{i}"), "owner", 100, "Completed"))
             .collect();
+        stored.insert(0, record("rc-victim", "victim", 101, "Completed"));
         // A handover that started long before the others and ended after them.
         let slow = record("rc-slow", "owner", 1, "Completed");
-        let written = merge(&kept, &[&slow]);
-        assert_eq!(written.len(), HANDOVER_RECORDS_KEPT);
-        assert_eq!(written.last().unwrap().id, "rc-slow", "oldest, so last");
-        // The next write keeps the newest again.
-        let next = merge_one(&written, &record("rc-next", "owner", 101, "Completed"));
-        assert!(next.iter().all(|r| r.id != "rc-slow"));
+        let lists = turns(&stored, &[&slow]);
+        assert_eq!(lists.len(), 2, "{lists:?}");
+        assert_eq!(ids(&lists[0]), ["rc-victim", "rc-new-0", "rc-slow"]);
+        assert_eq!(ids(&lists[1]), ids(&stored), "the newest stay");
+    }
+
+    #[test]
+    fn a_stored_record_newer_than_a_burst_of_older_ones_is_kept() {
+        // Started last, finished first: written before the burst that started earlier.
+        let stored = vec![record("rc-late", "owner", 100, "Completed")];
+        let burst: Vec<HandoverRecord> = (0..HANDOVER_RECORDS_KEPT)
+            .map(|i| record(&format!("rc-{i}"), "owner", 50, "Completed"))
+            .collect();
+        let batch: Vec<&HandoverRecord> = burst.iter().collect();
+        let lists = turns(&stored, &batch);
+        let last = lists.last().unwrap();
+        assert_eq!(last.len(), HANDOVER_RECORDS_KEPT);
+        for list in &lists {
+            assert_eq!(list[0].id, "rc-late", "the newest in every write: {list:?}");
+        }
+        let mut seen: Vec<&str> = lists.iter().flat_map(|l| ids(l)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            HANDOVER_RECORDS_KEPT + 1,
+            "every record written"
+        );
+    }
+
+    #[test]
+    fn a_burst_of_22_is_written_in_three_lists_none_longer_than_kept() {
+        let burst: Vec<HandoverRecord> = (0..22)
+            .map(|i| record(&format!("rc-{i:02}"), "owner", i, "Completed"))
+            .collect();
+        let batch: Vec<&HandoverRecord> = burst.iter().rev().collect();
+        let lists = turns(&[], &batch);
+        assert_eq!(lists.len(), 3, "{lists:?}");
+        assert!(lists.iter().all(|l| l.len() <= HANDOVER_RECORDS_KEPT));
+        assert!(lists.iter().all(|l| l[0].id == "rc-21"));
+        let oldest = [
+            "rc-06", "rc-05", "rc-04", "rc-03", "rc-02", "rc-01", "rc-00",
+        ];
+        assert_eq!(ids(&lists[0])[1..], oldest, "the oldest first");
+        let mut seen: Vec<&str> = lists.iter().flat_map(|l| ids(l)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 22);
     }
 
     #[tokio::test(start_paused = true)]
@@ -426,11 +511,6 @@ mod tests {
         .await;
         assert!(written.iter().all(Result::is_ok), "{written:?}");
         let patches = lock(&patches);
-        assert_eq!(
-            patches.len(),
-            2,
-            "one patch per {HANDOVER_RECORDS_KEPT} records"
-        );
         let ids = |patch: &serde_json::Value| -> Vec<String> {
             patch["status"]["lastHandovers"]
                 .as_array()
@@ -439,8 +519,10 @@ mod tests {
                 .map(|r| r["id"].as_str().unwrap().to_owned())
                 .collect()
         };
-        // Oldest first: the last patch holds the newest.
-        assert_eq!(ids(&patches[1]), [format!("rc-{HANDOVER_RECORDS_KEPT}")]);
+        assert_eq!(patches.len(), 2, "the oldest first, with the newest");
+        let newest = format!("rc-{HANDOVER_RECORDS_KEPT}");
+        assert_eq!(ids(&patches[0]), [newest, "rc-0".to_owned()]);
+        assert_eq!(ids(&patches[1]).len(), HANDOVER_RECORDS_KEPT);
         let mut all: Vec<String> = patches.iter().flat_map(ids).collect();
         all.sort();
         all.dedup();
