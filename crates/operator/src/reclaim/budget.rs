@@ -56,9 +56,15 @@ impl Reclaimer {
         let mut budgets = HandoverBudgets::default();
         for queue in &queues {
             let records = queue.status.iter().flat_map(|s| &s.last_handovers);
-            let newest = records
-                .filter(|r| r.role == OWNER)
-                .max_by_key(|r| r.started_at.as_ref().map(|t| t.0));
+            // Newest first, and among records started in the same second (`startedAt` has
+            // whole seconds) the one written last first: the first of the latest start.
+            let newest = records.filter(|r| r.role == OWNER).reduce(|newest, r| {
+                if r.started_at.as_ref().map(|t| t.0) > newest.started_at.as_ref().map(|t| t.0) {
+                    r
+                } else {
+                    newest
+                }
+            });
             if let Some(record) = newest {
                 let name = queue.metadata.name.clone().unwrap_or_default();
                 budgets.last.insert(name, finished(record));

@@ -75,9 +75,11 @@ pub struct RecordError {
 /// in order. The last is the newest [`HANDOVER_RECORDS_KEPT`] of both (a record of `batch` in
 /// place of a stored one with the same id and role; among records started in the same second,
 /// `startedAt` having whole seconds, the batch's first). A record of the batch older than those
-/// goes in a list before it, with that last list's newest record of each role (what the
-/// borrowing cool-down and the budget condition read): every record is in some write, and no
-/// write shows an older record as the newest.
+/// goes in a list before it, after the newest record of each role of all (what the borrowing
+/// cool-down and the budget condition read): every record is in some write, and no write shows
+/// an older record as the newest of its role than the writes before and after it. A turn that
+/// stops between two lists (the leader gone) leaves the older stored records out: history, not
+/// a handover in flight, whose reclaim stays recorded until its own record is written.
 fn turns(stored: &[HandoverRecord], batch: &[&HandoverRecord]) -> Vec<Vec<HandoverRecord>> {
     let same = |a: &HandoverRecord, b: &HandoverRecord| a.id == b.id && a.role == b.role;
     let mut written: Vec<HandoverRecord> = Vec::with_capacity(batch.len());
@@ -93,14 +95,25 @@ fn turns(stored: &[HandoverRecord], batch: &[&HandoverRecord]) -> Vec<Vec<Handov
     let left_out = kept.split_off(kept.len().min(HANDOVER_RECORDS_KEPT));
     let newest: Vec<&HandoverRecord> = [OWNER, VICTIM]
         .iter()
-        .filter_map(|role| kept.iter().find(|r| r.role == *role))
+        .filter_map(|role| kept.iter().chain(&left_out).find(|r| r.role == *role))
         .collect();
     let unseen: Vec<&HandoverRecord> = left_out
         .iter()
         .filter(|r| written.iter().any(|w| same(w, r)))
         .collect();
-    let mut lists: Vec<Vec<HandoverRecord>> = unseen
-        .rchunks(HANDOVER_RECORDS_KEPT - newest.len())
+    let rest: Vec<&HandoverRecord> = unseen
+        .iter()
+        .filter(|r| !newest.iter().any(|n| same(n, r)))
+        .copied()
+        .collect();
+    let mut chunks: Vec<&[&HandoverRecord]> =
+        rest.rchunks(HANDOVER_RECORDS_KEPT - newest.len()).collect();
+    if chunks.is_empty() && !unseen.is_empty() {
+        // Only a newest of its role is left out of the last list: it goes in one of its own.
+        chunks.push(&[]);
+    }
+    let mut lists: Vec<Vec<HandoverRecord>> = chunks
+        .into_iter()
         .map(|chunk| {
             let mut list: Vec<HandoverRecord> =
                 newest.iter().chain(chunk).map(|r| (*r).clone()).collect();
@@ -201,8 +214,8 @@ impl RecordWriter {
 }
 
 /// Writes `records` into queue `name`'s `status.lastHandovers`: the lists of [`turns`] over
-/// what the status holds, one patch each, every patch taking the owners' reclaims out of
-/// `status.reclaimsInFlight`. Usually one patch.
+/// what the status holds, one patch each, each taking the reclaims of the owner records it is
+/// the first to carry out of `status.reclaimsInFlight`. Usually one patch.
 async fn write_batch(
     api: &Api<GpuQueue>,
     name: &str,
@@ -218,10 +231,16 @@ async fn write_batch(
         .map(|r| r.id.as_str())
         .collect();
     for list in turns(stored, records) {
+        // A reclaim leaves `reclaimsInFlight` in the write that first carries its record.
+        let carried: Vec<&str> = owners
+            .iter()
+            .filter(|id| list.iter().any(|r| r.role == OWNER && r.id == **id))
+            .copied()
+            .collect();
         let mut attempt = 0;
         queue = loop {
             attempt += 1;
-            match patch_list(api, name, &queue, &list, &owners).await {
+            match patch_list(api, name, &queue, &list, &carried).await {
                 Ok(patched) => break patched,
                 Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
                 Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
@@ -295,6 +314,21 @@ mod tests {
     /// A client whose API server holds one empty queue status and answers every read and
     /// patch of it with that; the bodies of the patches it saw.
     fn queue_api() -> (Api<GpuQueue>, Arc<Mutex<Vec<serde_json::Value>>>) {
+        queue_api_in_flight(&[])
+    }
+
+    /// As [`queue_api`], with the reclaims `in_flight` (ids) in the queue's status.
+    fn queue_api_in_flight(
+        in_flight: &[String],
+    ) -> (Api<GpuQueue>, Arc<Mutex<Vec<serde_json::Value>>>) {
+        let entries: Vec<serde_json::Value> = in_flight
+            .iter()
+            .map(|id| {
+                json!({"id": id, "ownerPod": "online/o", "ownerUid": "u", "node": "n1",
+                    "victims": [], "startedAt": "2026-01-10T11:00:00.000000Z",
+                    "deadline": "2026-01-10T11:00:03.000000Z"})
+            })
+            .collect();
         let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let patches: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
         let seen = patches.clone();
@@ -308,7 +342,7 @@ mod tests {
                 let queue = json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
                     "metadata": {"name": "online", "resourceVersion": "7"},
                     "spec": {"namespaces": ["online"], "resources": []},
-                    "status": {"lastHandovers": [], "reclaimsInFlight": []}});
+                    "status": {"lastHandovers": [], "reclaimsInFlight": entries.clone()}});
                 send.send_response(
                     Response::builder()
                         .body(Body::from(serde_json::to_vec(&queue).unwrap()))
@@ -491,9 +525,47 @@ mod tests {
         assert_eq!(seen.len(), 22);
     }
 
+    #[test]
+    fn no_write_shows_an_older_newest_of_a_role_than_before_or_after() {
+        let stored = vec![record("rc-v50", "victim", 50, "Completed")];
+        let mut burst: Vec<HandoverRecord> = (0..HANDOVER_RECORDS_KEPT)
+            .map(|i| record(&format!("rc-o{i}"), "owner", 100, "Completed"))
+            .collect();
+        burst.push(record("rc-v40", "victim", 40, "Completed"));
+        let batch: Vec<&HandoverRecord> = burst.iter().collect();
+        let lists = turns(&stored, &batch);
+        assert_eq!(lists.len(), 2, "{lists:?}");
+        let victims: Vec<&str> = lists[0]
+            .iter()
+            .filter(|r| r.role == "victim")
+            .map(|r| r.id.as_str())
+            .collect();
+        assert_eq!(
+            victims,
+            ["rc-v50", "rc-v40"],
+            "the newest victim stays first"
+        );
+        assert!(lists[1].iter().all(|r| r.role == "owner"), "8 newer owners");
+    }
+
+    #[test]
+    fn a_left_out_record_that_is_the_newest_of_its_role_is_written_too() {
+        let mut burst: Vec<HandoverRecord> = (0..HANDOVER_RECORDS_KEPT)
+            .map(|i| record(&format!("rc-o{i}"), "owner", 100, "Completed"))
+            .collect();
+        burst.push(record("rc-v", "victim", 40, "Completed"));
+        let batch: Vec<&HandoverRecord> = burst.iter().collect();
+        let lists = turns(&[], &batch);
+        assert_eq!(lists.len(), 2, "{lists:?}");
+        assert_eq!(ids(&lists[0]), ["rc-o7", "rc-v"]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_burst_larger_than_the_list_is_written_in_turns_each_record_once() {
-        let (api, patches) = queue_api();
+        let reclaims: Vec<String> = (0..=HANDOVER_RECORDS_KEPT)
+            .map(|i| format!("rc-{i}"))
+            .collect();
+        let (api, patches) = queue_api_in_flight(&reclaims);
         let (term, _state) = term().await;
         let writer = RecordWriter::default();
         let burst: Vec<HandoverRecord> = (0..=HANDOVER_RECORDS_KEPT)
@@ -531,6 +603,18 @@ mod tests {
             burst.len(),
             "every record in some patch: {all:?}"
         );
+        // Each reclaim leaves `reclaimsInFlight` in the patch that first carries its record
+        // (the server here answers every read with all of them still in flight).
+        let in_flight = |patch: &serde_json::Value| -> Vec<String> {
+            patch["status"]["reclaimsInFlight"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["id"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(in_flight(&patches[0]), reclaims[1..HANDOVER_RECORDS_KEPT]);
+        assert_eq!(in_flight(&patches[1]), ["rc-0"]);
     }
 
     #[test]
