@@ -9,15 +9,15 @@
 //! admission loop never writes back a list it read before a handover finished.
 //!
 //! Handovers that finish together (a burst) take turns per queue ([`RecordWriter`]): the one
-//! whose turn it is writes every record then waiting for that queue in one patch, or, when more
-//! are waiting than the queue keeps, in one patch per [`HANDOVER_RECORDS_KEPT`], oldest first:
-//! each record is in some version of the status, so a watcher sees every one. Written one
+//! whose turn it is writes every record then waiting for that queue in one patch (more when
+//! some are older than the newest [`HANDOVER_RECORDS_KEPT`]: see [`turns`]), so every record is
+//! in some version of the status and a watcher sees each one. Written one
 //! by one, 22 records raced for one `resourceVersion` (each conflict costs every other writer a
 //! read and a write) and the last landed seconds after its handover ended. A record first waits
 //! [`GATHER`] for the others of its burst, so that a burst costs its queues one write each, not
 //! one per turn (see there why that matters).
 //!
-//! The owner's record is written in the same patch that takes the reclaim out of the queue's
+//! The first patch that carries the owner's record takes the reclaim out of the queue's
 //! `status.reclaimsInFlight` ([`super::in_flight`]): finishing costs no extra write.
 //!
 //! A victim queue's records are also what the core's anti-thrash rule reads: the queue does
