@@ -583,14 +583,16 @@ mod tests {
         .await;
         assert!(written.iter().all(Result::is_ok), "{written:?}");
         let patches = lock(&patches);
-        let ids = |patch: &serde_json::Value| -> Vec<String> {
-            patch["status"]["lastHandovers"]
+        // The ids a patch writes in the status list `field`.
+        let listed = |patch: &serde_json::Value, field: &str| -> Vec<String> {
+            patch["status"][field]
                 .as_array()
                 .unwrap()
                 .iter()
                 .map(|r| r["id"].as_str().unwrap().to_owned())
                 .collect()
         };
+        let ids = |patch: &serde_json::Value| listed(patch, "lastHandovers");
         assert_eq!(patches.len(), 2, "the oldest first, with the newest");
         let newest = format!("rc-{HANDOVER_RECORDS_KEPT}");
         assert_eq!(ids(&patches[0]), [newest, "rc-0".to_owned()]);
@@ -605,14 +607,7 @@ mod tests {
         );
         // Each reclaim leaves `reclaimsInFlight` in the patch that first carries its record
         // (the server here answers every read with all of them still in flight).
-        let in_flight = |patch: &serde_json::Value| -> Vec<String> {
-            patch["status"]["reclaimsInFlight"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|r| r["id"].as_str().unwrap().to_owned())
-                .collect()
-        };
+        let in_flight = |patch: &serde_json::Value| listed(patch, "reclaimsInFlight");
         assert_eq!(in_flight(&patches[0]), reclaims[1..HANDOVER_RECORDS_KEPT]);
         assert_eq!(in_flight(&patches[1]), ["rc-0"]);
     }
