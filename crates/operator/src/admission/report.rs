@@ -332,7 +332,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
     use super::*;
-    use crate::writes::events::Events;
+    use crate::writes::events::{Events, Queued};
 
     fn queue() -> GpuQueue {
         serde_json::from_value(serde_json::json!({
@@ -368,14 +368,12 @@ mod tests {
         }
     }
 
-    fn drain(
-        receiver: &mut tokio::sync::mpsc::Receiver<(
-            k8s_openapi::api::core::v1::ObjectReference,
-            Notice,
-        )>,
-    ) -> Vec<Notice> {
+    fn drain(receiver: &mut tokio::sync::mpsc::Receiver<Queued>) -> Vec<Notice> {
         let mut notices = Vec::new();
-        while let Ok((regarding, notice)) = receiver.try_recv() {
+        while let Ok(Queued {
+            regarding, notice, ..
+        }) = receiver.try_recv()
+        {
             assert_eq!(regarding.name.as_deref(), Some("batch"));
             assert_eq!(regarding.kind.as_deref(), Some("GpuQueue"));
             notices.push(notice);

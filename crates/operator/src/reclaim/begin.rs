@@ -198,6 +198,7 @@ impl Reclaimer {
         prepared: Prepared<'_>,
         recorded: impl Future<Output = bool>,
     ) -> Result<Reservation, BeginError> {
+        let _events_wait = self.events.hold();
         let Prepared {
             plan,
             owner,

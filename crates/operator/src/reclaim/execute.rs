@@ -46,6 +46,8 @@ impl Reclaimer {
     /// Checkpoints and evicts every victim, waits for them to be gone and the owner bound, and
     /// records the handover. Stops (leaving the intent for the next leader) when the term ends.
     pub async fn run(self, term: Term, mut handover: Handover) -> HandoverEnd {
+        // Events wait while it runs: their writes would queue ahead of its own.
+        let _events_wait = self.events.hold();
         let id = handover.id.clone();
         let deadline = handover.timeline.deadline();
         tracing::info!(reclaim = %id, owner = %handover.owner.key, node = %handover.node,

@@ -10,6 +10,14 @@
 //! into a series, and the admission loop publishes a waiting event only when a pod's cause of
 //! waiting changes, so a pod that waits for an hour gets one event, not one per pass.
 //!
+//! **Events wait for handovers.** While a handover runs ([`Events::hold`]), queued events are
+//! not written, for at most [`HOLD_LIMIT`] each: in a burst of reclaims the API server is the
+//! bottleneck, and an event write is one more request ahead of an owner's eviction or release
+//! (a 12-owner burst wrote about 22 events before its last owner was bound). An event's time
+//! is when it is written, so during a burst it may show up to [`HOLD_LIMIT`] late; the order
+//! is kept. An event a caller waits for ([`Events::send_and_wait`]) is written at once, with
+//! those queued before it.
+//!
 //! The `Recorder` keeps every event it published for six minutes, and drops old ones only when
 //! it publishes again: after a burst of 10,000 admissions it would hold 10,000 events for as
 //! long as the cluster stays at rest. The publisher starts a new one after [`CACHE_ENTRIES`]
@@ -24,7 +32,10 @@ use kube::{
     Client,
     runtime::events::{Event, EventType, Recorder, Reporter},
 };
-use tokio::sync::{mpsc, watch};
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
 
 /// Most characters of an event note the API server accepts.
 const MAX_NOTE: usize = 1024;
@@ -35,6 +46,9 @@ const QUEUE_CAPACITY: usize = 8192;
 /// How many published events the recorder keeps to fold repeats into series (client-go's
 /// event correlator keeps 4,096); a repeat of an older one starts a new event.
 const CACHE_ENTRIES: usize = 4096;
+
+/// The longest a queued event waits for the handovers in flight to end ([`Events::hold`]).
+const HOLD_LIMIT: Duration = Duration::from_secs(1);
 
 /// How long an event the API server could not take is retried (client-go's recorder tries
 /// 12 times, about two minutes; a restart takes seconds). Later events wait meanwhile, in
@@ -47,12 +61,41 @@ const MAX_RETRY_WAIT: Duration = Duration::from_secs(4);
 /// Queues events for publication as `gpuqueue-operator` (instance: this replica).
 #[derive(Debug, Clone)]
 pub struct Events {
-    queue: mpsc::Sender<(ObjectReference, Notice)>,
+    queue: mpsc::Sender<Queued>,
     /// How many events were queued, in queue order (taken with the queueing, so that the
     /// count matches the order the publisher sees).
     queued: Arc<Mutex<u64>>,
     /// How many queued events the publisher has written (or given up on).
     written: watch::Receiver<u64>,
+    holding: Arc<watch::Sender<Holding>>,
+}
+
+/// An event in the queue.
+#[derive(Debug, Clone)]
+pub(crate) struct Queued {
+    pub regarding: ObjectReference,
+    pub notice: Notice,
+    at: Instant,
+}
+
+/// Whether queued events wait ([`Events::hold`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Holding {
+    /// [`Hold`]s alive.
+    holds: usize,
+    /// Events up to this number are written whatever the holds: a caller waits for one.
+    flush_to: u64,
+}
+
+/// Keeps queued events back while it lives ([`Events::hold`]).
+#[derive(Debug)]
+#[must_use = "events are held only while the Hold lives"]
+pub struct Hold(Arc<watch::Sender<Holding>>);
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.0.send_modify(|holding| holding.holds -= 1);
+    }
 }
 
 /// One event to publish.
@@ -76,8 +119,11 @@ pub struct Publisher {
     cached: usize,
     /// [`CACHE_ENTRIES`] (tests use fewer).
     cache_entries: usize,
-    queue: mpsc::Receiver<(ObjectReference, Notice)>,
+    queue: mpsc::Receiver<Queued>,
     written: watch::Sender<u64>,
+    holding: watch::Receiver<Holding>,
+    /// [`HOLD_LIMIT`] (tests use less).
+    hold_limit: Duration,
     /// When a write last found no API server to answer it.
     unreachable_at: Option<tokio::time::Instant>,
 }
@@ -96,6 +142,7 @@ impl Events {
         };
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let (written, written_rx) = watch::channel(0);
+        let events = Self::with_queue(sender, written_rx);
         let publisher = Publisher {
             recorder: Recorder::new(client.clone(), reporter.clone()),
             client,
@@ -104,27 +151,35 @@ impl Events {
             cache_entries: CACHE_ENTRIES,
             queue: receiver,
             written,
+            holding: events.holding.subscribe(),
+            hold_limit: HOLD_LIMIT,
             unreachable_at: None,
         };
-        (Self::with_queue(sender, written_rx), publisher)
+        (events, publisher)
     }
 
-    fn with_queue(
-        queue: mpsc::Sender<(ObjectReference, Notice)>,
-        written: watch::Receiver<u64>,
-    ) -> Self {
+    fn with_queue(queue: mpsc::Sender<Queued>, written: watch::Receiver<u64>) -> Self {
         Self {
             queue,
             queued: Arc::default(),
             written,
+            holding: Arc::new(watch::Sender::new(Holding::default())),
         }
     }
 
     /// A handle whose events land in the returned receiver, for tests of what is published.
     #[cfg(test)]
-    pub(crate) fn captured() -> (Self, mpsc::Receiver<(ObjectReference, Notice)>) {
+    pub(crate) fn captured() -> (Self, mpsc::Receiver<Queued>) {
         let (sender, receiver) = mpsc::channel(QUEUE_CAPACITY);
         (Self::with_queue(sender, watch::channel(0).1), receiver)
+    }
+
+    /// Keeps queued events back until the returned [`Hold`] and every other one are dropped,
+    /// each event at most [`HOLD_LIMIT`] after it was queued: a handover takes one while it
+    /// runs, so that events do not compete with its writes.
+    pub fn hold(&self) -> Hold {
+        self.holding.send_modify(|holding| holding.holds += 1);
+        Hold(Arc::clone(&self.holding))
     }
 
     /// Queues `notice` about `regarding`; never waits.
@@ -139,6 +194,8 @@ impl Events {
         let Some(number) = self.queue_one(regarding, notice) else {
             return;
         };
+        self.holding
+            .send_modify(|holding| holding.flush_to = holding.flush_to.max(number));
         let mut written = self.written.clone();
         let waited = tokio::time::timeout(limit, written.wait_for(|done| *done >= number)).await;
         if waited.is_err() {
@@ -152,7 +209,12 @@ impl Events {
     /// Queues one event; its number in queue order, or `None` when it was dropped.
     fn queue_one(&self, regarding: ObjectReference, notice: Notice) -> Option<u64> {
         let mut queued = crate::sync::lock(&self.queued);
-        if let Err(error) = self.queue.try_send((regarding, notice)) {
+        let event = Queued {
+            regarding,
+            notice,
+            at: Instant::now(),
+        };
+        if let Err(error) = self.queue.try_send(event) {
             tracing::warn!(%error, "event queue full or closed; event dropped");
             return None;
         }
@@ -164,7 +226,13 @@ impl Events {
 impl Publisher {
     /// Publishes queued events until every [`Events`] handle is dropped.
     pub async fn run(mut self) {
-        while let Some((regarding, notice)) = self.queue.recv().await {
+        while let Some(Queued {
+            regarding,
+            notice,
+            at,
+        }) = self.queue.recv().await
+        {
+            self.wait_for_handovers(at).await;
             let event = Event {
                 type_: if notice.warning {
                     EventType::Warning
@@ -195,6 +263,17 @@ impl Publisher {
 }
 
 impl Publisher {
+    /// Waits while a [`Hold`] lives, until `queued_at` plus the hold limit, unless a caller
+    /// waits for this event or a later one.
+    async fn wait_for_handovers(&mut self, queued_at: Instant) {
+        let number = *self.written.borrow() + 1;
+        let quiet = self
+            .holding
+            .wait_for(|holding| holding.holds == 0 || holding.flush_to >= number);
+        // A closed channel (every handle dropped) holds nothing back either.
+        let _ = tokio::time::timeout_at(queued_at + self.hold_limit, quiet).await;
+    }
+
     /// Publishes one event, retrying while the API server is unreachable or answers that it
     /// cannot take it now, for at most [`RETRY_LIMIT`]. A retry after an answer lost on the
     /// way back may write the event twice; losing it would be worse.
@@ -309,6 +388,81 @@ mod tests {
         drop(events);
         publisher.run().await;
         assert_eq!(server.await.unwrap(), ["POST", "PATCH", "POST", "POST"]);
+    }
+
+    /// A mock API server that answers every request with its body; the methods it was sent
+    /// and when, on tokio's clock.
+    fn recording_server(
+        mut handle: mock::Handle<Request<Body>, Response<Body>>,
+    ) -> tokio::task::JoinHandle<Vec<(String, tokio::time::Instant)>> {
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while let Some((request, send)) = handle.next_request().await {
+                seen.push((request.method().to_string(), tokio::time::Instant::now()));
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                send.send_response(Response::new(Body::from(body.to_vec())));
+            }
+            seen
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_wait_while_a_handover_holds_them_and_go_when_it_ends() {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = recording_server(handle);
+        let (events, publisher) = Events::new(Client::new(service, "default"), "test");
+        let start = tokio::time::Instant::now();
+        let hold = events.hold();
+        let second = events.hold();
+        events.send(pod("a"), waiting());
+        events.send(pod("b"), waiting());
+        let publisher = tokio::spawn(publisher.run());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(hold);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(second);
+        drop(events);
+        publisher.await.unwrap();
+        let seen = server.await.unwrap();
+        assert_eq!(seen.len(), 2);
+        for (_, at) in seen {
+            assert_eq!(
+                at - start,
+                Duration::from_millis(400),
+                "written once no hold is left"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_event_is_written_after_the_limit_and_one_waited_for_at_once() {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = recording_server(handle);
+        let (events, publisher) = Events::new(Client::new(service, "default"), "test");
+        let start = tokio::time::Instant::now();
+        let hold = events.hold();
+        events.send(pod("a"), waiting());
+        let publisher = tokio::spawn(publisher.run());
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        events.send(pod("b"), waiting());
+        events.send(pod("c"), waiting());
+        events
+            .send_and_wait(pod("d"), waiting(), Duration::from_secs(5))
+            .await;
+        events.send(pod("e"), waiting());
+        drop(events);
+        drop(hold);
+        publisher.await.unwrap();
+        let at: Vec<Duration> = server
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(_, at)| at - start)
+            .collect();
+        let ms = Duration::from_millis;
+        // `a` at its limit; `b` and `c` with `d`, which a caller waits for; `e` once the hold
+        // is gone.
+        assert_eq!(at, [ms(1000), ms(1500), ms(1500), ms(1500), ms(1500)]);
     }
 
     #[test]
