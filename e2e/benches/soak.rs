@@ -31,21 +31,19 @@ mod replicas;
 mod report;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, Component, ControlPlane, ControlPlaneConfig, FaultKind,
-    FaultSchedule, GpuNode, InvariantChecker, compact_etcd, env_number, reflect, repo_root,
-    wall_clock_ms,
+    FaultSchedule, GpuNode, InvariantChecker, Sightings, compact_etcd, env_number, reflect,
+    repo_root, wall_clock_ms,
 };
 use gpuqueue_sim::scenario::Scenario;
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
     Api, Client,
-    runtime::{WatchStreamExt, reflector::Store, watcher},
+    runtime::{reflector::Store, watcher},
 };
 use tokio::time::Instant;
 
@@ -164,7 +162,7 @@ async fn main() {
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let load = load.spawn(stopped.clone());
     let fleet = fleet::Fleet::new(knobs.seed).spawn(pods.clone(), batch_namespaces, stopped);
-    let (records, record_watch) = watch_records(&client);
+    let record_watch = watch_records(&client);
     let mut leader_changes = 0usize;
     let mut last_holder = Replicas::holder(&cluster).await;
     let mut injected: Vec<Injected> = Vec::new();
@@ -240,8 +238,7 @@ async fn main() {
     let report = checker.finish(&calls, Duration::from_secs(2)).await;
     pod_watch.abort();
     queue_watch.abort();
-    record_watch.abort();
-    let records = records.lock().unwrap().clone();
+    let records = record_watch.finish();
     let handovers = report::handovers(&records, &injected, SETTLE);
     let soak = report::Soak {
         knobs,
@@ -348,31 +345,19 @@ async fn wait_for_reclaim(queues: &Store<GpuQueue>, patience: Duration) -> bool 
 
 /// Every owner record that any version of a queue's status showed, by id: a watch sees each
 /// status write, where a queue keeps only its newest 8 records.
-fn watch_records(
-    client: &Client,
-) -> (
-    Arc<Mutex<BTreeMap<String, HandoverRecord>>>,
-    tokio::task::JoinHandle<()>,
-) {
-    let records = Arc::new(Mutex::new(BTreeMap::new()));
-    let seen = records.clone();
+fn watch_records(client: &Client) -> Sightings<BTreeMap<String, HandoverRecord>> {
     let queues: Api<GpuQueue> = Api::all(client.clone());
-    let task = tokio::spawn(async move {
-        let mut events = watcher(queues, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(event) = events.next().await {
-            let Ok(queue) = event else { continue };
-            let mut seen = seen.lock().unwrap();
+    Sightings::start(
+        queues,
+        watcher::Config::default(),
+        |seen: &mut BTreeMap<String, HandoverRecord>, queue: GpuQueue| {
             for record in queue.status.into_iter().flat_map(|s| s.last_handovers) {
                 if record.role == "owner" {
                     seen.insert(record.id.clone(), record);
                 }
             }
-        }
-    });
-    (records, task)
+        },
+    )
 }
 
 /// Watch answers "too old resource version" (410) in every operator log of the run: relists.

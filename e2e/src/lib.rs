@@ -29,6 +29,7 @@ mod nodes;
 mod pods;
 mod process;
 mod prometheus;
+mod sightings;
 mod slot;
 mod stages;
 mod wait;
@@ -56,6 +57,7 @@ pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB
 pub use pods::{bound_pod, describe_pod, fake_vllm_on, gpu_pod, pod_condition};
 pub use process::ManagedProcess;
 pub use prometheus::{Alert, Prometheus, PrometheusConfig, RuleHealth};
+pub use sightings::Sightings;
 pub use slot::SLOTS;
 pub use stages::{
     IGNORES_SIGTERM_ANNOTATION, KubeletTiming, NodeBehaviour, READY_AFTER_ANNOTATION,

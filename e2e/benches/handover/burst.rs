@@ -12,7 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-use super::observe::{PodWatch, QueueWatch, ReclaimSighting, wall_clock};
+use super::observe::{ReclaimSighting, wall_clock, watch_pods, watch_reclaims};
 use super::record::Handover;
 use super::{Bench, Knobs, VLLM_PORT, WAIT, modes};
 
@@ -178,8 +178,8 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         .iter()
         .map(name)
         .collect();
-    let sightings = PodWatch::start(bench.owners.clone());
-    let reclaims = QueueWatch::start(Api::<GpuQueue>::all(bench.client.clone()), "online");
+    let sightings = watch_pods(bench.owners.clone());
+    let reclaims = watch_reclaims(Api::<GpuQueue>::all(bench.client.clone()), "online");
     wait_for("the owner watch to list the running replicas", WAIT, || {
         let seen = sightings.snapshot();
         let listed = before.iter().all(|n| seen.contains_key(n));

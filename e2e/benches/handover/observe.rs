@@ -5,14 +5,13 @@
 //! as it is written).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
-use futures::StreamExt;
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
+use gpuqueue_e2e::Sightings;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 
 /// The wall clock, to line this process's sightings up with the operator's timestamps.
 #[allow(clippy::disallowed_methods)] // a benchmark's own clock, compared with the operator's
@@ -40,91 +39,52 @@ pub struct ReclaimSighting {
     pub record: Option<HandoverRecord>,
 }
 
-/// A watch that runs until dropped.
-struct Watch<T> {
-    seen: Arc<Mutex<T>>,
-    task: tokio::task::JoinHandle<()>,
+/// The pods of one namespace, by name: when each was first seen and first seen bound.
+pub fn watch_pods(pods: Api<Pod>) -> Sightings<HashMap<String, PodSighting>> {
+    Sightings::start(
+        pods,
+        watcher::Config::default(),
+        |log: &mut HashMap<String, PodSighting>, pod: Pod| {
+            let now = wall_clock();
+            let entry = log
+                .entry(pod.metadata.name.clone().unwrap_or_default())
+                .or_default();
+            entry.seen.get_or_insert(now);
+            if pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_ref())
+                .is_some()
+            {
+                entry.bound.get_or_insert(now);
+            }
+        },
+    )
 }
 
-impl<T> Drop for Watch<T> {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The pods of one namespace, by name.
-pub struct PodWatch(Watch<HashMap<String, PodSighting>>);
-
-impl PodWatch {
-    pub fn start(pods: Api<Pod>) -> Self {
-        let seen = Arc::new(Mutex::new(HashMap::<String, PodSighting>::new()));
-        let log = seen.clone();
-        let task = tokio::spawn(async move {
-            let mut events = watcher(pods, watcher::Config::default())
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Some(event) = events.next().await {
-                let Ok(pod) = event else { continue };
-                let now = wall_clock();
-                let mut log = log.lock().unwrap();
-                let entry = log
-                    .entry(pod.metadata.name.clone().unwrap_or_default())
-                    .or_default();
-                entry.seen.get_or_insert(now);
-                if pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.node_name.as_ref())
-                    .is_some()
-                {
-                    entry.bound.get_or_insert(now);
+/// The reclaims of the queue `name`, by id.
+pub fn watch_reclaims(
+    queues: Api<GpuQueue>,
+    name: &str,
+) -> Sightings<HashMap<String, ReclaimSighting>> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    Sightings::start(
+        queues,
+        config,
+        |log: &mut HashMap<String, ReclaimSighting>, queue: GpuQueue| {
+            let Some(status) = queue.status else { return };
+            for reclaim in status.reclaims_in_flight {
+                let entry = log.entry(reclaim.id).or_default();
+                entry.owner_pod = reclaim.owner_pod;
+                entry.started.get_or_insert(reclaim.started_at.0);
+            }
+            for record in status.last_handovers {
+                if record.role == "owner" && !record.outcome.is_empty() {
+                    let entry = log.entry(record.id.clone()).or_default();
+                    entry.owner_pod.clone_from(&record.owner_pod);
+                    entry.record = Some(record);
                 }
             }
-        });
-        Self(Watch { seen, task })
-    }
-
-    pub fn snapshot(&self) -> HashMap<String, PodSighting> {
-        self.0.seen.lock().unwrap().clone()
-    }
-}
-
-/// The reclaims of one queue, by id.
-pub struct QueueWatch(Watch<HashMap<String, ReclaimSighting>>);
-
-impl QueueWatch {
-    pub fn start(queues: Api<GpuQueue>, name: &str) -> Self {
-        let seen = Arc::new(Mutex::new(HashMap::<String, ReclaimSighting>::new()));
-        let log = seen.clone();
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let task = tokio::spawn(async move {
-            let mut events = watcher(queues, config)
-                .default_backoff()
-                .applied_objects()
-                .boxed();
-            while let Some(event) = events.next().await {
-                let Ok(queue) = event else { continue };
-                let Some(status) = queue.status else { continue };
-                let mut log = log.lock().unwrap();
-                for reclaim in status.reclaims_in_flight {
-                    let entry = log.entry(reclaim.id).or_default();
-                    entry.owner_pod = reclaim.owner_pod;
-                    entry.started.get_or_insert(reclaim.started_at.0);
-                }
-                for record in status.last_handovers {
-                    if record.role == "owner" && !record.outcome.is_empty() {
-                        let entry = log.entry(record.id.clone()).or_default();
-                        entry.owner_pod.clone_from(&record.owner_pod);
-                        entry.record = Some(record);
-                    }
-                }
-            }
-        });
-        Self(Watch { seen, task })
-    }
-
-    pub fn snapshot(&self) -> HashMap<String, ReclaimSighting> {
-        self.0.seen.lock().unwrap().clone()
-    }
+        },
+    )
 }
