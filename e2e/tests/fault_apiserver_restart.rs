@@ -17,7 +17,7 @@ mod common;
 mod fault_common;
 
 use common::{
-    Operator, Options, all_running, apply_queue, bound, create, events, free_port, install,
+    Operator, Options, all_running, apply_queue, bound, create, event, events, free_port, install,
 };
 use fault_common::{VLLM_PORT, actions, fake_vllms, gone, handover_record, name, phase_names, uid};
 use gpuqueue_api::NVIDIA_GPU;
@@ -171,6 +171,8 @@ async fn a_handover_survives_a_kube_apiserver_restart_between_intent_and_victims
     );
     assert!(servers[&name(survivor)].calls_to("/pause").is_empty());
     assert_eq!(record.checkpoints.len(), 1, "{record:?}");
+    // Events wait for the handover to end (at most 1 s): the eviction's may still be queued.
+    event(&client, batch.name(), &victim, "Evicted").await;
     let evicted = events(&client, batch.name(), &victim, "Evicted").await;
     assert_eq!(evicted.len(), 1, "{evicted:?}");
     assert_eq!(evicted[0].count.unwrap_or(1), 1, "{evicted:?}");

@@ -324,11 +324,7 @@ async fn a_pinned_pod_that_never_binds_is_reported_and_its_room_released() {
     // Reported after a minute of Unschedulable, then `second` is admitted into the room.
     let wait = Duration::from_secs(150);
     exactly(&other, &["first".to_owned(), "second".to_owned()], 2, wait).await;
-    let found = events(&world.client, &namespace, "stuck", "PinReleased").await;
-    let note = found
-        .first()
-        .and_then(|e| e.message.clone())
-        .unwrap_or_default();
+    let note = event(&world.client, &namespace, "stuck", "PinReleased").await;
     assert!(
         note.starts_with("kube-scheduler has not bound the pod to node gpu-node-0"),
         "{note}"
