@@ -18,11 +18,13 @@ use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::authorization::v1::{
     NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    Container, Namespace, Node, Pod, PodSpec, ServiceAccount, Toleration,
+};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject,
 };
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
@@ -147,7 +149,8 @@ impl ControlPlane {
             .map_err(|e| Error::Build(e.to_string()))??;
         let mut attempt = 1;
         loop {
-            match Self::start_once(&config, &bin_dir).await {
+            // Boxed: a start's future is large, and every test awaits one.
+            match Box::pin(Self::start_once(&config, &bin_dir)).await {
                 Err(e) if e.is_port_clash() && attempt < STARTUP_ATTEMPTS => {
                     eprintln!(
                         "gpuqueue-e2e: {}: a port was taken meanwhile, retrying: {e}",
@@ -211,6 +214,9 @@ impl ControlPlane {
             "scheduler, controller manager, KWOK, nodes Ready",
             rest_started.elapsed(),
         ));
+        let warm_started = Instant::now();
+        launcher.warm_pod_ips(&client, &config.nodes).await?;
+        startup.push(("KWOK's pod IP pool", warm_started.elapsed()));
         startup.push(("total", began.elapsed()));
 
         let Launcher {
@@ -1170,6 +1176,71 @@ impl Launcher<'_> {
         })
         .await?;
         Ok(())
+    }
+
+    /// Runs one pod through KWOK and deletes it, so that KWOK makes its pod IP pool now: it
+    /// makes the pool on the first pod IP it hands out, without a lock (kwok v0.8.0,
+    /// `PodController.ipPool`), and two pods started at once on a fresh KWOK could each make
+    /// one and both get the range's first address (a fake vLLM's bind then failed with
+    /// "address in use").
+    async fn warm_pod_ips(&mut self, client: &Client, nodes: &[GpuNode]) -> Result<()> {
+        let Some(node) = nodes.first() else {
+            return Ok(());
+        };
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        let name = "gpuqueue-e2e-warm-pod-ips";
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.name.clone()),
+                tolerations: Some(vec![Toleration {
+                    operator: Some("Exists".to_owned()),
+                    ..Toleration::default()
+                }]),
+                containers: vec![Container {
+                    name: "warm".to_owned(),
+                    image: Some("registry.k8s.io/pause:3.10".to_owned()),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        // Created in the wait: the API server makes the `default` namespace just after it
+        // starts serving.
+        self.wait("KWOK to give a pod an IP", || {
+            let (pods, pod) = (pods.clone(), pod.clone());
+            async move {
+                let Some(pod) = pods.get_opt(name).await.map_err(|e| e.to_string())? else {
+                    pods.create(&PostParams::default(), &pod)
+                        .await
+                        .map_err(|e| format!("creating the pod: {e}"))?;
+                    return Err("created".to_owned());
+                };
+                match pod.status.and_then(|s| s.pod_ip) {
+                    Some(_) => Ok(()),
+                    None => Err("no IP yet".to_owned()),
+                }
+            }
+        })
+        .await?;
+        // Deleted at once (grace 0): KWOK puts its IP back in the pool.
+        pods.delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .map_err(Error::kube("deleting the pod that warmed KWOK's IP pool"))?;
+        self.wait("the pod that warmed KWOK's IP pool to be gone", || {
+            let pods = pods.clone();
+            async move {
+                match pods.get_opt(name).await.map_err(|e| e.to_string())? {
+                    None => Ok(()),
+                    Some(_) => Err("still there".to_owned()),
+                }
+            }
+        })
+        .await
     }
 }
 
