@@ -41,7 +41,8 @@ use common::{Operator, Options, apply_queue, free_port, install, is_gated, queue
 use futures::{StreamExt, stream};
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, GpuNode, api_writes, env_number, gpu_pod, repo_root, wait_for,
+    ControlPlane, ControlPlaneConfig, GpuNode, api_writes, env_number, gpu_pod, node_of, repo_root,
+    wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -228,12 +229,7 @@ fn follow(
             if !is_gated(&pod) {
                 timeline.released.entry(name.clone()).or_insert(now);
             }
-            if pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some()
-            {
+            if node_of(&pod).is_some() {
                 timeline.bound.entry(name).or_insert(now);
                 if timeline.bound.len() >= expected {
                     return;

@@ -71,7 +71,7 @@ use common::{Operator, Options, apply_queue, free_port, install};
 use gpuqueue_api::{NVIDIA_GPU, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, GpuNode, NodeBehaviour, describe_pod, env_number, gpu_pod,
-    wait_for,
+    node_of, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -227,12 +227,7 @@ impl Bench {
             .unwrap();
         let bound = loop {
             let pod = self.owners.get(&name).await.unwrap();
-            if pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some()
-            {
+            if node_of(&pod).is_some() {
                 break created.elapsed();
             }
             assert!(

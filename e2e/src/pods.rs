@@ -41,6 +41,11 @@ pub fn gpu_pod(name: &str, resource: &str, count: u32) -> Pod {
     }
 }
 
+/// The node the pod is bound to (`spec.nodeName`), if it is.
+pub fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref()?.node_name.as_deref()
+}
+
 /// `phase=Pending node=- ip=- PodScheduled=False(Unschedulable: 0/5 nodes are available: …)`:
 /// what a failed wait should say about a pod.
 pub fn describe_pod(pod: &Pod) -> String {

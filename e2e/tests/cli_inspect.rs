@@ -14,7 +14,7 @@ use std::process::Output;
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    describe_pod, gpu_pod, wait_for,
+    describe_pod, gpu_pod, node_of, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{
@@ -154,7 +154,7 @@ async fn create_pods(
             let bound: Vec<Pod> = list
                 .items
                 .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                .filter(|p| node_of(p).is_some())
                 .cloned()
                 .collect();
             let over: Vec<Pod> = list
@@ -377,7 +377,7 @@ fn check_explain(ctx: &Ctx<'_>, admitted: &[Pod], waiting_name: &str) {
     // explain an admitted pod: its queue, how it was admitted, and the node it is bound to.
     for pod in admitted {
         let name = pod.metadata.name.as_deref().unwrap();
-        let node = pod.spec.as_ref().unwrap().node_name.as_deref().unwrap();
+        let node = node_of(pod).unwrap();
         let out = ok(&run(&["gpuqueue", "explain", name, "-n", batch.name()]));
         assert_eq!(
             field(&out, "Queue"),

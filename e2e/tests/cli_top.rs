@@ -31,7 +31,7 @@ fn top(cluster: &ControlPlane, plugin_dir: &PathBuf, args: &[&str]) -> String {
 }
 
 fn node_of(pod: &Pod) -> String {
-    pod.spec.as_ref().unwrap().node_name.clone().unwrap()
+    gpuqueue_e2e::node_of(pod).unwrap().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     Component, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, describe_pod, gpu_pod,
-    wait_for,
+    node_of, wait_for,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -17,7 +17,7 @@ async fn wait_bound(pods: &Api<Pod>, name: &str) {
         DEFAULT_TIMEOUT,
         || async {
             let pod = pods.get(name).await.map_err(|e| e.to_string())?;
-            match pod.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+            match node_of(&pod) {
                 Some(_) => Ok(()),
                 None => Err(describe_pod(&pod)),
             }

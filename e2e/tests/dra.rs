@@ -13,7 +13,7 @@ use common::{
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, UserAccess, apply_file, apply_yaml,
-    gpu_pod, wait_for,
+    gpu_pod, node_of, wait_for,
 };
 use k8s_openapi::api::{core::v1::Pod, resource::v1::ResourceClaim};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -283,15 +283,7 @@ async fn a_claim_shared_by_two_pods_is_charged_once() {
         bound(&pods, "first").await.spec.unwrap().node_name.unwrap(),
         NODE
     );
-    assert_eq!(
-        bound(&pods, "second")
-            .await
-            .spec
-            .unwrap()
-            .node_name
-            .unwrap(),
-        NODE
-    );
+    assert_eq!(node_of(&bound(&pods, "second").await), Some(NODE));
     assert_eq!(
         allocated_pools(&world.claims(), "shared").await,
         vec![NODE, NODE]
@@ -402,15 +394,7 @@ async fn owner_claims_the_node(world: &World) -> gpuqueue_api::v1alpha1::Handove
     world
         .tenant_applies(&claiming_pod("owner", &owner_claims))
         .await;
-    assert_eq!(
-        bound(&world.pods(), "owner")
-            .await
-            .spec
-            .unwrap()
-            .node_name
-            .unwrap(),
-        NODE
-    );
+    assert_eq!(node_of(&bound(&world.pods(), "owner").await), Some(NODE));
     let owner = format!("{}/owner", world.namespace.name());
     let done = |r: &gpuqueue_api::v1alpha1::HandoverRecord| {
         r.owner_pod == owner && r.phases.iter().any(|p| p.phase == "ownerBound")

@@ -23,7 +23,7 @@ use fault_common::{VLLM_PORT, actions, fake_vllms, gone, handover_record, name, 
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     Component, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode,
-    IGNORES_SIGTERM_ANNOTATION, gpu_pod, wait_for,
+    IGNORES_SIGTERM_ANNOTATION, gpu_pod, node_of, wait_for,
 };
 use gpuqueue_fake_vllm::{FakeVllm, Fault};
 use k8s_openapi::api::core::v1::Pod;
@@ -145,10 +145,7 @@ async fn a_handover_survives_a_kube_apiserver_restart_between_intent_and_victims
     );
     let at: Vec<i64> = record.phases.iter().map(|p| p.at_millis).collect();
     assert!(at.windows(2).all(|w| w[0] <= w[1]), "{record:?}");
-    assert_eq!(
-        record.node,
-        owner.spec.as_ref().unwrap().node_name.clone().unwrap()
-    );
+    assert_eq!(node_of(&owner), Some(record.node.as_str()));
     assert_eq!(
         record.victims.len(),
         1,

@@ -15,7 +15,7 @@ use common::{
 };
 use fault_common::{gone, handover_record, name, queue, uid};
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod};
+use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod, node_of};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -74,7 +74,7 @@ async fn a_victim_held_by_a_foreign_finalizer_keeps_its_gpus_until_it_is_gone() 
     assert!(stuck.metadata.deletion_timestamp.is_some());
     let owner = owners.get("owner").await.unwrap();
     assert!(!is_gated(&owner));
-    assert!(owner.spec.as_ref().unwrap().node_name.is_none());
+    assert!(node_of(&owner).is_none());
     let lab_pods: Api<Pod> = Api::namespaced(client.clone(), labs.name());
     create(&lab_pods, &gpu_pod("l-0", NVIDIA_GPU, 1)).await;
     let reason = waiting_reason(&lab_pods, "l-0").await;
@@ -106,10 +106,7 @@ async fn a_victim_held_by_a_foreign_finalizer_keeps_its_gpus_until_it_is_gone() 
         .unwrap();
     gone(&borrowers, &victim).await;
     let owner = bound(&owners, "owner").await;
-    assert_eq!(
-        owner.spec.as_ref().unwrap().node_name.as_deref(),
-        Some(record.node.as_str())
-    );
+    assert_eq!(node_of(&owner), Some(record.node.as_str()));
     let l0 = lab_pods.get("l-0").await.unwrap();
     assert!(is_gated(&l0), "the freed GPU went to the owner");
     assert_eq!(

@@ -16,7 +16,9 @@ use common::{
     Operator, Options, apply_queue, bound, event, free_port, install, settled, waiting_reason,
 };
 use gpuqueue_api::{NVIDIA_GPU, NVIDIA_GPU_SHARED, hami, node_labels};
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, apply_file, gpu_pod, repo_root};
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, GpuNode, apply_file, gpu_pod, node_of, repo_root,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, PostParams};
@@ -78,11 +80,7 @@ async fn each_shape_is_counted_and_placed_on_the_devices_with_room() {
         .unwrap();
     let small: Api<Pod> = Api::namespaced(client.clone(), "small-models");
     let pods = settled(&small, 4, 1).await;
-    assert!(
-        pods.iter()
-            .filter_map(|p| p.spec.as_ref()?.node_name.as_deref())
-            .all(|n| n == "ts-node")
-    );
+    assert!(pods.iter().filter_map(node_of).all(|n| n == "ts-node"));
 
     // HAMi memory: 18 GiB goes to the device with 24 GiB, never to 10 + 10.
     apply_file(&client, &example("hami-memory.yaml"), None)
@@ -90,10 +88,7 @@ async fn each_shape_is_counted_and_placed_on_the_devices_with_room() {
         .unwrap();
     let mid: Api<Pod> = Api::namespaced(client.clone(), "mid-models");
     let pods = settled(&mid, 1, 0).await;
-    assert_eq!(
-        pods[0].spec.as_ref().unwrap().node_name.as_deref(),
-        Some("hami-roomy")
-    );
+    assert_eq!(node_of(&pods[0]), Some("hami-roomy"));
 
     // MIG: two 40 GB slices fit the queue's 100Gi, the third pod waits.
     apply_file(&client, &example("mig.yaml"), None)

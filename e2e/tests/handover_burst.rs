@@ -20,7 +20,8 @@ use common::{
 use gpuqueue_api::v1alpha1::{GpuQueue, HANDOVER_RECORDS_KEPT, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, CheckpointCall, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT,
-    GpuNode, InvariantChecker, apply_yaml, describe_pod, fake_vllm_on, pod_condition, wait_for,
+    GpuNode, InvariantChecker, apply_yaml, describe_pod, fake_vllm_on, node_of, pod_condition,
+    wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -131,7 +132,7 @@ async fn all_bound(pods: &Api<Pod>, count: usize) -> Vec<Pod> {
         let bound: Vec<Pod> = list
             .items
             .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+            .filter(|p| node_of(p).is_some())
             .cloned()
             .collect();
         if bound.len() == count {
@@ -339,7 +340,7 @@ fn disjoint_and_minimal(
             record.victims[0]
         );
         let pod = bound.iter().find(|p| key(p) == *owner).unwrap();
-        let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+        let node = node_of(pod).unwrap().to_owned();
         assert_eq!(
             record.node, node,
             "{owner} is bound where its GPUs were freed"

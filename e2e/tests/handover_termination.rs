@@ -17,7 +17,7 @@ use futures::StreamExt;
 use gpuqueue_api::{NVIDIA_GPU, annotations, v1alpha1::HandoverRecord};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, IGNORES_SIGTERM_ANNOTATION,
-    gpu_pod, pod_condition, wait_for,
+    gpu_pod, node_of, pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
@@ -65,7 +65,7 @@ impl Changes {
                 match event {
                     Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => {
                         let key = key(&pod);
-                        let bound = pod.spec.as_ref().and_then(|s| s.node_name.as_ref());
+                        let bound = node_of(&pod);
                         for change in [
                             bound.map(|_| Change::Bound(key.clone())),
                             pod.metadata
@@ -171,10 +171,7 @@ async fn start(name: &str) -> (ControlPlane, Operator) {
 async fn still_waiting(pods: &Api<Pod>, name: &str, changes: &Changes) {
     let reason = waiting_reason(pods, name).await;
     let pod = pods.get(name).await.unwrap();
-    assert!(
-        pod.spec.as_ref().unwrap().node_name.is_none(),
-        "{name} was bound ({reason})"
-    );
+    assert!(node_of(&pod).is_none(), "{name} was bound ({reason})");
     assert!(
         annotation(&pod, annotations::ADMITTED_AS).is_none(),
         "{name} was admitted: {:?}",

@@ -14,8 +14,8 @@ use common::{
 };
 use gpuqueue_api::{NVIDIA_GPU, annotations, conditions, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, gpu_pod, repo_root,
-    wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, gpu_pod, node_of,
+    repo_root, wait_for,
 };
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
@@ -83,8 +83,8 @@ async fn tenants_borrow_and_wait(cluster: &ControlPlane, client: &Client, operat
         assert_eq!(annotation(pod, annotations::QUEUE), Some("batch"));
         let selector = pod.spec.as_ref().unwrap().node_selector.as_ref().unwrap();
         assert_eq!(
-            Some(&selector["kubernetes.io/hostname"]),
-            pod.spec.as_ref().unwrap().node_name.as_ref(),
+            Some(selector["kubernetes.io/hostname"].as_str()),
+            node_of(pod),
             "bound where the operator pinned it"
         );
     }
@@ -276,7 +276,7 @@ async fn an_uncontended_pod_is_admitted_at_creation_and_once_one_waits_the_next_
     let first = bound(&pods, "first").await;
     let pin =
         &first.spec.as_ref().unwrap().node_selector.as_ref().unwrap()["kubernetes.io/hostname"];
-    assert_eq!(Some(pin), first.spec.as_ref().unwrap().node_name.as_ref());
+    assert_eq!(Some(pin.as_str()), node_of(&first));
     let note = event(&client, team.name(), "first", "Admitted").await;
     assert!(note.contains("at its creation"), "{note}");
 

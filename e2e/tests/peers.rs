@@ -9,7 +9,7 @@ use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, KUEUE_GATE, Kueue, KueueConfig,
     KueueTenant, NodeBehaviour, QUEUE_NAME_LABEL, QuotaSampler, TenantQuota, describe_pod, gpu_pod,
-    wait_for,
+    node_of, wait_for,
 };
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
@@ -25,10 +25,7 @@ fn queued_pod(name: &str, queue: &str) -> Pod {
 }
 
 fn is_bound(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some()
+    node_of(pod).is_some()
 }
 
 /// The owner `online` (guaranteed the node's 8 GPUs) and the borrower `batch` (nothing

@@ -22,7 +22,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    describe_pod, fake_vllm_on, gpu_pod, wait_for,
+    describe_pod, fake_vllm_on, gpu_pod, node_of, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm, FaultAction, Phase};
 use k8s_openapi::api::core::v1::Pod;
@@ -120,10 +120,6 @@ fn uid(pod: &Pod) -> String {
 
 fn name(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap()
-}
-
-fn node_of(pod: &Pod) -> String {
-    pod.spec.as_ref().unwrap().node_name.clone().unwrap()
 }
 
 /// A fake vLLM on the pod's IP, as the pod's own server would listen.
@@ -484,7 +480,7 @@ async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
     assert_eq!(record.budget_millis, 3000);
     assert_eq!(
         record.node,
-        node_of(&owner),
+        node_of(&owner).unwrap(),
         "bound to the node that was freed"
     );
     assert_eq!(
@@ -498,7 +494,7 @@ async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
         .iter()
         .find(|p| format!("{}/{}", batch.name(), name(p)) == record.victims[0])
         .unwrap();
-    assert_eq!(node_of(victim), record.node);
+    assert_eq!(node_of(victim), Some(record.node.as_str()));
     assert_eq!(
         annotation(victim, annotations::ADMITTED_AS),
         Some("borrowed")

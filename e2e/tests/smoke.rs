@@ -8,7 +8,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use gpuqueue_api::{ADMISSION_GATE, NVIDIA_GPU};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, MIG_3G_40GB, bound_pod, describe_pod,
-    gpu_pod, pod_condition, wait_for,
+    gpu_pod, node_of, pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod, PodSchedulingGate};
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
@@ -54,7 +54,7 @@ async fn gpu_pod_is_bound_by_kube_scheduler_and_reachable_on_its_loopback_ip() {
         .unwrap();
 
     let pod = running_pod(&pods, "server").await;
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let node = node_of(&pod).unwrap().to_owned();
     assert!(
         node.starts_with("gpu-node-"),
         "a 2-GPU pod fits only a whole-GPU node, got {node}"
@@ -186,12 +186,7 @@ async fn gated_pod_waits_for_its_gate_and_takes_a_node_selector_meanwhile() {
     // gated one (no fixed sleep needed to show that it "stays" unscheduled).
     bound_pod(&pods, "ungated").await.unwrap();
     let pod = pods.get("gated").await.unwrap();
-    assert_eq!(
-        pod.spec.as_ref().and_then(|s| s.node_name.as_ref()),
-        None,
-        "{}",
-        describe_pod(&pod)
-    );
+    assert_eq!(node_of(&pod), None, "{}", describe_pod(&pod));
     let scheduled = pod_condition(&pod, "PodScheduled").unwrap();
     assert_eq!(
         (scheduled.status.as_str(), scheduled.reason.as_deref()),

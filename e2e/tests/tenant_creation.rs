@@ -18,7 +18,8 @@ use common::{
 };
 use gpuqueue_api::{NVIDIA_GPU, annotations};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, GpuNode, TempNamespace, UserAccess, gpu_pod, wait_for,
+    ControlPlane, ControlPlaneConfig, GpuNode, TempNamespace, UserAccess, gpu_pod, node_of,
+    wait_for,
 };
 use k8s_openapi::api::{admissionregistration::v1::MutatingWebhookConfiguration, core::v1::Pod};
 use kube::{
@@ -288,7 +289,7 @@ async fn a_create_refused_after_the_webhook_holds_no_lasting_reservation_and_bre
             let bound = online
                 .items
                 .iter()
-                .filter(|pod| pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+                .filter(|pod| node_of(pod).is_some())
                 .count();
             let batch = world
                 .tenant_pods()

@@ -16,7 +16,7 @@ use common::{
 use gpuqueue_api::{NVIDIA_GPU, conditions, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, describe_pod,
-    gpu_pod, wait_for,
+    gpu_pod, node_of, wait_for,
 };
 use k8s_openapi::api::core::v1::{Affinity, Pod, PodAffinity, PodAffinityTerm, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -93,10 +93,7 @@ async fn create_pods(pods: &Api<Pod>, prefix: &str, count: u32) {
 }
 
 fn is_bound(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some()
+    node_of(pod).is_some()
 }
 
 /// Waits until the namespace holds exactly `names` (sorted), with `bound` of them bound.

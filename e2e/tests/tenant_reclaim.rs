@@ -27,7 +27,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod, gpu_pod,
-    wait_for,
+    node_of, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -353,10 +353,7 @@ async fn an_owner_whose_freed_gpus_an_intruder_took_is_planned_again() {
             .map_err(|e| e.to_string())?;
         list.items
             .iter()
-            .find(|p| {
-                p.metadata.uid != first.metadata.uid
-                    && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
-            })
+            .find(|p| p.metadata.uid != first.metadata.uid && node_of(p).is_some())
             .cloned()
             .ok_or_else(|| {
                 list.items

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use gpuqueue_api::v1alpha1::GpuQueue;
-use gpuqueue_e2e::{api_writes, apply_yaml, pod_condition, wait_for};
+use gpuqueue_e2e::{api_writes, apply_yaml, node_of, pod_condition, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -152,10 +152,7 @@ async fn scale(bench: &Bench, replicas: usize) {
 }
 
 fn is_bound(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some()
+    node_of(pod).is_some()
 }
 
 fn name(pod: &Pod) -> String {

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
-use gpuqueue_e2e::Sightings;
+use gpuqueue_e2e::{Sightings, node_of};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
@@ -50,12 +50,7 @@ pub fn watch_pods(pods: Api<Pod>) -> Sightings<HashMap<String, PodSighting>> {
                 .entry(pod.metadata.name.clone().unwrap_or_default())
                 .or_default();
             entry.seen.get_or_insert(now);
-            if pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some()
-            {
+            if node_of(&pod).is_some() {
                 entry.bound.get_or_insert(now);
             }
         },

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, stream};
-use gpuqueue_e2e::wait_for;
+use gpuqueue_e2e::{node_of, wait_for};
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -248,11 +248,7 @@ async fn owners_settled(side: &Side, replicas: usize) {
                 .list(&ListParams::default())
                 .await
                 .map_err(|e| e.to_string())?;
-            let bound = list
-                .items
-                .iter()
-                .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-                .count();
+            let bound = list.items.iter().filter(|p| node_of(p).is_some()).count();
             if list.items.len() == replicas && bound == replicas {
                 Ok(())
             } else {

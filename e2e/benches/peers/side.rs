@@ -11,7 +11,8 @@ use futures::StreamExt;
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, GpuNode, KUEUE_GATE, Kueue, KueueConfig, KueueTenant,
-    NodeBehaviour, QUEUE_NAME_LABEL, QuotaSampler, TempNamespace, TenantQuota, gpu_pod, wait_for,
+    NodeBehaviour, QUEUE_NAME_LABEL, QuotaSampler, TempNamespace, TenantQuota, gpu_pod, node_of,
+    wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
@@ -337,12 +338,7 @@ fn record(timeline: &Timeline, pod: &Pod, deleted: bool, now: Instant) {
     if !is_gated(pod) && !kueue_gated {
         times.released.get_or_insert(now);
     }
-    if pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_ref())
-        .is_some()
-    {
+    if node_of(pod).is_some() {
         times.bound.get_or_insert(now);
     }
     if deleted || pod.metadata.deletion_timestamp.is_some() {
@@ -364,10 +360,7 @@ pub async fn fill(side: &Side, tenant: &str, count: usize, prefix: &str, next: &
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .collect();
-        let bound = live
-            .iter()
-            .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
-            .count();
+        let bound = live.iter().filter(|p| node_of(p).is_some()).count();
         if bound >= count {
             return;
         }
@@ -389,7 +382,7 @@ pub async fn fill(side: &Side, tenant: &str, count: usize, prefix: &str, next: &
                     .items
                     .iter()
                     .filter(|p| p.metadata.deletion_timestamp.is_none())
-                    .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some())
+                    .filter(|p| node_of(p).is_some())
                     .count();
                 if bound >= count {
                     Ok(())

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
     ControlPlane, DEFAULT_TIMEOUT, ManagedProcess, UserAccess, apply_yaml, describe_pod,
-    install_crds, repo_root, target_dir, wait_for,
+    install_crds, node_of, repo_root, target_dir, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod, PodSchedulingGate};
 use kube::{
@@ -464,7 +464,7 @@ pub async fn settled(pods: &Api<Pod>, bound: usize, waiting: usize) -> Vec<Pod> 
                 .list(&ListParams::default())
                 .await
                 .map_err(|e| e.to_string())?;
-            let is_bound = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some();
+            let is_bound = |p: &Pod| node_of(p).is_some();
             let has_reason =
                 |p: &Pod| is_gated(p) && annotation(p, annotations::WAITING_REASON).is_some();
             let (b, w) = (
