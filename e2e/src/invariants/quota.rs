@@ -1,5 +1,5 @@
-//! Quota honesty, sampled: a watch keeps every pod, and every 100 ms the sampler checks each
-//! tenant against its quota: no tenant holds more GPUs than its ceiling, and none that asks for
+//! Quota honesty, sampled: a watch keeps every pod, and after every pod change (and every
+//! 100 ms meanwhile) the sampler checks each tenant against its quota: no tenant holds more GPUs than its ceiling, and none that asks for
 //! its guarantee holds less than that for longer than its budget while another tenant holds
 //! more than its own guarantee (GPUs it borrowed, which a reclaim should have given back; a
 //! deficit nobody borrows against is admission still catching up). The same check serves any
@@ -21,8 +21,9 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::time::Instant;
 
 use super::world::gpus_of;
+use crate::pods::node_of;
 
-/// How often the sampler looks.
+/// How often the sampler looks when no pod changes.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// One tenant's quota in GPUs of one resource.
@@ -75,24 +76,36 @@ impl QuotaSampler {
     pub fn start(client: &Client, tenants: Vec<TenantQuota>, budget: Duration) -> Self {
         let (reader, writer) = reflector::store::<Pod>();
         let pods: Api<Pod> = Api::all(client.clone());
-        let watch = tokio::spawn(
-            watcher(pods, watcher::Config::default())
-                .default_backoff()
-                .reflect(writer)
-                .for_each(|_| std::future::ready(())),
-        );
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
-            let _ = reader.wait_until_ready().await;
+            let mut events = std::pin::pin!(
+                watcher(pods, watcher::Config::default())
+                    .default_backoff()
+                    .reflect(writer)
+            );
             let mut check = Check::new(tenants, budget);
             let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
+            let mut listed = false;
             loop {
                 tokio::select! {
-                    _ = ticks.tick() => check.sample(&reader.state()),
+                    event = events.next() => match event {
+                        // The store has applied the event: each change is looked at, so a
+                        // tenant whose pods are back at its entitlement between two ticks is
+                        // seen there (one deficit is not taken for the next pod's).
+                        Some(Ok(watcher::Event::InitDone)) => {
+                            listed = true;
+                            check.sample(&reader.state());
+                        }
+                        Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) if listed => {
+                            check.sample(&reader.state());
+                        }
+                        Some(_) => {}
+                        None => break,
+                    },
+                    _ = ticks.tick(), if listed => check.sample(&reader.state()),
                     _ = stopped.changed() => break,
                 }
             }
-            watch.abort();
             check.finish()
         });
         Self { stop, task }
@@ -215,12 +228,7 @@ fn usage(pods: &[Arc<Pod>], namespace: &str) -> (u64, u64) {
             continue;
         }
         let gpus = gpus_of(pod);
-        if pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_ref())
-            .is_some()
-        {
+        if node_of(pod).is_some() {
             held += gpus;
         }
         if pod.metadata.deletion_timestamp.is_none() {
