@@ -46,7 +46,7 @@ pub fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.node_name.as_deref()
 }
 
-/// `phase=Pending node=- ip=- PodScheduled=False(Unschedulable: 0/5 nodes are available: …)`:
+/// `team/p-0 phase=Pending node=- ip=- PodScheduled=False(Unschedulable: 0/5 nodes are available: …)`:
 /// what a failed wait should say about a pod.
 pub fn describe_pod(pod: &Pod) -> String {
     let status = pod.status.as_ref();
@@ -64,12 +64,11 @@ pub fn describe_pod(pod: &Pod) -> String {
         })
         .collect();
     format!(
-        "phase={} node={} ip={} deleting={} {}",
+        "{}/{} phase={} node={} ip={} deleting={} {}",
+        pod.metadata.namespace.as_deref().unwrap_or("-"),
+        pod.metadata.name.as_deref().unwrap_or("-"),
         status.and_then(|s| s.phase.as_deref()).unwrap_or("-"),
-        pod.spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .unwrap_or("-"),
+        node_of(pod).unwrap_or("-"),
         status.and_then(|s| s.pod_ip.as_deref()).unwrap_or("-"),
         pod.metadata.deletion_timestamp.is_some(),
         conditions.join(" ")
@@ -99,12 +98,7 @@ pub async fn bound_pod(pods: &Api<Pod>, name: &str) -> Result<Pod> {
         DEFAULT_TIMEOUT,
         || async {
             let pod = pods.get(name).await.map_err(|e| e.to_string())?;
-            if pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some()
-            {
+            if node_of(&pod).is_some() {
                 Ok(pod)
             } else {
                 Err(describe_pod(&pod))
