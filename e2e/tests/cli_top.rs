@@ -30,7 +30,8 @@ fn top(cluster: &ControlPlane, plugin_dir: &PathBuf, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn node_of(pod: &Pod) -> String {
+/// The node the pod was bound to.
+fn bound_node(pod: &Pod) -> String {
     gpuqueue_e2e::node_of(pod).unwrap().to_owned()
 }
 
@@ -118,11 +119,14 @@ async fn create_pods(
     let batch_pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
     let web_pods: Api<Pod> = Api::namespaced(client.clone(), web.name());
     common::create(&batch_pods, &gpu_pod("train", "nvidia.com/gpu", 4)).await;
-    let full = node_of(&common::bound(&batch_pods, "train").await);
+    let full = bound_node(&common::bound(&batch_pods, "train").await);
     common::create(&web_pods, &gpu_pod("render", "nvidia.com/gpu", 1)).await;
-    let shared = node_of(&common::bound(&web_pods, "render").await);
+    let shared = bound_node(&common::bound(&web_pods, "render").await);
     common::create(&batch_pods, &gpu_pod("serve", "nvidia.com/gpu", 1)).await;
-    assert_eq!(node_of(&common::bound(&batch_pods, "serve").await), shared);
+    assert_eq!(
+        bound_node(&common::bound(&batch_pods, "serve").await),
+        shared
+    );
     assert_ne!(full, shared);
     common::create(&batch_pods, &gpu_pod("train-2", "nvidia.com/gpu", 4)).await;
     common::waiting_reason(&batch_pods, "train-2").await;

@@ -24,10 +24,6 @@ fn queued_pod(name: &str, queue: &str) -> Pod {
     pod
 }
 
-fn is_bound(pod: &Pod) -> bool {
-    node_of(pod).is_some()
-}
-
 /// The owner `online` (guaranteed the node's 8 GPUs) and the borrower `batch` (nothing
 /// guaranteed, may borrow all 8), as Kueue queues and as quotas for the sampler.
 fn owner_and_borrower(online: &str, batch: &str) -> (Vec<KueueTenant>, Vec<TenantQuota>) {
@@ -59,7 +55,7 @@ async fn all_bound(pods: &Api<Pod>, count: usize) {
             .list(&ListParams::default())
             .await
             .map_err(|e| e.to_string())?;
-        let bound = list.items.iter().filter(|p| is_bound(p)).count();
+        let bound = list.items.iter().filter(|p| node_of(p).is_some()).count();
         if bound == count {
             Ok(())
         } else {

@@ -92,10 +92,6 @@ async fn create_pods(pods: &Api<Pod>, prefix: &str, count: u32) {
     }
 }
 
-fn is_bound(pod: &Pod) -> bool {
-    node_of(pod).is_some()
-}
-
 /// Waits until the namespace holds exactly `names` (sorted), with `bound` of them bound.
 async fn exactly(pods: &Api<Pod>, names: &[String], bound: usize, timeout: Duration) {
     wait_for(
@@ -116,7 +112,7 @@ async fn exactly(pods: &Api<Pod>, names: &[String], bound: usize, timeout: Durat
                 .filter_map(|p| p.metadata.name.clone())
                 .collect();
             have.sort();
-            let bound_now = live.iter().filter(|p| is_bound(p)).count();
+            let bound_now = live.iter().filter(|p| node_of(p).is_some()).count();
             if have == names && bound_now == bound {
                 Ok(())
             } else {

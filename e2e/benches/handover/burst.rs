@@ -123,7 +123,7 @@ async fn settle(bench: &mut Bench, replicas: usize) {
             .list(&ListParams::default())
             .await
             .map_err(|e| e.to_string())?;
-        let bound = list.items.iter().filter(|p| is_bound(p)).count();
+        let bound = list.items.iter().filter(|p| node_of(p).is_some()).count();
         if list.items.len() == replicas && bound == replicas {
             Ok(())
         } else {
@@ -149,10 +149,6 @@ async fn scale(bench: &Bench, replicas: usize) {
         )
         .await
         .unwrap();
-}
-
-fn is_bound(pod: &Pod) -> bool {
-    node_of(pod).is_some()
 }
 
 fn name(pod: &Pod) -> String {

@@ -1,9 +1,10 @@
 //! Quota honesty, sampled: a watch keeps every pod, and after every pod change (and every
-//! 100 ms meanwhile) the sampler checks each tenant against its quota: no tenant holds more GPUs than its ceiling, and none that asks for
-//! its guarantee holds less than that for longer than its budget while another tenant holds
-//! more than its own guarantee (GPUs it borrowed, which a reclaim should have given back; a
-//! deficit nobody borrows against is admission still catching up). The same check serves any
-//! system that enforces the quota (gpuqueue, or a peer such as Kueue), since it reads only pods.
+//! 100 ms meanwhile) the sampler checks each tenant against its quota: no tenant holds more
+//! GPUs than its ceiling, and none that asks for its guarantee holds less than that for longer
+//! than its budget while another tenant holds more than its own guarantee (GPUs it borrowed,
+//! which a reclaim should have given back; a deficit nobody borrows against is admission still
+//! catching up). The same check serves any system that enforces the quota (gpuqueue, or a peer
+//! such as Kueue), since it reads only pods.
 //!
 //! A pod holds its GPUs from the moment it is bound until it is gone or terminal: a victim that
 //! is terminating still holds them, as the scheduler counts it. A tenant asks for what its live

@@ -464,11 +464,10 @@ pub async fn settled(pods: &Api<Pod>, bound: usize, waiting: usize) -> Vec<Pod> 
                 .list(&ListParams::default())
                 .await
                 .map_err(|e| e.to_string())?;
-            let is_bound = |p: &Pod| node_of(p).is_some();
             let has_reason =
                 |p: &Pod| is_gated(p) && annotation(p, annotations::WAITING_REASON).is_some();
             let (b, w) = (
-                list.items.iter().filter(|p| is_bound(p)).count(),
+                list.items.iter().filter(|p| node_of(p).is_some()).count(),
                 list.items.iter().filter(|p| has_reason(p)).count(),
             );
             if b == bound && w == waiting && list.items.len() == bound + waiting {
