@@ -150,6 +150,17 @@ impl Leadership {
     }
 }
 
+/// A term that lasts an hour for tests, and the sender that ends it (keep it alive).
+#[cfg(test)]
+pub(crate) async fn test_term() -> (Term, watch::Sender<LeaderState>) {
+    let (state, receiver) = watch::channel(LeaderState {
+        term: 1,
+        acting_until: Some(clock::now() + SignedDuration::from_hours(1)),
+    });
+    let term = Leadership::new(receiver).acquired().await.unwrap();
+    (term, state)
+}
+
 impl Term {
     /// Whether this term still holds, now. Call it right before every write.
     pub fn is_current(&self) -> bool {

@@ -418,25 +418,11 @@ fn drop_later<T: Send + 'static>(value: T) {
 mod tests {
     use gpuqueue_core::model::{Node, Queue, ResourceQuota};
     use serde_json::json;
-    use tokio::sync::watch;
 
     use super::*;
-    use crate::{
-        clock,
-        leader::{LeaderState, Leadership},
-    };
+    use crate::leader::test_term;
 
     const GPU: &str = "nvidia.com/gpu";
-
-    /// A term that lasts the test (the sender must stay alive).
-    async fn term() -> (Term, watch::Sender<LeaderState>) {
-        let (state, receiver) = watch::channel(LeaderState {
-            term: 1,
-            acting_until: Some(clock::now() + SignedDuration::from_mins(10)),
-        });
-        let term = Leadership::new(receiver).acquired().await.unwrap();
-        (term, state)
-    }
 
     /// Queue `online` (namespace `online`) guaranteed 4 GPUs, on one node of 4.
     fn snapshot() -> Snapshot {
@@ -489,7 +475,7 @@ mod tests {
     #[tokio::test]
     async fn the_leader_admits_at_creation_after_its_first_pass_and_holds_the_room_until_the_store_shows_the_pod()
      {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let at_creation = AtCreation::new(true);
         assert_eq!(
             at_creation.admit(&new_pod(1), at(0)),
@@ -522,7 +508,7 @@ mod tests {
     #[tokio::test]
     async fn after_a_pod_went_to_the_gate_nothing_is_admitted_at_creation_until_a_pass_has_seen_it()
     {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let at_creation = AtCreation::new(true);
         at_creation
             .pass()
@@ -564,7 +550,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reservation_whose_pod_never_appears_is_released_after_the_request_timeout() {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let at_creation = AtCreation::new(true);
         at_creation.pass().publish(term, snapshot(), false, at(0));
         assert!(at_creation.admit(&new_pod(4), at(1)).is_ok());
@@ -577,7 +563,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_webhook_never_blocks_on_a_pass_and_a_pod_it_gates_meanwhile_is_not_overtaken() {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let at_creation = AtCreation::new(true);
         at_creation
             .pass()
@@ -600,7 +586,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_namespace_holds_at_most_its_reservations_and_each_wakes_a_pass_at_its_expiry() {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let at_creation = AtCreation::new(true).with_reservations_per_namespace(2);
         at_creation.pass().publish(term, snapshot(), false, at(0));
         let first = at_creation.admit(&new_pod(1), at(1));
@@ -628,7 +614,7 @@ mod tests {
 
     #[tokio::test]
     async fn reservations_of_creates_still_in_flight_do_not_count_against_the_cap() {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let at_creation = AtCreation::new(true).with_reservations_per_namespace(1);
         at_creation.pass().publish(term, snapshot(), false, at(0));
         // A burst: three creates within a second, before any pass could have seen the pods.
@@ -641,7 +627,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_withdrawn_or_disabled_replica_gates_every_pod() {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let at_creation = AtCreation::new(true);
         at_creation
             .pass()

@@ -381,15 +381,12 @@ mod tests {
 
     use http::{Request, Response};
     use http_body_util::BodyExt;
-    use jiff::SignedDuration;
     use kube::{Client, client::Body};
     use serde_json::json;
-    use tokio::sync::watch;
     use tower_test::mock;
 
     use super::*;
-    use crate::clock;
-    use crate::leader::{LeaderState, Leadership};
+    use crate::leader::{LeaderState, test_term};
 
     /// Method, path and body of each request the mock API server saw.
     type Seen = Arc<Mutex<Vec<(String, String, serde_json::Value)>>>;
@@ -435,18 +432,9 @@ mod tests {
         (Client::new(service, "batch"), seen)
     }
 
-    async fn term() -> (Term, watch::Sender<LeaderState>) {
-        let (state, receiver) = watch::channel(LeaderState {
-            term: 1,
-            acting_until: Some(clock::now() + SignedDuration::from_hours(1)),
-        });
-        let term = Leadership::new(receiver).acquired().await.unwrap();
-        (term, state)
-    }
-
     /// `evict` with its deadline already reached: one try, no backoff.
     async fn evict_now(client: &Client, guard: Guard) -> Eviction {
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         evict(client, &term, &target(), guard, Instant::now(), |_| {}).await
     }
 
@@ -483,7 +471,7 @@ mod tests {
             (429, "TooManyRequests"),
             (201, "Created"),
         ]);
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let mut reported = Vec::new();
         let outcome = evict(
             &api,
@@ -503,7 +491,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_refusal_that_outlasts_the_deadline_ends_in_a_delete() {
         let (api, seen) = api(vec![(429, "TooManyRequests")]);
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let start = Instant::now();
         let outcome = evict(
             &api,
@@ -531,7 +519,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_misconfigured_budget_is_reported_and_the_pod_deleted_at_the_deadline() {
         let (api, _seen) = api(vec![(500, "InternalError")]);
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let mut reported = Vec::new();
         let outcome = evict(
             &api,
@@ -562,7 +550,7 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_evicted_once_the_term_is_over() {
         let (api, seen) = api(vec![(201, "Created")]);
-        let (term, state) = term().await;
+        let (term, state) = test_term().await;
         state.send_replace(LeaderState {
             term: 1,
             acting_until: None,

@@ -309,7 +309,7 @@ mod tests {
     use tower_test::mock;
 
     use super::*;
-    use crate::leader::{LeaderState, Leadership};
+    use crate::leader::test_term;
 
     /// A client whose API server holds one empty queue status and answers every read and
     /// patch of it with that; the bodies of the patches it saw.
@@ -353,20 +353,10 @@ mod tests {
         (Api::all(Client::new(service, "default")), patches)
     }
 
-    /// A leadership term, and the sender that ends it.
-    async fn term() -> (Term, tokio::sync::watch::Sender<LeaderState>) {
-        let (state, receiver) = tokio::sync::watch::channel(LeaderState {
-            term: 1,
-            acting_until: Some(crate::clock::now() + jiff::SignedDuration::from_hours(1)),
-        });
-        let term = Leadership::new(receiver).acquired().await.unwrap();
-        (term, state)
-    }
-
     #[tokio::test(start_paused = true)]
     async fn records_of_a_burst_that_end_within_the_gather_are_written_in_one_patch() {
         let (api, patches) = queue_api();
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let writer = RecordWriter::default();
         let first = record("rc-1", "owner", 7, "Completed");
         let second = record("rc-2", "owner", 7, "Completed");
@@ -395,7 +385,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_record_is_written_after_the_term_or_for_an_aborted_handover() {
         let (api, patches) = queue_api();
-        let (term, state) = term().await;
+        let (term, state) = test_term().await;
         let writer = RecordWriter::default();
         // A handover task aborted while its record waits (its term ended): never written.
         let aborted = tokio::spawn({
@@ -566,7 +556,7 @@ mod tests {
             .map(|i| format!("rc-{i}"))
             .collect();
         let (api, patches) = queue_api_in_flight(&reclaims);
-        let (term, _state) = term().await;
+        let (term, _state) = test_term().await;
         let writer = RecordWriter::default();
         let burst: Vec<HandoverRecord> = (0..=HANDOVER_RECORDS_KEPT)
             .map(|i| {
