@@ -41,6 +41,8 @@
 //!
 //! `BENCH_OPERATOR_BUILD=debug` runs the operator's debug build (a smoke run of the benchmark
 //! itself, without the release build's minutes of compiling; its figures are not the result).
+//! `GPUQUEUE_OPERATOR_BINARY=<path>` runs a prebuilt operator instead of building this
+//! checkout's: two builds compared run after run, as `e2e/results/burst-trials.md` does.
 //!
 //! Results: `e2e/results/handover.json` and `e2e/results/handover.md` (committed; another
 //! directory with `BENCH_RESULTS`, relative to the repository root, for a smoke run), with the

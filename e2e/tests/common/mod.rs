@@ -31,11 +31,21 @@ pub const OPERATOR_NAMESPACE: &str = "gpuqueue-system";
 const LEASE_DURATION: &str = "6s";
 const LEASE_GRACE: &str = "2s";
 
+/// Names a prebuilt `gpuqueue-operator` to run instead of building this checkout's, so that a
+/// script can compare two builds on one machine, run after run, without rebuilding between them.
+const OPERATOR_BINARY_ENV: &str = "GPUQUEUE_OPERATOR_BINARY";
+
 /// The `gpuqueue-operator` binary, built once per test binary (a no-op when up to date): the
-/// debug build for tests, the release build for benchmarks.
+/// debug build for tests, the release build for benchmarks; or [`OPERATOR_BINARY_ENV`]'s.
 pub fn operator_binary(release: bool) -> &'static Path {
     static DEBUG: OnceLock<PathBuf> = OnceLock::new();
     static RELEASE: OnceLock<PathBuf> = OnceLock::new();
+    static PREBUILT: OnceLock<Option<PathBuf>> = OnceLock::new();
+    if let Some(prebuilt) =
+        PREBUILT.get_or_init(|| std::env::var_os(OPERATOR_BINARY_ENV).map(PathBuf::from))
+    {
+        return prebuilt;
+    }
     let (cell, profile) = if release {
         (&RELEASE, "release")
     } else {
