@@ -1,6 +1,9 @@
 //! The running checker: watches of pods, GpuQueues and nodes (reflector stores that re-watch
 //! and relist by themselves through API-server and etcd restarts), the audit log read from
-//! where it stopped, and every [`SAMPLE_INTERVAL`] one sample of [`Rules`].
+//! where it stopped, and one sample of [`Rules`] after the stores applied a change (changes
+//! that arrive while a sample runs are taken in by the next) and every [`SAMPLE_INTERVAL`]
+//! meanwhile. Sampling every 100 ms alone could merge two short deficits with a recovery
+//! between them into one long one, as it did in `QuotaSampler`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +17,7 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
+use tokio::sync::Notify;
 
 use super::audit::AuditTail;
 use super::quota::SAMPLE_INTERVAL;
@@ -52,9 +56,10 @@ pub struct InvariantChecker {
 impl InvariantChecker {
     /// Starts the watches; samples once all three stores have listed.
     pub fn start(client: &Client, config: CheckerConfig) -> Self {
-        let (pods, pod_watch) = reflect::<Pod>(client);
-        let (queues, queue_watch) = reflect::<GpuQueue>(client);
-        let (nodes, node_watch) = reflect::<Node>(client);
+        let changed = Arc::new(Notify::new());
+        let (pods, pod_watch) = reflect_notifying::<Pod>(client, changed.clone());
+        let (queues, queue_watch) = reflect_notifying::<GpuQueue>(client, changed.clone());
+        let (nodes, node_watch) = reflect_notifying::<Node>(client, changed.clone());
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let excused_until_ms = Arc::new(AtomicU64::new(0));
         let violations = Arc::new(AtomicUsize::new(0));
@@ -73,6 +78,7 @@ impl InvariantChecker {
             loop {
                 tokio::select! {
                     _ = ticks.tick() => {}
+                    () = changed.notified() => {}
                     _ = stopped.changed() => break,
                 }
                 let now = wall_clock_ms();
@@ -145,13 +151,33 @@ where
         + Sync
         + 'static,
 {
+    reflect_notifying(client, Arc::new(Notify::new()))
+}
+
+/// [`reflect`], notifying `changed` each time the store has applied an event.
+fn reflect_notifying<K>(
+    client: &Client,
+    changed: Arc<Notify>,
+) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = reflector::store::<K>();
     let api: Api<K> = Api::all(client.clone());
     let task = tokio::spawn(
         watcher(api, watcher::Config::default())
             .default_backoff()
             .reflect(writer)
-            .for_each(|_| std::future::ready(())),
+            .for_each(move |_| {
+                changed.notify_one();
+                std::future::ready(())
+            }),
     );
     (reader, task)
 }

@@ -1,4 +1,5 @@
-//! Invariants checked while a test or the soak runs, from watches sampled every 100 ms.
+//! Invariants checked while a test or the soak runs, from watches sampled after every change
+//! they apply and every 100 ms meanwhile.
 //!
 //! - [`QuotaSampler`] reads only pods, so it judges any system that enforces the quota
 //!   (gpuqueue or a peer such as Kueue): `make bench-peers` uses it.
