@@ -215,7 +215,10 @@ impl RecordWriter {
 
 /// Writes `records` into queue `name`'s `status.lastHandovers`: the lists of [`turns`] over
 /// what the status holds, one patch each, each taking the reclaims of the owner records it is
-/// the first to carry out of `status.reclaimsInFlight`. Usually one patch.
+/// the first to carry out of `status.reclaimsInFlight`. Usually one patch. A patch that
+/// conflicts is made again from a fresh read, the lists worked out anew over what the status
+/// holds then, so that nothing another writer put there meanwhile is dropped (a record already
+/// there is replaced by itself); the batch gets [`ATTEMPTS`] tries of a patch in all.
 async fn write_batch(
     api: &Api<GpuQueue>,
     name: &str,
@@ -224,35 +227,37 @@ async fn write_batch(
     let Some(mut queue) = read(api, name).await? else {
         return Ok(());
     };
-    let stored = queue.status.as_ref().map_or(&[][..], |s| &s.last_handovers);
     let owners: Vec<&str> = records
         .iter()
         .filter(|r| r.role == OWNER)
         .map(|r| r.id.as_str())
         .collect();
-    for list in turns(stored, records) {
-        // A reclaim leaves `reclaimsInFlight` in the write that first carries its record.
-        let carried: Vec<&str> = owners
-            .iter()
-            .filter(|id| list.iter().any(|r| r.role == OWNER && r.id == **id))
-            .copied()
-            .collect();
-        let mut attempt = 0;
-        queue = loop {
-            attempt += 1;
+    let mut conflicts = 0;
+    'lists: loop {
+        let stored = queue.status.as_ref().map_or(&[][..], |s| &s.last_handovers);
+        for list in turns(stored, records) {
+            // A reclaim leaves `reclaimsInFlight` in the write that first carries its record.
+            let carried: Vec<&str> = owners
+                .iter()
+                .filter(|id| list.iter().any(|r| r.role == OWNER && r.id == **id))
+                .copied()
+                .collect();
             match patch_list(api, name, &queue, &list, &carried).await {
-                Ok(patched) => break patched,
+                Ok(patched) => queue = patched,
                 Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-                Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {}
+                Err(kube::Error::Api(status)) if status.code == 409 && conflicts + 1 < ATTEMPTS => {
+                    conflicts += 1;
+                    let Some(fresh) = read(api, name).await? else {
+                        return Ok(());
+                    };
+                    queue = fresh;
+                    continue 'lists;
+                }
                 Err(source) => return Err(source),
             }
-            let Some(fresh) = read(api, name).await? else {
-                return Ok(());
-            };
-            queue = fresh;
-        };
+        }
+        return Ok(());
     }
-    Ok(())
 }
 
 /// Queue `name` as the API server has it; `None` when it no longer exists.
@@ -351,6 +356,102 @@ mod tests {
             }
         });
         (Api::all(Client::new(service, "default")), patches)
+    }
+
+    /// An API server holding queue `online`, whose status another writer changes right before
+    /// each of the first `interfere` patches arrives (it adds its own record `rc-other`), so
+    /// that each of them conflicts; the bodies of the patches it saw.
+    fn contended_queue_api(
+        interfere: usize,
+    ) -> (Api<GpuQueue>, Arc<Mutex<Vec<serde_json::Value>>>) {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let patches: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
+        let seen = patches.clone();
+        tokio::spawn(async move {
+            let (mut version, mut list, mut interfered) = (7_u64, json!([]), 0);
+            while let Some((request, send)) = handle.next_request().await {
+                let patch = request.method() == http::Method::PATCH;
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                let mut status = http::StatusCode::OK;
+                if patch {
+                    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    lock(&seen).push(body.clone());
+                    if interfered < interfere {
+                        interfered += 1;
+                        version += 1;
+                        let other = record("rc-other", "owner", 6, "Completed");
+                        list = json!([other]);
+                    }
+                    let written_on = body["metadata"]["resourceVersion"].as_str();
+                    if written_on.and_then(|v| v.parse().ok()) == Some(version) {
+                        version += 1;
+                        list = body["status"]["lastHandovers"].clone();
+                    } else {
+                        status = http::StatusCode::CONFLICT;
+                    }
+                }
+                let answer = if status == http::StatusCode::CONFLICT {
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "Conflict", "code": 409,
+                        "message": "the object has been modified"})
+                } else {
+                    json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+                        "metadata": {"name": "online", "resourceVersion": version.to_string()},
+                        "spec": {"namespaces": ["online"], "resources": []},
+                        "status": {"lastHandovers": list.clone(), "reclaimsInFlight": []}})
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        (Api::all(Client::new(service, "default")), patches)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_whose_write_conflicts_is_written_again_over_what_the_other_writer_wrote() {
+        let (api, patches) = contended_queue_api(1);
+        let (term, _state) = test_term().await;
+        let writer = RecordWriter::default();
+        let mine = record("rc-1", "owner", 7, "Completed");
+        writer.write(&api, &term, "online", &mine).await.unwrap();
+        let patches = lock(&patches);
+        assert_eq!(
+            patches.len(),
+            2,
+            "the conflict, then the write: {patches:?}"
+        );
+        assert_eq!(patches[0]["metadata"]["resourceVersion"], "7");
+        assert_eq!(patches[1]["metadata"]["resourceVersion"], "8", "read again");
+        let written: Vec<&str> = patches[1]["status"]["lastHandovers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            written,
+            ["rc-1", "rc-other"],
+            "the other writer's record is kept"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_that_conflicts_every_time_gives_up_after_its_attempts_and_says_so() {
+        let (api, patches) = contended_queue_api(usize::MAX);
+        let (term, _state) = test_term().await;
+        let writer = RecordWriter::default();
+        let mine = record("rc-1", "owner", 7, "Completed");
+        let error = writer
+            .write(&api, &term, "online", &mine)
+            .await
+            .unwrap_err();
+        assert_eq!(lock(&patches).len(), ATTEMPTS);
+        assert_eq!(error.queue, "online");
+        assert!(error.reason.contains("Conflict"), "{error:?}");
     }
 
     #[tokio::test(start_paused = true)]
