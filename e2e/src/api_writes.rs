@@ -1,5 +1,6 @@
 //! What a run asked of the API server: its requests (and its writes) so far, from its own
-//! `apiserver_request_total`, for benchmarks that compare what each system writes.
+//! `apiserver_request_total`, for benchmarks that compare what each system writes; and how
+//! long it waited for a webhook.
 
 use std::collections::BTreeMap;
 
@@ -20,10 +21,7 @@ pub async fn api_writes(client: &Client) -> BTreeMap<String, f64> {
 /// `VERB resource[/subresource]`, from its `apiserver_request_total`; empty if `/metrics`
 /// cannot be read.
 pub async fn api_requests(client: &Client) -> BTreeMap<String, f64> {
-    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
-        return BTreeMap::new();
-    };
-    let text = client.request_text(request).await.unwrap_or_default();
+    let text = metrics(client).await;
     let mut requests = BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
@@ -32,12 +30,7 @@ pub async fn api_requests(client: &Client) -> BTreeMap<String, f64> {
         let Some((labels, value)) = rest.rsplit_once("} ") else {
             continue;
         };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
-                .map_or("", |v| v.trim_end_matches('"'))
-        };
+        let label = |name: &str| label(labels, name);
         let mut key = format!("{} {}", label("verb"), label("resource"));
         if !label("subresource").is_empty() {
             key = format!("{key}/{}", label("subresource"));
@@ -45,4 +38,100 @@ pub async fn api_requests(client: &Client) -> BTreeMap<String, f64> {
         *requests.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
     }
     requests
+}
+
+/// The calls the API server made so far to the mutating webhook `name` (as its configuration
+/// names it), and how long it waited for their answers in all, from its
+/// `apiserver_admission_webhook_admission_duration_seconds`: round trip and the webhook's own
+/// time together. Zeros if `/metrics` cannot be read.
+pub async fn webhook_calls(client: &Client, name: &str) -> WebhookCalls {
+    webhook_calls_in(&metrics(client).await, name)
+}
+
+/// [`webhook_calls`] from the `/metrics` text.
+fn webhook_calls_in(text: &str, name: &str) -> WebhookCalls {
+    let mut calls = WebhookCalls::default();
+    let series = "apiserver_admission_webhook_admission_duration_seconds";
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(series) else {
+            continue;
+        };
+        let Some((kind, rest)) = rest.split_once('{') else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        if label(labels, "name") != name {
+            continue;
+        }
+        let value = value.trim().parse::<f64>().unwrap_or(0.0);
+        match kind {
+            "_count" => calls.count += value,
+            "_sum" => calls.seconds += value,
+            _ => {}
+        }
+    }
+    calls
+}
+
+/// Calls of one webhook and the API server's wait for them, so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WebhookCalls {
+    pub count: f64,
+    pub seconds: f64,
+}
+
+impl WebhookCalls {
+    /// The mean wait per call made since `before`, in milliseconds; `None` without a call.
+    pub fn mean_ms_since(&self, before: &Self) -> Option<f64> {
+        let count = self.count - before.count;
+        (count > 0.0).then(|| (self.seconds - before.seconds) * 1000.0 / count)
+    }
+}
+
+/// The API server's `/metrics` text; empty if it cannot be read.
+async fn metrics(client: &Client) -> String {
+    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
+        return String::new();
+    };
+    client.request_text(request).await.unwrap_or_default()
+}
+
+/// The value of label `name` in a Prometheus series' `labels` (`""` when absent).
+fn label<'a>(labels: &'a str, name: &str) -> &'a str {
+    labels
+        .split(',')
+        .find_map(|pair| pair.strip_prefix(name)?.strip_prefix("=\""))
+        .map_or("", |v| v.trim_end_matches('"'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_webhooks_calls_and_wait_are_summed_over_its_series_and_others_are_left_out() {
+        let text = r#"# TYPE apiserver_admission_webhook_admission_duration_seconds histogram
+apiserver_admission_webhook_admission_duration_seconds_bucket{name="gate.gpuqueue.io",operation="CREATE",rejected="false",type="admit",le="0.005"} 20
+apiserver_admission_webhook_admission_duration_seconds_sum{name="gate.gpuqueue.io",operation="CREATE",rejected="false",type="admit"} 0.25
+apiserver_admission_webhook_admission_duration_seconds_count{name="gate.gpuqueue.io",operation="CREATE",rejected="false",type="admit"} 40
+apiserver_admission_webhook_admission_duration_seconds_sum{name="gate.gpuqueue.io",operation="CREATE",rejected="true",type="admit"} 0.05
+apiserver_admission_webhook_admission_duration_seconds_count{name="gate.gpuqueue.io",operation="CREATE",rejected="true",type="admit"} 10
+apiserver_admission_webhook_admission_duration_seconds_sum{name="mpod.kueue.x-k8s.io",operation="CREATE",rejected="false",type="admit"} 9
+apiserver_admission_webhook_admission_duration_seconds_count{name="mpod.kueue.x-k8s.io",operation="CREATE",rejected="false",type="admit"} 9
+"#;
+        let before = WebhookCalls {
+            count: 30.0,
+            seconds: 0.1,
+        };
+        let now = webhook_calls_in(text, "gate.gpuqueue.io");
+        assert!((now.count - 50.0).abs() < 1e-9, "{now:?}");
+        assert!((now.seconds - 0.3).abs() < 1e-9);
+        let mean = now.mean_ms_since(&before).unwrap();
+        assert!((mean - 10.0).abs() < 1e-9, "{mean}");
+        assert_eq!(now.mean_ms_since(&now), None, "no call since");
+        let unread = webhook_calls_in("", "gate.gpuqueue.io");
+        assert!(unread.count.abs() < 1e-9 && unread.seconds.abs() < 1e-9);
+    }
 }

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use gpuqueue_api::v1alpha1::GpuQueue;
-use gpuqueue_e2e::{api_writes, apply_yaml, node_of, pod_condition, wait_for};
+use gpuqueue_e2e::{api_writes, apply_yaml, node_of, pod_condition, wait_for, webhook_calls};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -22,6 +22,8 @@ pub const BASE_REPLICAS: usize = 2;
 const DEPLOYMENT: &str = "online";
 /// The benchmark's field manager for the scale request (found again in `managedFields`).
 const SCALER: &str = "gpuqueue-bench";
+/// The gate webhook, as `config/webhook/mutating_webhook_configuration.yaml` names it.
+const WEBHOOK: &str = "gate.gpuqueue.io";
 
 /// One burst as measured.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -39,6 +41,9 @@ pub struct Burst {
     /// Scale request → the last owner pod seen created by this process's watch: the
     /// ReplicaSet's slow start (batches of 1, 2, 4, … creates, each through the webhook).
     pub last_created_ms: Option<f64>,
+    /// The API server's mean wait per call of the gate webhook in the round (each create of
+    /// the slow start makes one): the webhook's answer and the round trip to it.
+    pub webhook_call_ms: Option<f64>,
     /// Scale request → the first and the last owner pod found blocked by the operator.
     pub first_found_blocked_ms: Option<f64>,
     pub last_found_blocked_ms: Option<f64>,
@@ -188,6 +193,7 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
     .unwrap();
 
     let writes_before = api_writes(&bench.client).await;
+    let calls_before = webhook_calls(&bench.client, WEBHOOK).await;
     let requested = wall_clock();
     scale(bench, BASE_REPLICAS + pods).await;
     let new_pods = wait_for(format!("{pods} new owner pods bound"), WAIT, || {
@@ -237,6 +243,7 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         .into_values()
         .filter(|r| owners.contains(&r.owner_pod))
         .collect();
+    let calls = webhook_calls(&bench.client, WEBHOOK).await;
     let mut writes = api_writes(&bench.client).await;
     for (request, count) in &mut writes {
         *count -= writes_before.get(request).copied().unwrap_or_default();
@@ -251,6 +258,7 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         .max();
     let mut burst = measure(mode, requested, &new_pods, &ours, &bench.online, server);
     burst.last_created_ms = created.map(|at| millis(requested, at));
+    burst.webhook_call_ms = calls.mean_ms_since(&calls_before);
     burst.api_writes = writes;
     settle(bench, BASE_REPLICAS).await;
     burst
@@ -323,6 +331,7 @@ fn measure(
         reclaims: reclaims.len(),
         last_scheduled_server_s,
         last_created_ms: None,
+        webhook_call_ms: None,
         first_found_blocked_ms: found.iter().min().map(|t| millis(requested, *t)),
         last_found_blocked_ms: found.iter().max().map(|t| millis(requested, *t)),
         found_blocked_to_bound_ms,

@@ -124,6 +124,14 @@ fn burst_rows(bursts: &[Burst]) -> Vec<Row> {
             "",
         ));
         rows.push(row(
+            &format!(
+                "{prefix}API server's wait per call of the gate webhook (mean of the round), per round"
+            ),
+            mode,
+            of.iter().filter_map(|b| b.webhook_call_ms).collect(),
+            "",
+        ));
+        rows.push(row(
             &format!("{prefix}scale request → first owner pod found blocked, per round"),
             mode,
             of.iter().filter_map(|b| b.first_found_blocked_ms).collect(),
