@@ -142,8 +142,8 @@ async fn main() {
             allowances: Allowances::default(),
         },
     );
-    let (pods, pod_watch) = reflect::<Pod>(&client);
-    let (queues, queue_watch) = reflect::<GpuQueue>(&client);
+    let (pods, pod_watch) = reflect::<Pod>(&client, None);
+    let (queues, queue_watch) = reflect::<GpuQueue>(&client, None);
     let _ = tokio::join!(pods.wait_until_ready(), queues.wait_until_ready());
 
     let load = load::Load::new(

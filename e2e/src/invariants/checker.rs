@@ -57,9 +57,9 @@ impl InvariantChecker {
     /// Starts the watches; samples once all three stores have listed.
     pub fn start(client: &Client, config: CheckerConfig) -> Self {
         let changed = Arc::new(Notify::new());
-        let (pods, pod_watch) = reflect_notifying::<Pod>(client, changed.clone());
-        let (queues, queue_watch) = reflect_notifying::<GpuQueue>(client, changed.clone());
-        let (nodes, node_watch) = reflect_notifying::<Node>(client, changed.clone());
+        let (pods, pod_watch) = reflect::<Pod>(client, Some(changed.clone()));
+        let (queues, queue_watch) = reflect::<GpuQueue>(client, Some(changed.clone()));
+        let (nodes, node_watch) = reflect::<Node>(client, Some(changed.clone()));
         let (stop, mut stopped) = tokio::sync::watch::channel(false);
         let excused_until_ms = Arc::new(AtomicU64::new(0));
         let violations = Arc::new(AtomicUsize::new(0));
@@ -140,24 +140,11 @@ impl InvariantChecker {
     }
 }
 
-/// A reflector store of every `K` in the cluster and the task feeding it.
-pub fn reflect<K>(client: &Client) -> (Store<K>, tokio::task::JoinHandle<()>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    reflect_notifying(client, Arc::new(Notify::new()))
-}
-
-/// [`reflect`], notifying `changed` each time the store has applied an event.
-fn reflect_notifying<K>(
+/// A reflector store of every `K` in the cluster and the task feeding it, which notifies
+/// `changed` (if given) each time the store has applied an event.
+pub fn reflect<K>(
     client: &Client,
-    changed: Arc<Notify>,
+    changed: Option<Arc<Notify>>,
 ) -> (Store<K>, tokio::task::JoinHandle<()>)
 where
     K: Resource<DynamicType = ()>
@@ -175,7 +162,9 @@ where
             .default_backoff()
             .reflect(writer)
             .for_each(move |_| {
-                changed.notify_one();
+                if let Some(changed) = &changed {
+                    changed.notify_one();
+                }
                 std::future::ready(())
             }),
     );
