@@ -1,9 +1,9 @@
 //! The running checker: watches of pods, GpuQueues and nodes (reflector stores that re-watch
 //! and relist by themselves through API-server and etcd restarts), the audit log read from
-//! where it stopped, and one sample of [`Rules`] after the stores applied a change (changes
-//! that arrive while a sample runs are taken in by the next) and every [`SAMPLE_INTERVAL`]
-//! meanwhile. Sampling every 100 ms alone could merge two short deficits with a recovery
-//! between them into one long one, as it did in `QuotaSampler`.
+//! where it stopped (every [`SAMPLE_INTERVAL`]), and one sample of [`Rules`] after the stores
+//! applied a change (changes that arrive while a sample runs are taken in by the next) and
+//! every [`SAMPLE_INTERVAL`] meanwhile. Sampling every 100 ms alone could merge two short
+//! deficits with a recovery between them into one long one, as it did in `QuotaSampler`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,11 +76,13 @@ impl InvariantChecker {
                 .map(|path| AuditTail::new(path, config.operator_user));
             let mut ticks = tokio::time::interval(SAMPLE_INTERVAL);
             loop {
-                tokio::select! {
-                    _ = ticks.tick() => {}
-                    () = changed.notified() => {}
+                // The audit log is a file opened per read: read on the ticks, as before,
+                // not on every watch event.
+                let tick = tokio::select! {
+                    _ = ticks.tick() => true,
+                    () = changed.notified() => false,
                     _ = stopped.changed() => break,
-                }
+                };
                 let now = wall_clock_ms();
                 let world = World {
                     pods: pods.state().iter().map(|p| PodView::of(p)).collect(),
@@ -88,8 +90,10 @@ impl InvariantChecker {
                     nodes: nodes.state().iter().map(|n| NodeView::of(n)).collect(),
                 };
                 rules.sample(now, now <= excused.load(Ordering::SeqCst), &world);
-                for eviction in audit.as_mut().map(AuditTail::read).unwrap_or_default() {
-                    rules.evicted(&eviction, &world);
+                if tick {
+                    for eviction in audit.as_mut().map(AuditTail::read).unwrap_or_default() {
+                        rules.evicted(&eviction, &world);
+                    }
                 }
                 found.store(rules.violations().len(), Ordering::SeqCst);
             }
