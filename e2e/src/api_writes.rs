@@ -9,46 +9,81 @@ use kube::Client;
 /// The API server's write requests so far, by `VERB resource[/subresource]` (`POST pods`,
 /// `PATCH pods/status`, …); empty if `/metrics` cannot be read.
 pub async fn api_writes(client: &Client) -> BTreeMap<String, f64> {
-    let mut writes = api_requests(client).await;
-    writes.retain(|key, _| {
-        let verb = key.split(' ').next().unwrap_or_default();
-        matches!(verb, "POST" | "PATCH" | "PUT" | "DELETE" | "APPLY")
-    });
-    writes
+    ServerMetrics::read(client).await.writes()
 }
 
 /// Every request the API server has answered so far (watches and reads included), by
 /// `VERB resource[/subresource]`, from its `apiserver_request_total`; empty if `/metrics`
 /// cannot be read.
 pub async fn api_requests(client: &Client) -> BTreeMap<String, f64> {
-    let text = metrics(client).await;
-    let mut requests = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| label(labels, name);
-        let mut key = format!("{} {}", label("verb"), label("resource"));
-        if !label("subresource").is_empty() {
-            key = format!("{key}/{}", label("subresource"));
-        }
-        *requests.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+    ServerMetrics::read(client).await.requests()
+}
+
+/// One read of the API server's `/metrics` (empty if it cannot be read), for a benchmark that
+/// wants several of its counters at one moment: each read costs the API server tens of
+/// milliseconds of CPU and garbage, which a burst measured right after it would pay for.
+pub struct ServerMetrics {
+    text: String,
+}
+
+impl std::fmt::Debug for ServerMetrics {
+    /// Its size, not its text (megabytes).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerMetrics")
+            .field("bytes", &self.text.len())
+            .finish()
     }
-    requests
 }
 
-/// The calls the API server made so far to the mutating webhook `name` (as its configuration
-/// names it), and how long it waited for their answers in all, from its
-/// `apiserver_admission_webhook_admission_duration_seconds`: round trip and the webhook's own
-/// time together. Zeros if `/metrics` cannot be read.
-pub async fn webhook_calls(client: &Client, name: &str) -> WebhookCalls {
-    webhook_calls_in(&metrics(client).await, name)
+impl ServerMetrics {
+    pub async fn read(client: &Client) -> Self {
+        let text = match http::Request::get("/metrics").body(Vec::new()) {
+            Ok(request) => client.request_text(request).await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        Self { text }
+    }
+
+    /// [`api_requests`] as of this read.
+    pub fn requests(&self) -> BTreeMap<String, f64> {
+        let mut requests = BTreeMap::new();
+        for line in self.text.lines() {
+            let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+                continue;
+            };
+            let Some((labels, value)) = rest.rsplit_once("} ") else {
+                continue;
+            };
+            let label = |name: &str| label(labels, name);
+            let mut key = format!("{} {}", label("verb"), label("resource"));
+            if !label("subresource").is_empty() {
+                key = format!("{key}/{}", label("subresource"));
+            }
+            *requests.entry(key).or_insert(0.0) += value.trim().parse::<f64>().unwrap_or(0.0);
+        }
+        requests
+    }
+
+    /// [`api_writes`] as of this read.
+    pub fn writes(&self) -> BTreeMap<String, f64> {
+        let mut writes = self.requests();
+        writes.retain(|key, _| {
+            let verb = key.split(' ').next().unwrap_or_default();
+            matches!(verb, "POST" | "PATCH" | "PUT" | "DELETE" | "APPLY")
+        });
+        writes
+    }
+
+    /// The calls the API server made so far to the mutating webhook `name` (as its
+    /// configuration names it), and how long it waited for their answers in all, from its
+    /// `apiserver_admission_webhook_admission_duration_seconds`: round trip and the webhook's
+    /// own time together. Zeros if `/metrics` could not be read.
+    pub fn webhook_calls(&self, name: &str) -> WebhookCalls {
+        webhook_calls_in(&self.text, name)
+    }
 }
 
-/// [`webhook_calls`] from the `/metrics` text.
+/// [`ServerMetrics::webhook_calls`] from the `/metrics` text.
 fn webhook_calls_in(text: &str, name: &str) -> WebhookCalls {
     let mut calls = WebhookCalls::default();
     let series = "apiserver_admission_webhook_admission_duration_seconds";
@@ -90,14 +125,6 @@ impl WebhookCalls {
     }
 }
 
-/// The API server's `/metrics` text; empty if it cannot be read.
-async fn metrics(client: &Client) -> String {
-    let Ok(request) = http::Request::get("/metrics").body(Vec::new()) else {
-        return String::new();
-    };
-    client.request_text(request).await.unwrap_or_default()
-}
-
 /// The value of label `name` in a Prometheus series' `labels` (`""` when absent).
 fn label<'a>(labels: &'a str, name: &str) -> &'a str {
     labels
@@ -133,5 +160,34 @@ apiserver_admission_webhook_admission_duration_seconds_count{name="mpod.kueue.x-
         assert_eq!(now.mean_ms_since(&now), None, "no call since");
         let unread = webhook_calls_in("", "gate.gpuqueue.io");
         assert!(unread.count.abs() < 1e-9 && unread.seconds.abs() < 1e-9);
+    }
+
+    #[test]
+    fn writes_are_summed_per_verb_and_resource_and_reads_are_left_out() {
+        let metrics = ServerMetrics {
+            text: r#"# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 12
+apiserver_request_total{code="409",component="apiserver",group="",resource="pods",scope="resource",subresource="",verb="POST",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",group="",resource="pods",scope="resource",subresource="binding",verb="POST",version="v1"} 7
+apiserver_request_total{code="200",component="apiserver",group="gpuqueue.io",resource="gpuqueues",scope="resource",subresource="status",verb="APPLY",version="v1alpha1"} 2
+apiserver_request_total{code="200",component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="LIST",version="v1"} 40
+apiserver_request_total{code="200",component="apiserver",group="",resource="pods",scope="namespace",subresource="",verb="WATCH",version="v1"} 5
+"#
+            .to_owned(),
+        };
+        let writes = metrics.writes();
+        assert_eq!(
+            writes.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("APPLY gpuqueues/status".to_owned(), 2.0),
+                ("POST pods".to_owned(), 15.0),
+                ("POST pods/binding".to_owned(), 7.0),
+            ]
+        );
+        assert_eq!(metrics.requests().get("LIST pods"), Some(&40.0));
+        let unread = ServerMetrics {
+            text: String::new(),
+        };
+        assert!(unread.writes().is_empty());
     }
 }

@@ -34,7 +34,7 @@ mod slot;
 mod stages;
 mod wait;
 
-pub use api_writes::{WebhookCalls, api_requests, api_writes, webhook_calls};
+pub use api_writes::{ServerMetrics, WebhookCalls, api_requests, api_writes};
 pub use apply::{
     FIELD_MANAGER, WriteMode, apply_file, apply_yaml, install_crds, write_file, write_yaml,
     yaml_files,

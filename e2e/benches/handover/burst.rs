@@ -3,9 +3,10 @@
 //! until the last of the N owner pods is bound, and each pod's handover.
 
 use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::GpuQueue;
-use gpuqueue_e2e::{api_writes, apply_yaml, node_of, pod_condition, wait_for, webhook_calls};
+use gpuqueue_e2e::{ServerMetrics, apply_yaml, node_of, pod_condition, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -24,6 +25,12 @@ const DEPLOYMENT: &str = "online";
 const SCALER: &str = "gpuqueue-bench";
 /// The gate webhook, as `config/webhook/mutating_webhook_configuration.yaml` names it.
 const WEBHOOK: &str = "gate.gpuqueue.io";
+/// The pause before the scale request's `/metrics` read and after it, so that a burst starts
+/// on a settled cluster, as a morning's scale-up does: the round before has written its last
+/// records and events (not counted in this round's writes), and the API server is done with
+/// the read (tens of milliseconds of its CPU, and the garbage, measured inside the round
+/// otherwise).
+pub const QUIET: Duration = Duration::from_millis(500);
 
 /// One burst as measured.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -192,8 +199,9 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
     .await
     .unwrap();
 
-    let writes_before = api_writes(&bench.client).await;
-    let calls_before = webhook_calls(&bench.client, WEBHOOK).await;
+    tokio::time::sleep(QUIET).await;
+    let metrics_before = ServerMetrics::read(&bench.client).await;
+    tokio::time::sleep(QUIET).await;
     let requested = wall_clock();
     scale(bench, BASE_REPLICAS + pods).await;
     let new_pods = wait_for(format!("{pods} new owner pods bound"), WAIT, || {
@@ -219,32 +227,30 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         .collect();
     // Records are written as their handovers end (a batch per queue at a time); give the last
     // ones a moment, then take what was seen.
-    let _ = wait_for(
-        "every handover record",
-        std::time::Duration::from_secs(10),
-        || {
-            let recorded = reclaims
-                .snapshot()
-                .values()
-                .filter(|r| owners.contains(&r.owner_pod) && r.record.is_some())
-                .count();
-            async move {
-                if recorded >= pods {
-                    Ok(())
-                } else {
-                    Err(format!("{recorded} of {pods}"))
-                }
+    let _ = wait_for("every handover record", Duration::from_secs(10), || {
+        let recorded = reclaims
+            .snapshot()
+            .values()
+            .filter(|r| owners.contains(&r.owner_pod) && r.record.is_some())
+            .count();
+        async move {
+            if recorded >= pods {
+                Ok(())
+            } else {
+                Err(format!("{recorded} of {pods}"))
             }
-        },
-    )
+        }
+    })
     .await;
     let ours: Vec<ReclaimSighting> = reclaims
         .snapshot()
         .into_values()
         .filter(|r| owners.contains(&r.owner_pod))
         .collect();
-    let calls = webhook_calls(&bench.client, WEBHOOK).await;
-    let mut writes = api_writes(&bench.client).await;
+    let metrics = ServerMetrics::read(&bench.client).await;
+    let calls = metrics.webhook_calls(WEBHOOK);
+    let writes_before = metrics_before.writes();
+    let mut writes = metrics.writes();
     for (request, count) in &mut writes {
         *count -= writes_before.get(request).copied().unwrap_or_default();
     }
@@ -258,7 +264,7 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         .max();
     let mut burst = measure(mode, requested, &new_pods, &ours, &bench.online, server);
     burst.last_created_ms = created.map(|at| millis(requested, at));
-    burst.webhook_call_ms = calls.mean_ms_since(&calls_before);
+    burst.webhook_call_ms = calls.mean_ms_since(&metrics_before.webhook_calls(WEBHOOK));
     burst.api_writes = writes;
     settle(bench, BASE_REPLICAS).await;
     burst

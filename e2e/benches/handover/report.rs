@@ -7,7 +7,7 @@ use gpuqueue_api::v1alpha1::HANDOVER_RECORDS_KEPT;
 use gpuqueue_e2e::repo_root;
 use serde_json::json;
 
-use super::burst::{BASE_REPLICAS, Burst};
+use super::burst::{BASE_REPLICAS, Burst, QUIET};
 use super::record::{Handover, PHASES};
 use super::stats::{ms, percentile, summary};
 use super::{CHECKPOINT, GPUS_PER_NODE, Knobs, Sample, VICTIM_GRACE_SECONDS, modes};
@@ -340,6 +340,9 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
          Handovers over the 3 s budget: {} of {} with the 1.2 s checkpoint, {} of {} without.\n\n\
          ## Bursts: the owner Deployment scaled from {BASE_REPLICAS} by {} (1.2 s checkpoint) and by {} \
          (none), {} rounds each\n\n\
+         A round starts on a settled cluster: the API server's counters are read {QUIET:?} after \
+         the round before has left it as it found it, and the scale request is sent {QUIET:?} after \
+         that read.\n\n\
          Median time from the scale request to the last owner pod bound: {:.0} ms with the 1.2 s \
          checkpoint (target < 3500 ms for 22 pods), {:.0} ms without (target < 330 ms for 12 pods).\n\n{}\n",
         knobs.node_behaviour,
