@@ -1,18 +1,20 @@
 //! Properties of the policy on generated clusters (proptest): device accounting, quota
 //! ceilings, reclaim safety and minimality, determinism, and guarantees honoured after
-//! handovers. Each case is a small cluster, so hundreds of cases run in about a second.
+//! handovers. The clusters include DRA's shapes that change the accounting: devices charged to
+//! quota only (a `firstAvailable` claim not allocated yet) and pods sharing a claim charged to
+//! another. Each case is a small cluster, so hundreds of cases run in about a second.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
 mod common;
 
 use common::decisions::describe;
-use common::world::{at, node, pending, queue, running};
+use common::world::{GPU, at, node, pending, queue, running};
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, admission_cycle};
 use gpuqueue_core::ids::{NodeId, PodId, QueueId};
-use gpuqueue_core::model::Pod;
+use gpuqueue_core::model::{GpuRequest, Pod};
 use gpuqueue_core::placement::{BestFit, TieBreak, mix64};
 use gpuqueue_core::quantity::{MILLI_PER_DEVICE, Milli};
 use gpuqueue_core::reclaim::plan_reclaim;
@@ -36,27 +38,48 @@ struct PodSpec {
     /// The node it runs on; `None`: pending.
     node: Option<usize>,
     time: i64,
+    /// Devices charged to its queue but not placed: the other alternatives of a DRA
+    /// `firstAvailable` request not allocated yet (`Requests::quota_only`).
+    quota_only: u32,
+    /// Uses a DRA claim charged to the pod this many places before it, charged nothing
+    /// itself: where that pod runs, this one runs beside it, in its namespace, as one of its
+    /// `claim_sharers`.
+    shares_claim_of: Option<usize>,
 }
 
-fn world(max_gpus: u32, unmanaged: bool) -> impl Strategy<Value = World> {
+/// Pods of up to `max_gpus` GPUs; with `dra`, some hold quota-only devices and some share a
+/// claim charged to another pod.
+fn world(max_gpus: u32, unmanaged: bool, dra: bool) -> impl Strategy<Value = World> {
     let nodes = prop::collection::vec(1u32..=8, 1..=5);
     let queues = prop::collection::vec((0u64..=8, 0u64..=8, prop::option::of(0u64..=8)), 1..=4);
+    let extra: u32 = if dra { 2 } else { 0 };
     (nodes, queues).prop_flat_map(move |(nodes, queues)| {
         let queue_choices = queues.len() + usize::from(unmanaged);
+        let shares = if dra {
+            prop::option::weighted(0.3, 1usize..=3).boxed()
+        } else {
+            Just(None).boxed()
+        };
         let pod = (
             0..queue_choices,
             1..=max_gpus,
             0i32..3,
             prop::option::of(0..nodes.len()),
             0i64..100,
+            prop_oneof![3 => Just(0u32), 1 => 0..=extra],
+            shares,
         )
-            .prop_map(|(queue, gpus, priority, node, time)| PodSpec {
-                queue,
-                gpus,
-                priority,
-                node,
-                time,
-            });
+            .prop_map(
+                |(queue, gpus, priority, node, time, quota_only, shares_claim_of)| PodSpec {
+                    queue,
+                    gpus,
+                    priority,
+                    node,
+                    time,
+                    quota_only,
+                    shares_claim_of,
+                },
+            );
         prop::collection::vec(pod, 0..=24).prop_map(move |pods| World {
             nodes: nodes.clone(),
             queues: queues.clone(),
@@ -88,29 +111,74 @@ fn build(w: &World) -> Snapshot {
         .enumerate()
         .map(|(i, gpus)| node(&format!("n{i}"), *gpus))
         .collect();
-    let (mut snapshot, issues) = Snapshot::builder().queues(queues).nodes(nodes).build();
+    let (mut trial, issues) = Snapshot::builder()
+        .queues(queues.clone())
+        .nodes(nodes.clone())
+        .build();
     assert!(issues.is_empty());
+    let mut pods: Vec<Pod> = Vec::new();
+    // Each generated pod kept: its index in `pods` and the node it runs on.
+    let mut kept: Vec<Option<(usize, Option<usize>)>> = vec![None; w.pods.len()];
     for (i, p) in w.pods.iter().enumerate() {
-        let key = format!("{}/p{i}", queue_name(p.queue));
-        let mut pod = match p.node {
+        // A pod sharing a claim runs beside the claim's holder, in its namespace: a running pod
+        // charged for devices of its own.
+        let holder = p
+            .shares_claim_of
+            .and_then(|back| i.checked_sub(back))
+            .and_then(|h| Some((h, kept[h]?)))
+            .filter(|(_, (at, node))| node.is_some() && !pods[*at].requests.gpus.is_empty());
+        let queue = holder.map_or(p.queue, |(h, _)| w.pods[h].queue);
+        let key = format!("{}/p{i}", queue_name(queue));
+        let holder = holder.map(|(_, kept)| kept);
+        let node = holder.map_or(p.node, |(_, node)| node);
+        let mut pod = match node {
             Some(n) => running(&key, p.gpus, &format!("n{n}"), p.time),
             None => pending(&key, p.gpus, p.time),
         };
         pod.priority = p.priority;
-        if let Some(n) = p.node {
-            let node = snapshot.node_id(&format!("n{n}")).unwrap();
-            let room = snapshot.node_view(node).fully_free_devices();
-            let within_ceiling = snapshot.queue_id(&queue_name(p.queue)).is_none_or(|q| {
-                let u = &snapshot.usage(q)[0];
-                u.allocated + Milli::devices(u64::from(p.gpus)) <= u.ceiling()
-            });
-            if room < p.gpus as usize || !within_ceiling {
-                continue;
-            }
+        if holder.is_some() {
+            pod.requests.gpus.clear();
+        } else if p.quota_only > 0 {
+            pod.requests.quota_only = vec![GpuRequest::devices(GPU, p.quota_only)];
         }
-        snapshot.add_pod(pod).unwrap();
+        if let Some(n) = node
+            && !fits(&trial, &pod, n, &queue_name(queue))
+        {
+            continue;
+        }
+        trial.add_pod(pod.clone()).unwrap();
+        if let Some((at, _)) = holder {
+            pods[at].claim_sharers.push(pod.key.clone());
+        }
+        kept[i] = Some((pods.len(), node));
+        pods.push(pod);
     }
+    let (snapshot, issues) = Snapshot::builder()
+        .queues(queues)
+        .nodes(nodes)
+        .pods(pods)
+        .build();
+    assert!(issues.is_empty(), "{issues:?}");
     snapshot
+}
+
+/// Whether `pod` may run on node `n{n}`: its devices are free there, and what it charges (its
+/// quota-only devices included) stays within its queue's ceiling.
+fn fits(snapshot: &Snapshot, pod: &Pod, n: usize, queue: &str) -> bool {
+    let node = snapshot.node_id(&format!("n{n}")).unwrap();
+    let devices: u32 = pod.requests.gpus.iter().map(|g| g.count).sum();
+    let charged: Milli = pod
+        .requests
+        .gpus
+        .iter()
+        .chain(&pod.requests.quota_only)
+        .map(GpuRequest::total)
+        .sum();
+    let within_ceiling = snapshot.queue_id(queue).is_none_or(|q| {
+        let u = &snapshot.usage(q)[0];
+        u.allocated + charged <= u.ceiling()
+    });
+    snapshot.node_view(node).fully_free_devices() >= devices as usize && within_ceiling
 }
 
 /// Every device's free milli plus what the pods seated on it hold is exactly one device.
@@ -157,7 +225,8 @@ fn ledger_adds_up(snapshot: &Snapshot) -> Result<(), String> {
                 .requests
                 .gpus
                 .iter()
-                .map(gpuqueue_core::model::GpuRequest::total)
+                .chain(&p.requests.quota_only)
+                .map(GpuRequest::total)
                 .sum();
             if p.is_admitted() {
                 allocated += amount;
@@ -217,10 +286,12 @@ fn owner_fits(snapshot: &Snapshot, owner: &Pod, node: NodeId) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    // Reclaims, and among them those that take a claim's sharers, are a small share of the
+    // worlds: 1,000 cases give a few dozen of the latter, in about two seconds.
+    #![proptest_config(ProptestConfig::with_cases(1000))]
 
     #[test]
-    fn no_device_is_counted_twice_and_ledgers_add_up(w in world(4, true)) {
+    fn no_device_is_counted_twice_and_ledgers_add_up(w in world(4, true, true)) {
         let mut snapshot = build(&w);
         prop_assert_eq!(devices_add_up(&snapshot), Ok(()));
         prop_assert_eq!(ledger_adds_up(&snapshot), Ok(()));
@@ -243,7 +314,7 @@ proptest! {
     }
 
     #[test]
-    fn nobody_exceeds_guaranteed_plus_burstable_nor_capacity(w in world(4, true)) {
+    fn nobody_exceeds_guaranteed_plus_burstable_nor_capacity(w in world(4, true, true)) {
         let mut snapshot = build(&w);
         let decisions = admission_cycle(&mut snapshot, &Policy::default(), at(1000));
         for q in snapshot.queue_ids() {
@@ -251,37 +322,57 @@ proptest! {
                 prop_assert!(u.allocated <= u.ceiling(), "queue {:?}: {:?}", q, u);
             }
         }
-        // Counting a reclaim's victims as gone, charges never exceed the devices.
+        // Counting a reclaim's victims as gone, what admitted pods hold on devices never
+        // exceeds the devices (quota-only charges hold none).
         let gpu = snapshot.resource_id(&"nvidia.com/gpu".into()).unwrap();
-        let leaving: Milli = decisions
+        let leaving: Vec<PodId> = decisions
             .iter()
             .filter_map(|d| if let Decision::Reclaim(p) = d { Some(p) } else { None })
-            .flat_map(|p| p.victims.iter().flat_map(|v| v.frees.iter().map(|(_, m)| *m)))
+            .flat_map(|p| p.victims.iter().map(|v| v.pod))
+            .collect();
+        let held: Milli = snapshot
+            .pod_ids()
+            .filter(|p| !leaving.contains(p))
+            .filter_map(|p| snapshot.pod(p))
+            .filter(|p| p.is_admitted())
+            .flat_map(|p| &p.requests.gpus)
+            .map(GpuRequest::total)
             .sum();
-        prop_assert!(snapshot.allocated(gpu).saturating_sub(leaving) <= snapshot.capacity(gpu));
+        prop_assert!(held <= snapshot.capacity(gpu), "{} held of {}", held, snapshot.capacity(gpu));
     }
 
     #[test]
-    fn reclaim_plans_are_safe_and_minimal(w in world(4, true)) {
+    fn reclaim_plans_are_safe_and_minimal(w in world(4, true, true)) {
         let mut snapshot = build(&w);
         for owner in pending_ids(&snapshot) {
             let Ok(plan) = plan_reclaim(&snapshot, owner, at(1000)) else { continue };
             let owner_pod = snapshot.pod(owner).unwrap().clone();
             prop_assert!(!plan.victims.is_empty());
             prop_assert!(!owner_fits(&snapshot, &owner_pod, plan.node), "a plan only when there is no room");
-            // Only borrowers, of other queues.
+            let ids: Vec<PodId> = plan.victims.iter().map(|v| v.pod).collect();
+            // A claim is freed whole: every pod sharing a victim's claim goes with it.
+            let sharers: Vec<PodId> = ids
+                .iter()
+                .flat_map(|v| snapshot.pod(*v).unwrap().claim_sharers.iter())
+                .map(|key| snapshot.pod_id(key).unwrap())
+                .collect();
+            for sharer in &sharers {
+                prop_assert!(ids.contains(sharer), "{:?} shares a victim's claim but stays", sharer);
+            }
+            // The victims chosen for their room (not only for sharing a claim): borrowers of
+            // other queues.
+            let chosen: Vec<PodId> = ids.iter().copied().filter(|v| !sharers.contains(v)).collect();
             let victim_queues: Vec<QueueId> = plan.victims.iter().map(|v| snapshot.queue_id(&v.queue).unwrap()).collect();
             for (v, q) in plan.victims.iter().zip(&victim_queues) {
-                prop_assert!(snapshot.borrowers(*q).contains(&v.pod), "{} is not a borrower", v.key);
+                prop_assert!(sharers.contains(&v.pod) || snapshot.borrowers(*q).contains(&v.pod), "{} is not a borrower", v.key);
                 prop_assert_ne!(Some(*q), snapshot.pod_queue(owner));
             }
-            let ids: Vec<PodId> = plan.victims.iter().map(|v| v.pod).collect();
             let removal = snapshot.simulate_removal(&ids);
             prop_assert!(owner_fits(&snapshot, &owner_pod, plan.node), "the owner fits once the victims are gone");
             prop_assert_eq!(victim_queues_keep_guarantees(&snapshot, &victim_queues, &plan.victims), Ok(()));
             snapshot.restore(removal).unwrap();
-            // Minimal: keeping any one victim breaks the fit.
-            for keep in &ids {
+            // Minimal: keeping any one chosen victim breaks the fit.
+            for keep in &chosen {
                 let others: Vec<PodId> = ids.iter().copied().filter(|p| p != keep).collect();
                 let removal = snapshot.simulate_removal(&others);
                 let fits = owner_fits(&snapshot, &owner_pod, plan.node);
@@ -297,7 +388,7 @@ proptest! {
                 .filter(|p| snapshot.pod_node(*p) == Some(plan.node))
                 .collect();
             for mask in 0u32..(1 << borrowers.len()) {
-                if mask.count_ones() as usize >= ids.len() {
+                if mask.count_ones() as usize >= chosen.len() {
                     continue;
                 }
                 let set: Vec<PodId> = (0..borrowers.len())
@@ -313,7 +404,7 @@ proptest! {
     }
 
     #[test]
-    fn decisions_are_deterministic_whatever_the_input_order(w in world(4, true), seed in any::<u64>()) {
+    fn decisions_are_deterministic_whatever_the_input_order(w in world(4, true, true), seed in any::<u64>()) {
         let base = build(&w);
         let pods: Vec<Pod> = base.pod_ids().map(|p| base.pod(p).unwrap().clone()).collect();
         let mut shuffled = pods.clone();
@@ -332,7 +423,7 @@ proptest! {
     }
 
     #[test]
-    fn queues_with_demand_get_their_guarantee_after_handovers(w in world(1, false)) {
+    fn queues_with_demand_get_their_guarantee_after_handovers(w in world(1, false, false)) {
         // Single-GPU pods, no unmanaged pods, guarantees that fit the cluster: every queue
         // with demand must reach min(guarantee, demand) once the reclaims are carried out.
         let mut w = w;
