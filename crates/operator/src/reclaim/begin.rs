@@ -1,10 +1,10 @@
 //! Starting a handover from the core's plan, inside the admission pass that made it: the
 //! reclaim recorded in its owner queue's status (the only evidence its pod annotations are
-//! believed, see [`super::trust`]), the intent on every victim, then the owner's intent together
-//! with its admission and pin, in the order [`super::resume`] relies on (the owner keeps its
-//! gate until its room is free: [`super::release`]), while the victims no budget guards are
-//! marked `DisruptionTarget` (their eviction is then one delete). What a failed start wrote is
-//! taken back, but for those marks.
+//! believed, see [`super::trust`]), the intent on every victim (with the `DisruptionTarget` mark
+//! on those no budget guards, in the same write: their eviction is then one delete), then the
+//! owner's intent together with its admission and pin, in the order [`super::resume`] relies
+//! on (the owner keeps its gate until its room is free: [`super::release`]). What a failed
+//! start wrote is taken back, but for those marks.
 //!
 //! A burst starts many handovers in one pass: each is [`prepared`](Reclaimer::prepare) (no
 //! write), every one of an owner queue is recorded in one status write
@@ -12,6 +12,9 @@
 //!
 //! The victims' intents are written while that status write is in flight, and the owner is
 //! admitted only once both landed: one round trip less before the eviction, and as crash-safe.
+//! A victim's intent and its mark go through `pods/status`, which writes metadata too: one
+//! write per victim instead of two, 12 fewer pod writes in a 12-owner burst, while
+//! kube-apiserver is what the burst waits on (`e2e/results/burst-trials.md`).
 //! A leader that stops in between leaves either an entry whose pods carry nothing (forgotten
 //! once its deadline passed, like a start that failed) or marks no entry vouches for (ignored
 //! and never trusted, [`super::trust`]); an owner is never admitted, and no victim evicted,
@@ -209,13 +212,15 @@ impl Reclaimer {
             ..
         } = prepared;
 
-        // 1. Intent on every victim, at once, while the reclaim is recorded.
+        // 1. Intent on every victim, at once, while the reclaim is recorded; a victim no budget
+        //    guards is marked `DisruptionTarget` in the same write.
         let (marked, recorded) =
             futures::join!(self.mark_victims(term, &stored, &intent), recorded);
         let marked = match (marked, recorded) {
             (Ok(marked), true) => marked,
             (Ok(marked), false) => {
-                self.take_back(&marked, &intent.id).await;
+                let pods: Vec<Pod> = marked.into_iter().map(|(pod, _)| pod).collect();
+                self.take_back(&pods, &intent.id).await;
                 return Err(BeginError::NotRecorded);
             }
             (Err(error), true) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
@@ -224,17 +229,15 @@ impl Reclaimer {
         timeline.end(Phase::Intent, Instant::now());
         self.crash_after(Phase::Intent, &intent.id);
 
-        // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated);
-        //    meanwhile each victim no budget guards is marked `DisruptionTarget`.
-        let (reserved, disrupted) = futures::join!(
-            self.reserve_owner(term, owner, plan, &intent, found.started_at, &marked),
-            self.mark_disruption(term, &marked),
-        );
-        let owner = match reserved {
+        // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated).
+        let (marked, disruption_marked): (Vec<Pod>, Vec<bool>) = marked.into_iter().unzip();
+        let owner = match self
+            .reserve_owner(term, owner, plan, &intent, found.started_at, &marked)
+            .await
+        {
             Ok(owner) => owner,
             Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
         };
-        let (marked, disruption_marked): (Vec<Pod>, Vec<bool>) = disrupted.into_iter().unzip();
         timeline.end(Phase::Reserve, Instant::now());
         self.crash_after(Phase::Reserve, &intent.id);
 
@@ -298,20 +301,33 @@ impl Reclaimer {
             .collect()
     }
 
-    /// Writes the intent on every victim at once; the victims as the API server returned
-    /// them. On a failure, the intents already written are taken back.
+    /// Writes the intent on every victim at once, with the `DisruptionTarget` mark on each no
+    /// budget guards (its eviction is then one delete); each victim as the API server returned
+    /// it, and whether it was marked. On a failure, the intents already written are taken back;
+    /// a mark stays on a pod that goes on running until kube-controller-manager clears it
+    /// (2 minutes), as when an eviction fails after the Eviction API marked the pod.
     async fn mark_victims(
         &self,
         term: &Term,
         stored: &[Arc<Pod>],
         intent: &Intent,
-    ) -> Result<Vec<Pod>, BeginError> {
+    ) -> Result<Vec<(Pod, bool)>, BeginError> {
         if !term.is_current() {
             return Err(BeginError::NotLeader);
         }
         let written = join_all(stored.iter().map(|pod| async {
-            let patch = intent::victim_intent_patch(pod, intent)?;
-            self.patch_pod(pod, patch).await
+            let victim = HandoverPod::of(pod);
+            if disruption::guard(&self.stores, &victim.key, &victim.uid) == Guard::Unbudgeted {
+                let patch = intent::victim_intent_and_disruption_patch(
+                    pod,
+                    intent,
+                    &evict::disruption_target(),
+                )?;
+                self.patch_pod_status(pod, patch).await.map(|p| (p, true))
+            } else {
+                let patch = intent::victim_intent_patch(pod, intent)?;
+                self.patch_pod(pod, patch).await.map(|p| (p, false))
+            }
         }))
         .await;
         let mut marked = Vec::with_capacity(written.len());
@@ -323,7 +339,8 @@ impl Reclaimer {
             }
         }
         if let Some(error) = failure {
-            self.take_back(&marked, &intent.id).await;
+            let pods: Vec<Pod> = marked.into_iter().map(|(pod, _)| pod).collect();
+            self.take_back(&pods, &intent.id).await;
             return Err(error.into());
         }
         Ok(marked)
@@ -362,31 +379,6 @@ impl Reclaimer {
                 Err(error.into())
             }
         }
-    }
-
-    /// Marks `DisruptionTarget` on each of `victims` no budget guards, as its eviction would
-    /// (the Eviction API marks the others itself), so that its eviction is one delete; each
-    /// victim as the API server last returned it, and whether this call marked it. One not
-    /// marked here is marked before its delete. If the reserve fails meanwhile, the mark stays
-    /// on a pod that goes on running, until kube-controller-manager clears it (2 minutes): the
-    /// same as when an eviction fails after the Eviction API marked the pod.
-    async fn mark_disruption(&self, term: &Term, victims: &[Pod]) -> Vec<(Pod, bool)> {
-        join_all(victims.iter().map(|pod| async move {
-            let victim = HandoverPod::of(pod);
-            let guard = disruption::guard(&self.stores, &victim.key, &victim.uid);
-            if guard != Guard::Unbudgeted || !term.is_current() {
-                return (pod.clone(), false);
-            }
-            let (namespace, name) = (&victim.key.namespace, &victim.key.name);
-            match evict::mark(&self.client, namespace, name, &victim.uid).await {
-                Ok(marked) => (marked, true),
-                Err(error) => {
-                    tracing::debug!(pod = %victim.key, %error, "marking a victim DisruptionTarget failed; marked again before its delete");
-                    (pod.clone(), false)
-                }
-            }
-        }))
-        .await
     }
 
     /// Removes this reclaim's intent from pods it was written on, best effort: what stays

@@ -4,8 +4,8 @@
 //! **A victim no budget guards** ([`Guard::Unbudgeted`], from the operator's store of budgets,
 //! see [`super::disruption`]) is deleted directly, with the same grace period and uid
 //! precondition, after the `DisruptionTarget` condition the Eviction API would add (a Job's
-//! `podFailurePolicy` reads it): written when its reclaim started, while the owner was
-//! reserved ([`Guard::Marked`]), or else just before the delete. The Eviction API lists the
+//! `podFailurePolicy` reads it): written with the victim's intent when its reclaim started
+//! ([`Guard::Marked`]), or else just before the delete. The Eviction API lists the
 //! namespace's budgets with a consistent read, which waits for the API server's cache to
 //! catch up with etcd: during a
 //! 12-owner burst an eviction took 103 ms at the median and 219 ms at p90 on the server, a
@@ -122,8 +122,8 @@ pub enum Guard {
     Budgeted,
     /// No budget selects it: marked `DisruptionTarget`, then deleted directly.
     Unbudgeted,
-    /// No budget selects it, and it was marked when its reclaim started ([`mark`]): deleted
-    /// directly.
+    /// No budget selects it, and it was marked with its intent when its reclaim started
+    /// ([`disruption_target`]): deleted directly.
     Marked,
 }
 
@@ -296,12 +296,7 @@ async fn delete_unbudgeted(
 
 /// Adds the `DisruptionTarget` condition the Eviction API would add to pod `namespace/name`
 /// (uid `uid` only); the pod as the API server returned it.
-pub async fn mark(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    uid: &str,
-) -> Result<Pod, kube::Error> {
+async fn mark(client: &Client, namespace: &str, name: &str, uid: &str) -> Result<Pod, kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     api.patch_status(
         name,
@@ -316,13 +311,19 @@ pub async fn mark(
 fn disruption_condition(uid: &str) -> serde_json::Value {
     json!({
         "metadata": {"uid": uid},
-        "status": {"conditions": [{
-            "type": "DisruptionTarget",
-            "status": "True",
-            "reason": DISRUPTION_REASON,
-            "message": "gpuqueue: reclaiming this pod's GPUs for the queue that is guaranteed them",
-            "lastTransitionTime": Time(clock::now()),
-        }]},
+        "status": {"conditions": [disruption_target()]},
+    })
+}
+
+/// The `DisruptionTarget` condition a victim deleted without the Eviction API carries, as the
+/// Eviction API would add it.
+pub fn disruption_target() -> serde_json::Value {
+    json!({
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": DISRUPTION_REASON,
+        "message": "gpuqueue: reclaiming this pod's GPUs for the queue that is guaranteed them",
+        "lastTransitionTime": Time(clock::now()),
     })
 }
 

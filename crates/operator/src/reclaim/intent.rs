@@ -185,6 +185,33 @@ pub fn owner_patch(
     encode(pod, operations)
 }
 
+/// The patch, for the `pods/status` endpoint (which writes metadata but for owner references),
+/// that records the intent on a victim no budget guards together with the `DisruptionTarget`
+/// `condition` its eviction needs: [`victim_intent_patch`] and the mark in one write.
+pub fn victim_intent_and_disruption_patch(
+    pod: &Pod,
+    intent: &Intent,
+    condition: &Value,
+) -> Result<json_patch::Patch, PatchError> {
+    let mut operations = preconditions(pod)?;
+    operations.extend(add_annotations(pod, &intent.annotations(Role::Victim)));
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    operations.push(match conditions {
+        None if pod.status.is_none() => {
+            json!({"op": "add", "path": "/status", "value": {"conditions": [condition]}})
+        }
+        None => json!({"op": "add", "path": "/status/conditions", "value": [condition]}),
+        Some(conditions) => match conditions.iter().position(|c| c.type_ == DISRUPTION_TARGET) {
+            Some(at) => json!({"op": "replace", "path": format!("/status/conditions/{at}"), "value": condition}),
+            None => json!({"op": "add", "path": "/status/conditions/-", "value": condition}),
+        },
+    });
+    encode(pod, operations)
+}
+
+/// The condition type a pod about to be disrupted carries.
+const DISRUPTION_TARGET: &str = "DisruptionTarget";
+
 /// The patch that records, before the call, that a victim's checkpoint is being made.
 pub fn progress_patch(pod: &Pod, id: &str) -> Result<json_patch::Patch, PatchError> {
     let operations = vec![
@@ -324,6 +351,41 @@ mod tests {
         let mut namesake = seen;
         namesake.metadata.uid = Some("uid-2".into());
         assert!(apply(&namesake, &patch).is_err());
+    }
+
+    #[test]
+    fn a_victims_disruption_mark_goes_with_its_intent_whatever_its_conditions() {
+        let mark =
+            json!({"type": DISRUPTION_TARGET, "status": "True", "reason": "PreemptionByGpuQueue"});
+        let ready = json!({"type": "Ready", "status": "True"});
+        let stale = json!({"type": DISRUPTION_TARGET, "status": "False", "reason": "EvictionByEvictionAPI"});
+        let statuses = [
+            None,
+            Some(json!({})),
+            Some(json!({"conditions": [ready.clone()]})),
+            Some(json!({"conditions": [stale, ready]})),
+        ];
+        for status in statuses {
+            let mut victim = pod(Some(json!({"team": "b"})), false);
+            victim.status = status.map(|s| serde_json::from_value(s).unwrap());
+            let patch = victim_intent_and_disruption_patch(&victim, &intent(), &mark).unwrap();
+            let marked = apply(&victim, &patch).unwrap();
+            assert_eq!(Mark::read(&marked).unwrap().role, Some(Role::Victim));
+            let conditions = marked.status.unwrap().conditions.unwrap();
+            let disruption: Vec<_> = conditions
+                .iter()
+                .filter(|c| c.type_ == DISRUPTION_TARGET)
+                .map(|c| (c.status.as_str(), c.reason.as_deref()))
+                .collect();
+            assert_eq!(disruption, [("True", Some("PreemptionByGpuQueue"))]);
+            assert!(conditions.len() <= 2, "{conditions:?}");
+        }
+        // Like the intent alone, it is refused by a pod that changed since the plan.
+        let seen = pod(None, false);
+        let patch = victim_intent_and_disruption_patch(&seen, &intent(), &mark).unwrap();
+        let mut newer = seen;
+        newer.metadata.resource_version = Some("43".into());
+        assert!(apply(&newer, &patch).is_err());
     }
 
     #[test]

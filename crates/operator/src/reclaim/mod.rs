@@ -5,11 +5,12 @@
 //! admission pass (leader)                         handover task (one per reclaim)
 //! ───────────────────────                         ───────────────────────────────
 //! recover: resume / abandon intents from the store
-//! plan (core) ─▶ intent on every victim (rv-tested), while the owner queue's
-//!                status.reclaimsInFlight records it
+//! plan (core) ─▶ intent on every victim (rv-tested; no PDB:
+//!                with DisruptionTarget), while the owner
+//!                queue's status.reclaimsInFlight records it
 //!              ─▶ owner: intent + pin, one patch (gated); ─▶ per victim, all at once:
-//!                 meanwhile victims no PDB guards are         mark `checkpointing`, checkpoint
-//!                 marked DisruptionTarget                     (deadline from the budget left),
+//!                                                             mark `checkpointing`, checkpoint
+//!                                                             (deadline from the budget left),
 //!                                                               evict (PDB: retry to the deadline,
 //!                                                               then delete; no PDB: delete)
 //!                                                             ─▶ watch: victims gone, owner bound

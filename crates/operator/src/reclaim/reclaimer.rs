@@ -153,6 +153,26 @@ impl Reclaimer {
         .map_err(|source| patch::classify(pod, source))
     }
 
+    /// Applies a JSON patch to `pod` through the `pods/status` endpoint, which writes its
+    /// status and metadata (but for owner references); the pod as the API server returned it.
+    pub(super) async fn patch_pod_status(
+        &self,
+        pod: &Pod,
+        patch: json_patch::Patch,
+    ) -> Result<Pod, PatchError> {
+        let api: Api<Pod> = Api::namespaced(
+            self.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or("default"),
+        );
+        api.patch_status(
+            pod.metadata.name.as_deref().unwrap_or_default(),
+            &Self::params(),
+            &Patch::Json::<()>(patch),
+        )
+        .await
+        .map_err(|source| patch::classify(pod, source))
+    }
+
     /// The GpuQueue API, through the client that never retries by itself.
     pub(super) fn queues(&self) -> Api<gpuqueue_api::v1alpha1::GpuQueue> {
         Api::all(self.client.clone())
