@@ -24,10 +24,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 /// Kept back beyond a victim's termination for the eviction call before it, and after it the
-/// owner's release at the gate and kube-scheduler's bind (single handovers: p99 6 ms to have
-/// the eviction accepted, 14-16 ms from the victims gone to the owner bound, in
+/// owner's release at the gate and kube-scheduler's bind (single handovers: p99 7-11 ms to
+/// have the eviction accepted, 10-17 ms from the victims gone to the owner bound, in
 /// `e2e/results/handover.md`; a burst, whose writes queue at the API server, takes more: p99
-/// 65 and 104 ms in its 12-owner bursts). The API's `BIND_RESERVE`.
+/// 95 and 53 ms in its 12-owner bursts). The API's `BIND_RESERVE`.
 pub const BIND_RESERVE: Duration = Duration::from_millis(250);
 
 /// What a node is assumed to add to a victim's whole grace before any history: the kubelet's
