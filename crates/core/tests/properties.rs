@@ -9,7 +9,7 @@
 mod common;
 
 use common::decisions::describe;
-use common::world::{GPU, at, node, pending, queue, running};
+use common::world::{GPU, at, build as build_snapshot, node, pending, queue, running};
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, admission_cycle};
@@ -111,11 +111,7 @@ fn build(w: &World) -> Snapshot {
         .enumerate()
         .map(|(i, gpus)| node(&format!("n{i}"), *gpus))
         .collect();
-    let (mut trial, issues) = Snapshot::builder()
-        .queues(queues.clone())
-        .nodes(nodes.clone())
-        .build();
-    assert!(issues.is_empty());
+    let mut trial = build_snapshot(queues.clone(), nodes.clone(), Vec::new());
     let mut pods: Vec<Pod> = Vec::new();
     // Each generated pod kept: its index in `pods` and the node it runs on.
     let mut kept: Vec<Option<(usize, Option<usize>)>> = vec![None; w.pods.len()];
@@ -153,13 +149,7 @@ fn build(w: &World) -> Snapshot {
         kept[i] = Some((pods.len(), node));
         pods.push(pod);
     }
-    let (snapshot, issues) = Snapshot::builder()
-        .queues(queues)
-        .nodes(nodes)
-        .pods(pods)
-        .build();
-    assert!(issues.is_empty(), "{issues:?}");
-    snapshot
+    build_snapshot(queues, nodes, pods)
 }
 
 /// Whether `pod` may run on node `n{n}`: its devices are free there, and what it charges (its
@@ -167,16 +157,9 @@ fn build(w: &World) -> Snapshot {
 fn fits(snapshot: &Snapshot, pod: &Pod, n: usize, queue: &str) -> bool {
     let node = snapshot.node_id(&format!("n{n}")).unwrap();
     let devices: u32 = pod.requests.gpus.iter().map(|g| g.count).sum();
-    let charged: Milli = pod
-        .requests
-        .gpus
-        .iter()
-        .chain(&pod.requests.quota_only)
-        .map(GpuRequest::total)
-        .sum();
     let within_ceiling = snapshot.queue_id(queue).is_none_or(|q| {
         let u = &snapshot.usage(q)[0];
-        u.allocated + charged <= u.ceiling()
+        u.allocated + charged(pod) <= u.ceiling()
     });
     snapshot.node_view(node).fully_free_devices() >= devices as usize && within_ceiling
 }
@@ -212,6 +195,16 @@ fn devices_add_up(snapshot: &Snapshot) -> Result<(), String> {
     Ok(())
 }
 
+/// What `pod` charges its queue: its devices and its quota-only ones.
+fn charged(pod: &Pod) -> Milli {
+    pod.requests
+        .gpus
+        .iter()
+        .chain(&pod.requests.quota_only)
+        .map(GpuRequest::total)
+        .sum()
+}
+
 /// The ledger equals the sum over pods.
 fn ledger_adds_up(snapshot: &Snapshot) -> Result<(), String> {
     for q in snapshot.queue_ids() {
@@ -221,13 +214,7 @@ fn ledger_adds_up(snapshot: &Snapshot) -> Result<(), String> {
             .filter(|p| snapshot.pod_queue(*p) == Some(q))
         {
             let p = snapshot.pod(pod).unwrap();
-            let amount: Milli = p
-                .requests
-                .gpus
-                .iter()
-                .chain(&p.requests.quota_only)
-                .map(GpuRequest::total)
-                .sum();
+            let amount = charged(p);
             if p.is_admitted() {
                 allocated += amount;
             } else {

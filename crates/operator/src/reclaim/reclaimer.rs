@@ -140,17 +140,7 @@ impl Reclaimer {
         pod: &Pod,
         patch: json_patch::Patch,
     ) -> Result<Pod, PatchError> {
-        let api: Api<Pod> = Api::namespaced(
-            self.client.clone(),
-            pod.metadata.namespace.as_deref().unwrap_or("default"),
-        );
-        api.patch(
-            pod.metadata.name.as_deref().unwrap_or_default(),
-            &Self::params(),
-            &Patch::Json::<()>(patch),
-        )
-        .await
-        .map_err(|source| patch::classify(pod, source))
+        self.json_patch(pod, None, patch).await
     }
 
     /// Applies a JSON patch to `pod` through the `pods/status` endpoint, which writes its
@@ -160,17 +150,29 @@ impl Reclaimer {
         pod: &Pod,
         patch: json_patch::Patch,
     ) -> Result<Pod, PatchError> {
+        self.json_patch(pod, Some("status"), patch).await
+    }
+
+    async fn json_patch(
+        &self,
+        pod: &Pod,
+        subresource: Option<&str>,
+        patch: json_patch::Patch,
+    ) -> Result<Pod, PatchError> {
         let api: Api<Pod> = Api::namespaced(
             self.client.clone(),
             pod.metadata.namespace.as_deref().unwrap_or("default"),
         );
-        api.patch_status(
-            pod.metadata.name.as_deref().unwrap_or_default(),
-            &Self::params(),
-            &Patch::Json::<()>(patch),
-        )
-        .await
-        .map_err(|source| patch::classify(pod, source))
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let patch = Patch::Json::<()>(patch);
+        let written = match subresource {
+            Some(subresource) => {
+                api.patch_subresource(subresource, name, &Self::params(), &patch)
+                    .await
+            }
+            None => api.patch(name, &Self::params(), &patch).await,
+        };
+        written.map_err(|source| patch::classify(pod, source))
     }
 
     /// The GpuQueue API, through the client that never retries by itself.
