@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::{
@@ -17,12 +18,13 @@ use futures::StreamExt;
 use gpuqueue_api::{NVIDIA_GPU, annotations, v1alpha1::HandoverRecord};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, IGNORES_SIGTERM_ANNOTATION,
-    gpu_pod, node_of, pod_condition, wait_for,
+    apply_yaml, gpu_pod, node_of, pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
 
 /// The victims' grace period: long enough that binding the owner early would be seen.
 const VICTIM_GRACE_SECONDS: u32 = 3;
@@ -87,6 +89,21 @@ impl Changes {
             }
         });
         Self { log, watch }
+    }
+
+    /// The first pod of `namespace` the watch saw terminating, once it has.
+    async fn first_evicted(&self, namespace: &str) -> String {
+        wait_for("a pod to be evicted", DEFAULT_TIMEOUT, || async {
+            self.snapshot()
+                .into_iter()
+                .find_map(|c| match c {
+                    Change::Terminating(pod) if pod.starts_with(namespace) => Some(pod),
+                    _ => None,
+                })
+                .ok_or_else(|| format!("{:?}", self.snapshot()))
+        })
+        .await
+        .unwrap()
     }
 
     fn snapshot(&self) -> Vec<Change> {
@@ -208,18 +225,7 @@ async fn an_owner_is_bound_only_after_a_victim_that_uses_its_whole_grace_period_
     let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
     create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
     let owner_key = format!("{}/owner", online.name());
-    let victim = wait_for("a borrower to be evicted", DEFAULT_TIMEOUT, || async {
-        changes
-            .snapshot()
-            .into_iter()
-            .find_map(|c| match c {
-                Change::Terminating(pod) if pod.starts_with(batch.name()) => Some(pod),
-                _ => None,
-            })
-            .ok_or_else(|| format!("{:?}", changes.snapshot()))
-    })
-    .await
-    .unwrap();
+    let victim = changes.first_evicted(batch.name()).await;
 
     // While the victim terminates, two more pods want its GPU: a borrower of a third queue,
     // and a new pod of the victim's own queue (below its ceiling again once the victim goes).
@@ -283,4 +289,109 @@ async fn an_owner_is_bound_only_after_a_victim_that_uses_its_whole_grace_period_
         .filter(|c| matches!(c, Change::Terminating(_)))
         .collect();
     assert_eq!(evicted, [&Change::Terminating(victim)], "{log:?}");
+}
+
+/// A cluster policy that refuses any `pods/status` write changing a pod's annotations, as a
+/// cluster that guards annotations by policy may have.
+const STATUS_KEEPS_ANNOTATIONS: &str = r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: status-keeps-annotations
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: [v1]
+        operations: [UPDATE]
+        resources: [pods/status]
+  validations:
+    - expression: >-
+        has(object.metadata.annotations) == has(oldObject.metadata.annotations) &&
+        (!has(object.metadata.annotations) ||
+         object.metadata.annotations == oldObject.metadata.annotations)
+      message: pods/status may not change annotations
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: status-keeps-annotations
+spec:
+  policyName: status-keeps-annotations
+  validationActions: [Deny]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_whose_status_may_not_change_annotations_is_still_marked_and_handed_over() {
+    // The operator writes a victim's intent and its DisruptionTarget mark in one pods/status
+    // write. Where a policy refuses that, it writes the intent alone and marks the victim just
+    // before its delete: the handover still completes, and the victim still carries the mark.
+    let (cluster, _operator) = start("handover_status_policy").await;
+    let client = cluster.client();
+    let online = cluster.namespace("online").await.unwrap();
+    let batch = cluster.namespace("batch").await.unwrap();
+    apply_queue(&client, &queue("online", online.name(), 4, 0, "")).await;
+    let grace = format!(", victimGracePeriodSeconds: {VICTIM_GRACE_SECONDS}");
+    apply_queue(&client, &queue("batch", batch.name(), 0, 4, &grace)).await;
+    let borrowers: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for i in 0..4 {
+        create(&borrowers, &stubborn_pod(&format!("b-{i}"))).await;
+    }
+    all_running(&borrowers, 4).await;
+
+    // The policy is in force: the API server refuses an annotation written through status.
+    apply_yaml(&client, STATUS_KEEPS_ANNOTATIONS, None)
+        .await
+        .unwrap();
+    // A new value each try: one written before the policy took effect must not make the next
+    // try a no-op the policy lets through.
+    let tries = AtomicU32::new(0);
+    let refused = wait_for("the policy to refuse", DEFAULT_TIMEOUT, || async {
+        let note = tries.fetch_add(1, Ordering::Relaxed).to_string();
+        let forged = json!({"metadata": {"annotations": {"example.com/note": note}}});
+        match borrowers
+            .patch_status("b-0", &PatchParams::default(), &Patch::Merge(&forged))
+            .await
+        {
+            Err(kube::Error::Api(status)) => Ok(status.message),
+            Ok(_) => Err("written".to_owned()),
+            Err(other) => Err(other.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        refused.contains("pods/status may not change annotations"),
+        "{refused}"
+    );
+    let changes = Changes::watch(client.clone());
+
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    let owner_key = format!("{}/owner", online.name());
+    let victim = changes.first_evicted(batch.name()).await;
+    // Still terminating (its grace is 3 s): marked as the Eviction API would mark it.
+    let victim_pod = borrowers
+        .get(victim.rsplit('/').next().unwrap())
+        .await
+        .unwrap();
+    let disruption = pod_condition(&victim_pod, "DisruptionTarget");
+    assert!(
+        disruption.is_some_and(
+            |c| c.status == "True" && c.reason.as_deref() == Some("PreemptionByGpuQueue")
+        ),
+        "{victim_pod:?}"
+    );
+    // The intent went on through `pods`: the victim carries it.
+    assert!(
+        annotation(&victim_pod, annotations::RECLAIM_ID).is_some(),
+        "{:?}",
+        victim_pod.metadata.annotations
+    );
+
+    bound(&owners, "owner").await;
+    let record = owner_record(&client, &owner_key).await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
+    assert_eq!(record.victims, [victim], "{record:?}");
 }

@@ -315,21 +315,7 @@ impl Reclaimer {
         if !term.is_current() {
             return Err(BeginError::NotLeader);
         }
-        let written = join_all(stored.iter().map(|pod| async {
-            let victim = HandoverPod::of(pod);
-            if disruption::guard(&self.stores, &victim.key, &victim.uid) == Guard::Unbudgeted {
-                let patch = intent::victim_intent_and_disruption_patch(
-                    pod,
-                    intent,
-                    &evict::disruption_target(),
-                )?;
-                self.patch_pod_status(pod, patch).await.map(|p| (p, true))
-            } else {
-                let patch = intent::victim_intent_patch(pod, intent)?;
-                self.patch_pod(pod, patch).await.map(|p| (p, false))
-            }
-        }))
-        .await;
+        let written = join_all(stored.iter().map(|pod| self.mark_victim(pod, intent))).await;
         let mut marked = Vec::with_capacity(written.len());
         let mut failure = None;
         for result in written {
@@ -344,6 +330,29 @@ impl Reclaimer {
             return Err(error.into());
         }
         Ok(marked)
+    }
+
+    /// Writes the intent on `pod`, with the `DisruptionTarget` mark through `pods/status` when
+    /// no budget guards it; the pod as the API server returned it, and whether it was marked.
+    /// A mark refused where the intent alone may not be (a policy or webhook on `pods/status`)
+    /// leaves the intent alone: the victim is then marked just before its delete, or evicted
+    /// through the Eviction API ([`evict`]).
+    async fn mark_victim(&self, pod: &Pod, intent: &Intent) -> Result<(Pod, bool), PatchError> {
+        let victim = HandoverPod::of(pod);
+        if disruption::guard(&self.stores, &victim.key, &victim.uid) == Guard::Unbudgeted {
+            let condition = evict::disruption_target();
+            let patch = intent::victim_intent_and_disruption_patch(pod, intent, &condition)?;
+            match self.patch_pod_status(pod, patch).await {
+                Ok(marked) => return Ok((marked, true)),
+                Err(error) if error.is_stale() => return Err(error),
+                Err(error) => tracing::warn!(pod = %victim.key, %error,
+                    "the intent and DisruptionTarget mark were refused together; writing the intent alone"),
+            }
+        }
+        let patch = intent::victim_intent_patch(pod, intent)?;
+        self.patch_pod(pod, patch)
+            .await
+            .map(|unmarked| (unmarked, false))
     }
 
     /// Writes the owner's intent, admission and pin in one patch, as admitted within its

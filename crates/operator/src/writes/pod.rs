@@ -41,6 +41,8 @@ pub enum PatchError {
     Changed { pod: String },
     #[error("pod {pod} is gone")]
     Gone { pod: String },
+    #[error("writing pod {pod} was refused by an admission policy or webhook: {message}")]
+    Refused { pod: String, message: String },
     #[error("writing pod {pod}: {source}")]
     Api { pod: String, source: kube::Error },
     #[error("building the patch for pod {pod}: {source}")]
@@ -57,6 +59,7 @@ impl PatchError {
             Self::NotGated { .. } => "pod_not_gated",
             Self::Changed { .. } => "pod_changed",
             Self::Gone { .. } => "pod_gone",
+            Self::Refused { .. } => "pod_refused",
             Self::Api { .. } => "pod_api",
             Self::Encode { .. } => "pod_encode",
         }
@@ -238,10 +241,20 @@ pub async fn set_waiting_reason(
 }
 
 /// What a failed pod write means: a failed `test` or a conflict is a pod that changed, a 404 a
-/// pod that is gone, anything else a failure of the API.
+/// pod that is gone, a denial by a ValidatingAdmissionPolicy or a webhook a refusal (not a pod
+/// that moved on: trying again from fresh state is refused again), anything else a failure of
+/// the API. A policy's denial and a failed `test` both answer 422 by default; only the
+/// denial's message says "denied" (`... with binding '...' denied request: ...`,
+/// `admission webhook "..." denied the request: ...`).
 pub fn classify(pod: &Pod, source: kube::Error) -> PatchError {
     let pod = describe(pod);
     match &source {
+        kube::Error::Api(status) if status.code == 422 && status.message.contains(" denied ") => {
+            PatchError::Refused {
+                pod,
+                message: status.message.clone(),
+            }
+        }
         kube::Error::Api(status) if status.code == 422 || status.code == 409 => {
             PatchError::Changed { pod }
         }
@@ -443,7 +456,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failed_test_is_reported_as_a_changed_pod() {
+    async fn a_failed_test_is_reported_as_a_changed_pod_and_a_denial_as_a_refusal() {
         let pod = gated_pod(&[ADMISSION_GATE], None, None);
         let (client, _server) = mock_client(|_| status_response(422, "Invalid"));
         let api: Api<Pod> = Api::namespaced(client, "batch");
@@ -459,6 +472,16 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(error, PatchError::Gone { .. }), "{error}");
+
+        // A policy's denial answers 422 too, but is no pod that moved on.
+        let denied = "ValidatingAdmissionPolicy 'p' with binding 'p' denied request: no";
+        let (client, _server) = mock_client(move |_| status_response(422, denied));
+        let api: Api<Pod> = Api::namespaced(client, "batch");
+        let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
+            .await
+            .unwrap_err();
+        assert!(matches!(error, PatchError::Refused { .. }), "{error}");
+        assert!(!error.is_stale(), "{error}");
 
         let (client, _server) = mock_client(|_| status_response(500, "InternalError"));
         let api: Api<Pod> = Api::namespaced(client, "batch");
