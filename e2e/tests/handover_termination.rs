@@ -184,6 +184,20 @@ async fn start(name: &str) -> (ControlPlane, Operator) {
     (cluster, operator)
 }
 
+/// Night: queue `online` is guaranteed the node's four GPUs, and queue `batch` borrows all of
+/// them with four pods that ignore SIGTERM; the borrowers' API.
+async fn night(client: &Client, online: &str, batch: &str) -> Api<Pod> {
+    apply_queue(client, &queue("online", online, 4, 0, "")).await;
+    let grace = format!(", victimGracePeriodSeconds: {VICTIM_GRACE_SECONDS}");
+    apply_queue(client, &queue("batch", batch, 0, 4, &grace)).await;
+    let borrowers: Api<Pod> = Api::namespaced(client.clone(), batch);
+    for i in 0..4 {
+        create(&borrowers, &stubborn_pod(&format!("b-{i}"))).await;
+    }
+    all_running(&borrowers, 4).await;
+    borrowers
+}
+
 /// The pod waits with a reason, was never admitted and the watch never saw it bound.
 async fn still_waiting(pods: &Api<Pod>, name: &str, changes: &Changes) {
     let reason = waiting_reason(pods, name).await;
@@ -208,17 +222,8 @@ async fn an_owner_is_bound_only_after_a_victim_that_uses_its_whole_grace_period_
     let online = cluster.namespace("online").await.unwrap();
     let batch = cluster.namespace("batch").await.unwrap();
     let lab = cluster.namespace("lab").await.unwrap();
-    apply_queue(&client, &queue("online", online.name(), 4, 0, "")).await;
-    let grace = format!(", victimGracePeriodSeconds: {VICTIM_GRACE_SECONDS}");
-    apply_queue(&client, &queue("batch", batch.name(), 0, 4, &grace)).await;
+    let borrowers = night(&client, online.name(), batch.name()).await;
     apply_queue(&client, &queue("lab", lab.name(), 0, 4, "")).await;
-
-    // Night: batch borrows all four GPUs of the only node.
-    let borrowers: Api<Pod> = Api::namespaced(client.clone(), batch.name());
-    for i in 0..4 {
-        create(&borrowers, &stubborn_pod(&format!("b-{i}"))).await;
-    }
-    all_running(&borrowers, 4).await;
     let changes = Changes::watch(client.clone());
 
     // Morning: online wants one GPU back.
@@ -331,14 +336,7 @@ async fn a_victim_whose_status_may_not_change_annotations_is_still_marked_and_ha
     let client = cluster.client();
     let online = cluster.namespace("online").await.unwrap();
     let batch = cluster.namespace("batch").await.unwrap();
-    apply_queue(&client, &queue("online", online.name(), 4, 0, "")).await;
-    let grace = format!(", victimGracePeriodSeconds: {VICTIM_GRACE_SECONDS}");
-    apply_queue(&client, &queue("batch", batch.name(), 0, 4, &grace)).await;
-    let borrowers: Api<Pod> = Api::namespaced(client.clone(), batch.name());
-    for i in 0..4 {
-        create(&borrowers, &stubborn_pod(&format!("b-{i}"))).await;
-    }
-    all_running(&borrowers, 4).await;
+    let borrowers = night(&client, online.name(), batch.name()).await;
 
     // The policy is in force: the API server refuses an annotation written through status.
     apply_yaml(&client, STATUS_KEEPS_ANNOTATIONS, None)

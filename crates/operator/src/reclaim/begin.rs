@@ -334,9 +334,9 @@ impl Reclaimer {
 
     /// Writes the intent on `pod`, with the `DisruptionTarget` mark through `pods/status` when
     /// no budget guards it; the pod as the API server returned it, and whether it was marked.
-    /// A mark refused where the intent alone may not be (a policy or webhook on `pods/status`)
-    /// leaves the intent alone: the victim is then marked just before its delete, or evicted
-    /// through the Eviction API ([`evict`]).
+    /// Both refused by an admission policy or webhook (on `pods/status`, where the intent alone
+    /// may not be): the intent goes alone, and the victim is marked just before its delete, or
+    /// evicted through the Eviction API ([`evict`]).
     async fn mark_victim(&self, pod: &Pod, intent: &Intent) -> Result<(Pod, bool), PatchError> {
         let victim = HandoverPod::of(pod);
         if disruption::guard(&self.stores, &victim.key, &victim.uid) == Guard::Unbudgeted {
@@ -344,9 +344,11 @@ impl Reclaimer {
             let patch = intent::victim_intent_and_disruption_patch(pod, intent, &condition)?;
             match self.patch_pod_status(pod, patch).await {
                 Ok(marked) => return Ok((marked, true)),
-                Err(error) if error.is_stale() => return Err(error),
-                Err(error) => tracing::warn!(pod = %victim.key, %error,
-                    "the intent and DisruptionTarget mark were refused together; writing the intent alone"),
+                Err(error @ PatchError::Refused { .. }) => {
+                    tracing::warn!(pod = %victim.key, %error,
+                    "the intent and DisruptionTarget mark were refused together; writing the intent alone");
+                }
+                Err(error) => return Err(error),
             }
         }
         let patch = intent::victim_intent_patch(pod, intent)?;
