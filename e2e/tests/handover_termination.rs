@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use common::{
-    Operator, Options, all_running, annotation, apply_queue, bound, create, free_port, install,
-    queue_status, waiting_reason,
+    Operator, Options, all_running, annotation, apply_queue, bound, create, event, free_port,
+    install, is_gated, queue_status, waiting_reason,
 };
 use futures::StreamExt;
 use gpuqueue_api::{NVIDIA_GPU, annotations, v1alpha1::HandoverRecord};
@@ -20,9 +20,12 @@ use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, IGNORES_SIGTERM_ANNOTATION,
     apply_yaml, gpu_pod, node_of, pod_condition, wait_for,
 };
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate};
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
@@ -392,4 +395,140 @@ async fn a_victim_whose_status_may_not_change_annotations_is_still_marked_and_ha
     let record = owner_record(&client, &owner_key).await;
     assert_eq!(record.outcome, "Completed", "{record:?}");
     assert_eq!(record.victims, [victim], "{record:?}");
+}
+
+/// A cluster policy that keeps the nodeSelector of every pod of namespace `namespace`: the
+/// operator may not pin an owner there, so it can never reserve one.
+fn keeps_node_selector(namespace: &str) -> String {
+    format!(
+        r#"
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: keeps-node-selector
+spec:
+  failurePolicy: Fail
+  matchConstraints:
+    namespaceSelector:
+      matchLabels: {{kubernetes.io/metadata.name: {namespace}}}
+    resourceRules:
+      - apiGroups: [""]
+        apiVersions: [v1]
+        operations: [UPDATE]
+        resources: [pods]
+  validations:
+    - expression: >-
+        has(object.spec.nodeSelector) == has(oldObject.spec.nodeSelector) &&
+        (!has(object.spec.nodeSelector) ||
+         object.spec.nodeSelector == oldObject.spec.nodeSelector)
+      message: pods of this namespace keep their nodeSelector
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: keeps-node-selector
+spec:
+  policyName: keeps-node-selector
+  validationActions: [Deny]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_a_policy_may_not_pin_is_tried_again_at_the_retry_pace_and_costs_no_borrower_its_pod()
+ {
+    // Every try to start the reclaim marks the victims and is refused at the owner's reserve.
+    // The operator tries again after its retry interval (2 s), not on the changes its own failed
+    // try made (which would be every few milliseconds), tells the owner why, and evicts nobody.
+    let (cluster, operator) = start("handover_owner_policy").await;
+    let client = cluster.client();
+    let online = cluster.namespace("online").await.unwrap();
+    let batch = cluster.namespace("batch").await.unwrap();
+    let borrowers = night(&client, online.name(), batch.name()).await;
+
+    apply_yaml(&client, &keeps_node_selector(online.name()), None)
+        .await
+        .unwrap();
+    // The policy is in force: a pod held by another gate (no GPU: not ours) may not be pinned.
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    let mut probe = gpu_pod("probe", "cpu", 1);
+    probe.spec.as_mut().unwrap().scheduling_gates = Some(vec![PodSchedulingGate {
+        name: "example.com/hold".to_owned(),
+    }]);
+    create(&owners, &probe).await;
+    let tries = AtomicU32::new(0);
+    let refused = wait_for("the policy to refuse", DEFAULT_TIMEOUT, || async {
+        // A new key each try: only additions to a gated pod's nodeSelector are valid.
+        let key = format!(
+            "example.com/probe-{}",
+            tries.fetch_add(1, Ordering::Relaxed)
+        );
+        let pin = json!({"spec": {"nodeSelector": {key: "yes"}}});
+        match owners
+            .patch("probe", &PatchParams::default(), &Patch::Merge(&pin))
+            .await
+        {
+            Err(kube::Error::Api(status)) => Ok(status.message),
+            Ok(_) => Err("written".to_owned()),
+            Err(other) => Err(other.to_string()),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(refused.contains("keep their nodeSelector"), "{refused}");
+    let changes = Changes::watch(client.clone());
+
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    let series = r#"gpuqueue_admission_apply_errors_total{kind="pod_refused"}"#;
+    let first = wait_for(
+        "the owner's reserve to be refused",
+        DEFAULT_TIMEOUT,
+        || async {
+            match operator.metric(series).await {
+                Some(count) if count >= 1.0 => Ok(count),
+                other => Err(format!("{series}: {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    #[allow(clippy::disallowed_methods)] // the window the refusals are counted in
+    let since = std::time::Instant::now();
+    tokio::time::sleep(std::time::Duration::from_secs(6)).await;
+    let more = operator.metric(series).await.unwrap() - first;
+    let elapsed = since.elapsed();
+    // At most one try per retry interval: a slower machine only tries less often.
+    let most = (elapsed.as_secs_f64() / 2.0).floor() + 1.0;
+    assert!(more <= most, "{more} more refusals in {elapsed:?}");
+
+    // The owner was told why, is still at the gate and unpinned, and no borrower was evicted.
+    let why = event(&client, online.name(), "owner", "ReclaimNotStarted").await;
+    assert!(why.contains("keep their nodeSelector"), "{why}");
+    let owner = owners.get("owner").await.unwrap();
+    assert!(is_gated(&owner), "{owner:?}");
+    assert!(
+        owner.spec.as_ref().unwrap().node_selector.is_none(),
+        "{owner:?}"
+    );
+    let log = changes.snapshot();
+    assert!(
+        !log.iter().any(|c| matches!(c, Change::Terminating(_))),
+        "{log:?}"
+    );
+    all_running(&borrowers, 4).await;
+
+    // Without the policy, the owner is handed over.
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    bindings
+        .delete("keeps-node-selector", &DeleteParams::default())
+        .await
+        .unwrap();
+    policies
+        .delete("keeps-node-selector", &DeleteParams::default())
+        .await
+        .unwrap();
+    bound(&owners, "owner").await;
+    let record = owner_record(&client, &format!("{}/owner", online.name())).await;
+    assert_eq!(record.outcome, "Completed", "{record:?}");
 }

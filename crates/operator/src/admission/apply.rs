@@ -23,7 +23,7 @@ use tokio::task::JoinSet;
 
 use super::{
     at_creation::Arrival,
-    context::{Context, Shared, WriteResult},
+    context::{Context, RETRY_AFTER, Shared, WriteResult},
     metrics::Outcome,
     waiting::{ReasonTiming, RecordedReason, WaitLine, WaitingSince},
 };
@@ -163,15 +163,14 @@ pub(super) fn plan(
     planned
 }
 
-/// What became of starting one reclaim.
+/// Why a reclaim did not start (one that did is a [`Reservation`]).
 enum ReclaimStart {
-    /// The owner is released (remembered as admitted); the rest runs in a task.
-    Started(Box<Reservation>),
     /// Not started: the owner or a victim moved on (decided again on the next change), or
     /// the owner has a write in flight.
     Nothing,
-    /// A write failed; the next pass decides again after [`RETRY_AFTER`](super::context::RETRY_AFTER).
-    Failed,
+    /// A write failed (why): its owner is held back for
+    /// [`RETRY_AFTER`](super::context::RETRY_AFTER) ([`super::held_back`]).
+    Failed(String),
 }
 
 /// Starts the reclaims of a pass, all at once: each is prepared (an owner with a write in
@@ -179,13 +178,14 @@ enum ReclaimStart {
 /// its status in one write per queue while every intent is written, then each owner is
 /// released (see [`Reclaimer::begin`](crate::reclaim::Reclaimer::begin)). Each reclaim whose
 /// owner is released goes to `started` the moment its own writes land (its eviction need not
-/// wait for the slowest start of the pass). Whether a start failed (the pass is retried).
+/// wait for the slowest start of the pass). The owners whose start failed, each told why by a
+/// `ReclaimNotStarted` event.
 pub(super) async fn begin_reclaims(
     shared: &Shared,
     reclaims: &[(Arc<Pod>, ReclaimPlan)],
     found: PassTiming,
     mut started: impl FnMut(Reservation),
-) -> bool {
+) -> Vec<PodKey> {
     let reclaimer = &shared.context.reclaimer;
     let prepared: Vec<Result<Prepared<'_>, ReclaimStart>> = reclaims
         .iter()
@@ -198,11 +198,13 @@ pub(super) async fn begin_reclaims(
                 .map_err(|error| not_started(shared, &error))
         })
         .collect();
-    let recorded = record_per_queue(shared, &prepared);
+    let recorded = &record_per_queue(shared, &prepared);
     let mut starts: FuturesUnordered<_> = prepared
         .into_iter()
-        .map(|p| async {
-            let p = p?;
+        .zip(reclaims)
+        .map(|(p, (stored, planned))| async move {
+            let owner = (stored, &planned.owner_key);
+            let p = p.map_err(|not| (owner, not))?;
             let plan = p.plan;
             let record = recorded[plan.owner_queue.as_str()].clone();
             match reclaimer
@@ -219,27 +221,49 @@ pub(super) async fn begin_reclaims(
                         .metrics
                         .decided(&plan.owner_queue, Outcome::Reclaim);
                     tracing::info!(pod = %plan.owner_key, reclaim = %started.handover.id, "{plan}");
-                    Ok(ReclaimStart::Started(Box::new(started)))
+                    Ok(started)
                 }
                 // Reported once for the queue, by its write.
-                Err(BeginError::NotRecorded) => Err(if record.await == Some(true) {
-                    ReclaimStart::Failed
-                } else {
-                    ReclaimStart::Nothing
-                }),
-                Err(error) => Err(not_started(shared, &error)),
+                Err(error @ BeginError::NotRecorded) => Err((
+                    owner,
+                    if record.await == Some(true) {
+                        ReclaimStart::Failed(error.to_string())
+                    } else {
+                        ReclaimStart::Nothing
+                    },
+                )),
+                Err(error) => Err((owner, not_started(shared, &error))),
             }
         })
         .collect();
-    let mut any_failed = false;
+    let mut failed = Vec::new();
     while let Some(outcome) = starts.next().await {
-        match outcome.unwrap_or_else(|not| not) {
-            ReclaimStart::Started(reservation) => started(*reservation),
-            ReclaimStart::Failed => any_failed = true,
-            ReclaimStart::Nothing => {}
+        match outcome {
+            Ok(reservation) => started(reservation),
+            Err(((stored, key), ReclaimStart::Failed(why))) => {
+                announce_not_started(&shared.context, stored, &why);
+                failed.push(key.clone());
+            }
+            Err((_, ReclaimStart::Nothing)) => {}
         }
     }
-    any_failed
+    failed
+}
+
+/// Tells the owner why its reclaim did not start, and that it is tried again.
+fn announce_not_started(context: &Context, owner: &Pod, why: &str) {
+    context.events.send(
+        owner.object_ref(&()),
+        Notice {
+            warning: true,
+            reason: "ReclaimNotStarted",
+            action: "Reclaim",
+            note: format!(
+                "reclaiming GPUs for the pod did not start, tried again in {}s: {why}",
+                RETRY_AFTER.as_secs()
+            ),
+        },
+    );
 }
 
 /// Per owner queue of `prepared`, the one write recording its reclaims in its status, shared by
@@ -265,7 +289,7 @@ fn record_per_queue<'a>(
                     .await;
                 result
                     .err()
-                    .map(|error| matches!(not_started(shared, &error), ReclaimStart::Failed))
+                    .map(|error| matches!(not_started(shared, &error), ReclaimStart::Failed(_)))
             };
             (queue, write.boxed().shared())
         })
@@ -292,7 +316,7 @@ fn not_started(shared: &Shared, error: &BeginError) -> ReclaimStart {
     } else {
         shared.context.metrics.apply_failed(error.category());
         tracing::warn!(%error, "starting a reclaim failed; retrying");
-        ReclaimStart::Failed
+        ReclaimStart::Failed(error.to_string())
     }
 }
 

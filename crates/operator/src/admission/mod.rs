@@ -41,6 +41,7 @@ pub mod at_creation;
 mod context;
 mod device_claims;
 mod enforce;
+mod held_back;
 pub mod metrics;
 pub mod observe;
 mod report;
@@ -233,7 +234,9 @@ async fn pass(
         planned: decided.planned,
     };
     let mut reclaims = decided.reclaims;
-    reclaims.retain(|(_, plan)| !recovered.defers(&plan.node_name));
+    reclaims.retain(|(_, plan)| {
+        !recovered.defers(&plan.node_name) && !carried.held_back.holds(&plan.owner_key, started)
+    });
     let failed = begin_reclaims(shared, &reclaims, found, |started| {
         let Reservation {
             owner,
@@ -249,7 +252,12 @@ async fn pass(
         handovers.start(&shared.term, handover);
     })
     .await;
-    if failed {
+    if !failed.is_empty() {
+        // Held back from the passes their own failed writes wake, until the retry.
+        let now = tokio::time::Instant::now();
+        for owner in failed {
+            carried.held_back.hold(owner, now, now + RETRY_AFTER);
+        }
         let retry = shared.retry.clone();
         tasks.spawn(async move {
             tokio::time::sleep(RETRY_AFTER).await;
@@ -423,6 +431,7 @@ struct PassMemory {
     snapshot: KeptSnapshot,
     enforce: enforce::EnforceMemory,
     status_pacing: status_pacing::StatusPacing,
+    held_back: held_back::HeldBack,
 }
 
 /// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).
