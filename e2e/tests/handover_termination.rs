@@ -299,6 +299,25 @@ async fn an_owner_is_bound_only_after_a_victim_that_uses_its_whole_grace_period_
     assert_eq!(evicted, [&Change::Terminating(victim)], "{log:?}");
 }
 
+/// Waits until a policy just applied is in force: `write` (given the number of its try) is
+/// refused; the API server's message.
+async fn policy_refusal<F, Fut>(write: F) -> String
+where
+    F: Fn(u32) -> Fut,
+    Fut: Future<Output = kube::Result<Pod>>,
+{
+    let tries = AtomicU32::new(0);
+    wait_for("the policy to refuse", DEFAULT_TIMEOUT, || async {
+        match write(tries.fetch_add(1, Ordering::Relaxed)).await {
+            Err(kube::Error::Api(status)) => Ok(status.message),
+            Ok(_) => Err("written".to_owned()),
+            Err(other) => Err(other.to_string()),
+        }
+    })
+    .await
+    .unwrap()
+}
+
 /// A cluster policy that refuses any `pods/status` write changing a pod's annotations, as a
 /// cluster that guards annotations by policy may have.
 const STATUS_KEEPS_ANNOTATIONS: &str = r#"
@@ -347,21 +366,17 @@ async fn a_victim_whose_status_may_not_change_annotations_is_still_marked_and_ha
         .unwrap();
     // A new value each try: one written before the policy took effect must not make the next
     // try a no-op the policy lets through.
-    let tries = AtomicU32::new(0);
-    let refused = wait_for("the policy to refuse", DEFAULT_TIMEOUT, || async {
-        let note = tries.fetch_add(1, Ordering::Relaxed).to_string();
-        let forged = json!({"metadata": {"annotations": {"example.com/note": note}}});
-        match borrowers
-            .patch_status("b-0", &PatchParams::default(), &Patch::Merge(&forged))
-            .await
-        {
-            Err(kube::Error::Api(status)) => Ok(status.message),
-            Ok(_) => Err("written".to_owned()),
-            Err(other) => Err(other.to_string()),
+    let refused = policy_refusal(|attempt| {
+        let forged =
+            json!({"metadata": {"annotations": {"example.com/note": attempt.to_string()}}});
+        let borrowers = borrowers.clone();
+        async move {
+            borrowers
+                .patch_status("b-0", &PatchParams::default(), &Patch::Merge(&forged))
+                .await
         }
     })
-    .await
-    .unwrap();
+    .await;
     assert!(
         refused.contains("pods/status may not change annotations"),
         "{refused}"
@@ -456,25 +471,18 @@ async fn an_owner_a_policy_may_not_pin_is_tried_again_at_the_retry_pace_and_cost
         name: "example.com/hold".to_owned(),
     }]);
     create(&owners, &probe).await;
-    let tries = AtomicU32::new(0);
-    let refused = wait_for("the policy to refuse", DEFAULT_TIMEOUT, || async {
-        // A new key each try: only additions to a gated pod's nodeSelector are valid.
-        let key = format!(
-            "example.com/probe-{}",
-            tries.fetch_add(1, Ordering::Relaxed)
-        );
-        let pin = json!({"spec": {"nodeSelector": {key: "yes"}}});
-        match owners
-            .patch("probe", &PatchParams::default(), &Patch::Merge(&pin))
-            .await
-        {
-            Err(kube::Error::Api(status)) => Ok(status.message),
-            Ok(_) => Err("written".to_owned()),
-            Err(other) => Err(other.to_string()),
+    // A new key each try: only additions to a gated pod's nodeSelector are valid.
+    let refused = policy_refusal(|attempt| {
+        let pin =
+            json!({"spec": {"nodeSelector": {format!("example.com/probe-{attempt}"): "yes"}}});
+        let owners = owners.clone();
+        async move {
+            owners
+                .patch("probe", &PatchParams::default(), &Patch::Merge(&pin))
+                .await
         }
     })
-    .await
-    .unwrap();
+    .await;
     assert!(refused.contains("keep their nodeSelector"), "{refused}");
     let changes = Changes::watch(client.clone());
 
