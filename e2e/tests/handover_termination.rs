@@ -25,7 +25,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::{Pod, PodSchedulingGate};
 use kube::Client;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
@@ -41,6 +41,8 @@ enum Change {
     Gone(String),
     /// The pod was bound to a node.
     Bound(String),
+    /// The pod was marked `DisruptionTarget`.
+    Disrupted(String),
 }
 
 /// Every pod change of the cluster that matters here, in order, while the test runs (the
@@ -77,6 +79,7 @@ impl Changes {
                                 .deletion_timestamp
                                 .as_ref()
                                 .map(|_| Change::Terminating(key.clone())),
+                            disrupted(&pod).then(|| Change::Disrupted(key.clone())),
                         ]
                         .into_iter()
                         .flatten()
@@ -92,6 +95,21 @@ impl Changes {
             }
         });
         Self { log, watch }
+    }
+
+    /// The first pod of `namespace` the watch saw marked `DisruptionTarget`, once it has.
+    async fn first_disrupted(&self, namespace: &str) -> String {
+        wait_for("a pod to be marked", DEFAULT_TIMEOUT, || async {
+            self.snapshot()
+                .into_iter()
+                .find_map(|c| match c {
+                    Change::Disrupted(pod) if pod.starts_with(namespace) => Some(pod),
+                    _ => None,
+                })
+                .ok_or_else(|| format!("{:?}", self.snapshot()))
+        })
+        .await
+        .unwrap()
     }
 
     /// The first pod of `namespace` the watch saw terminating, once it has.
@@ -199,6 +217,11 @@ async fn night(client: &Client, online: &str, batch: &str) -> Api<Pod> {
     }
     all_running(&borrowers, 4).await;
     borrowers
+}
+
+/// Whether the pod carries `DisruptionTarget` (true).
+fn disrupted(pod: &Pod) -> bool {
+    pod_condition(pod, "DisruptionTarget").is_some_and(|c| c.status == "True")
 }
 
 /// The pod waits with a reason, was never admitted and the watch never saw it bound.
@@ -524,6 +547,32 @@ async fn an_owner_a_policy_may_not_pin_is_tried_again_at_the_retry_pace_and_cost
         "{log:?}"
     );
     all_running(&borrowers, 4).await;
+    // Each try marked a victim `DisruptionTarget` with its intent, and took both back: between
+    // tries no borrower carries either (a mark left behind would stay for two minutes).
+    changes.first_disrupted(batch.name()).await;
+    wait_for(
+        "no borrower to carry a reclaim's marks",
+        DEFAULT_TIMEOUT,
+        || async {
+            let list = borrowers
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let marked: Vec<String> = list
+                .items
+                .iter()
+                .filter(|p| disrupted(p) || annotation(p, annotations::RECLAIM_ID).is_some())
+                .map(|p| format!("{}: {:?}", key(p), p.metadata.annotations))
+                .collect();
+            if marked.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{marked:?}"))
+            }
+        },
+    )
+    .await
+    .unwrap();
 
     // Without the policy, the owner is handed over.
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());

@@ -4,7 +4,7 @@
 //! on those no budget guards, in the same write: their eviction is then one delete), then the
 //! owner's intent together with its admission and pin, in the order [`super::resume`] relies
 //! on (the owner keeps its gate until its room is free: [`super::release`]). What a failed
-//! start wrote is taken back, but for those marks.
+//! start wrote is taken back, marks included.
 //!
 //! A burst starts many handovers in one pass: each is [`prepared`](Reclaimer::prepare) (no
 //! write), every one of an owner queue is recorded in one status write
@@ -219,8 +219,7 @@ impl Reclaimer {
         let marked = match (marked, recorded) {
             (Ok(marked), true) => marked,
             (Ok(marked), false) => {
-                let pods: Vec<Pod> = marked.into_iter().map(|(pod, _)| pod).collect();
-                self.take_back(&pods, &intent.id).await;
+                self.take_back(&marked, &intent.id).await;
                 return Err(BeginError::NotRecorded);
             }
             (Err(error), true) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
@@ -230,7 +229,6 @@ impl Reclaimer {
         self.crash_after(Phase::Intent, &intent.id);
 
         // 2. Reserve: the owner's intent, admission and pin, in one patch (it stays gated).
-        let (marked, disruption_marked): (Vec<Pod>, Vec<bool>) = marked.into_iter().unzip();
         let owner = match self
             .reserve_owner(term, owner, plan, &intent, found.started_at, &marked)
             .await
@@ -238,6 +236,7 @@ impl Reclaimer {
             Ok(owner) => owner,
             Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
         };
+        let (marked, disruption_marked): (Vec<Pod>, Vec<bool>) = marked.into_iter().unzip();
         timeline.end(Phase::Reserve, Instant::now());
         self.crash_after(Phase::Reserve, &intent.id);
 
@@ -303,9 +302,8 @@ impl Reclaimer {
 
     /// Writes the intent on every victim at once, with the `DisruptionTarget` mark on each no
     /// budget guards (its eviction is then one delete); each victim as the API server returned
-    /// it, and whether it was marked. On a failure, the intents already written are taken back;
-    /// a mark stays on a pod that goes on running until kube-controller-manager clears it
-    /// (2 minutes), as when an eviction fails after the Eviction API marked the pod.
+    /// it, and whether it was marked. On a failure, the intents and marks already written are
+    /// taken back.
     async fn mark_victims(
         &self,
         term: &Term,
@@ -325,8 +323,7 @@ impl Reclaimer {
             }
         }
         if let Some(error) = failure {
-            let pods: Vec<Pod> = marked.into_iter().map(|(pod, _)| pod).collect();
-            self.take_back(&pods, &intent.id).await;
+            self.take_back(&marked, &intent.id).await;
             return Err(error.into());
         }
         Ok(marked)
@@ -367,7 +364,7 @@ impl Reclaimer {
         plan: &ReclaimPlan,
         intent: &Intent,
         at: Timestamp,
-        marked: &[Pod],
+        marked: &[(Pod, bool)],
     ) -> Result<Pod, BeginError> {
         if !term.is_current() {
             self.take_back(marked, &intent.id).await;
@@ -392,19 +389,37 @@ impl Reclaimer {
         }
     }
 
-    /// Removes this reclaim's intent from pods it was written on, best effort: what stays
-    /// behind goes stale and is cleaned up after the deadline.
-    async fn take_back(&self, pods: &[Pod], id: &str) {
-        join_all(pods.iter().map(|pod| async move {
-            let result = match intent::clear_patch(pod, id) {
-                Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
-                Err(error) => Err(error),
+    /// Removes this reclaim's intent from the victims it was written on, with the
+    /// `DisruptionTarget` mark on those marked with it (`true`), best effort: what stays behind
+    /// goes stale and is cleaned up after the deadline (a mark, by kube-controller-manager after
+    /// two minutes).
+    async fn take_back(&self, marked: &[(Pod, bool)], id: &str) {
+        join_all(marked.iter().map(|(pod, disrupted)| async move {
+            let result = if *disrupted {
+                self.take_back_marked(pod, id).await
+            } else {
+                self.take_back_intent(pod, id).await
             };
             if let Err(error) = result {
                 tracing::warn!(reclaim = id, %error, "taking back a reclaim intent failed; it is cleaned up once stale");
             }
         }))
         .await;
+    }
+
+    /// The intent and the mark in one `pods/status` write, as they were written; refused
+    /// together (a policy on `pods/status`), the intent alone.
+    async fn take_back_marked(&self, pod: &Pod, id: &str) -> Result<(), PatchError> {
+        let patch = intent::clear_with_disruption_patch(pod, id, evict::DISRUPTION_REASON)?;
+        match self.patch_pod_status(pod, patch).await {
+            Err(PatchError::Refused { .. }) => self.take_back_intent(pod, id).await,
+            result => result.map(drop),
+        }
+    }
+
+    async fn take_back_intent(&self, pod: &Pod, id: &str) -> Result<(), PatchError> {
+        let patch = intent::clear_patch(pod, id)?;
+        self.patch_pod(pod, patch).await.map(drop)
     }
 }
 

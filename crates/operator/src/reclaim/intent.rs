@@ -225,6 +225,37 @@ pub fn progress_patch(pod: &Pod, id: &str) -> Result<json_patch::Patch, PatchErr
 /// The patch that removes reclaim `id`'s annotations from `pod` (those it shows), provided it
 /// still carries that id.
 pub fn clear_patch(pod: &Pod, id: &str) -> Result<json_patch::Patch, PatchError> {
+    encode(pod, clear_operations(pod, id))
+}
+
+/// [`clear_patch`] for the `pods/status` endpoint, that also takes back the `DisruptionTarget`
+/// condition with `reason` [`victim_intent_and_disruption_patch`] wrote (a start that failed
+/// after it: the pod is not evicted after all).
+pub fn clear_with_disruption_patch(
+    pod: &Pod,
+    id: &str,
+    reason: &str,
+) -> Result<json_patch::Patch, PatchError> {
+    let mut operations = clear_operations(pod, id);
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    let ours = conditions.and_then(|conditions| {
+        conditions
+            .iter()
+            .position(|c| c.type_ == DISRUPTION_TARGET && c.reason.as_deref() == Some(reason))
+    });
+    if let Some(at) = ours {
+        let path = format!("/status/conditions/{at}");
+        operations.extend([
+            json!({"op": "test", "path": format!("{path}/type"), "value": DISRUPTION_TARGET}),
+            json!({"op": "test", "path": format!("{path}/reason"), "value": reason}),
+            json!({"op": "remove", "path": path}),
+        ]);
+    }
+    encode(pod, operations)
+}
+
+/// Tests that `pod` carries reclaim `id`, then removes its annotations (those it shows).
+fn clear_operations(pod: &Pod, id: &str) -> Vec<Value> {
     let present = pod.metadata.annotations.as_ref();
     let mut operations = vec![
         json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
@@ -235,7 +266,7 @@ pub fn clear_patch(pod: &Pod, id: &str) -> Result<json_patch::Patch, PatchError>
             operations.push(json!({"op": "remove", "path": annotation_path(key)}));
         }
     }
-    encode(pod, operations)
+    operations
 }
 
 /// Tests of the pod's identity and version, which the intent must be based on.
@@ -386,6 +417,42 @@ mod tests {
         let mut newer = seen;
         newer.metadata.resource_version = Some("43".into());
         assert!(apply(&newer, &patch).is_err());
+    }
+
+    #[test]
+    fn taking_back_a_marked_victim_removes_its_intent_and_only_our_disruption_mark() {
+        let mark =
+            json!({"type": DISRUPTION_TARGET, "status": "True", "reason": "PreemptionByGpuQueue"});
+        let ready = json!({"type": "Ready", "status": "True"});
+        for status in [None, Some(json!({"conditions": [ready.clone()]}))] {
+            let mut victim = pod(Some(json!({"team": "b"})), false);
+            victim.status = status.map(|s| serde_json::from_value(s).unwrap());
+            let patch = victim_intent_and_disruption_patch(&victim, &intent(), &mark).unwrap();
+            let marked = apply(&victim, &patch).unwrap();
+            let back = clear_with_disruption_patch(&marked, "rc-1", "PreemptionByGpuQueue");
+            let cleared = apply(&marked, &back.unwrap()).unwrap();
+            assert_eq!(Mark::read(&cleared), None);
+            let conditions = cleared
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default();
+            assert!(
+                conditions.iter().all(|c| c.type_ != DISRUPTION_TARGET),
+                "{conditions:?}"
+            );
+            assert_eq!(conditions.len(), usize::from(victim.status.is_some()));
+        }
+        // Somebody else's mark is not ours to take back; another reclaim's victim is refused.
+        let mut victim = pod(Some(json!({"team": "b"})), false);
+        let theirs =
+            json!({"type": DISRUPTION_TARGET, "status": "True", "reason": "EvictionByEvictionAPI"});
+        victim.status = Some(serde_json::from_value(json!({"conditions": [theirs]})).unwrap());
+        let marked = apply(&victim, &victim_intent_patch(&victim, &intent()).unwrap()).unwrap();
+        let back = clear_with_disruption_patch(&marked, "rc-1", "PreemptionByGpuQueue").unwrap();
+        let cleared = apply(&marked, &back).unwrap();
+        assert_eq!(cleared.status, victim.status);
+        let other = clear_with_disruption_patch(&marked, "rc-2", "PreemptionByGpuQueue").unwrap();
+        assert!(apply(&marked, &other).is_err());
     }
 
     #[test]
