@@ -99,28 +99,34 @@ impl Changes {
 
     /// The first pod of `namespace` the watch saw marked `DisruptionTarget`, once it has.
     async fn first_disrupted(&self, namespace: &str) -> String {
-        wait_for("a pod to be marked", DEFAULT_TIMEOUT, || async {
-            self.snapshot()
-                .into_iter()
-                .find_map(|c| match c {
-                    Change::Disrupted(pod) if pod.starts_with(namespace) => Some(pod),
-                    _ => None,
-                })
-                .ok_or_else(|| format!("{:?}", self.snapshot()))
+        self.first("a pod to be marked", namespace, |c| match c {
+            Change::Disrupted(pod) => Some(pod),
+            _ => None,
         })
         .await
-        .unwrap()
     }
 
     /// The first pod of `namespace` the watch saw terminating, once it has.
     async fn first_evicted(&self, namespace: &str) -> String {
-        wait_for("a pod to be evicted", DEFAULT_TIMEOUT, || async {
+        self.first("a pod to be evicted", namespace, |c| match c {
+            Change::Terminating(pod) => Some(pod),
+            _ => None,
+        })
+        .await
+    }
+
+    /// The first pod of `namespace` that `pick` finds in a change the watch saw, once it has.
+    async fn first(
+        &self,
+        what: &str,
+        namespace: &str,
+        pick: impl Fn(Change) -> Option<String>,
+    ) -> String {
+        wait_for(what, DEFAULT_TIMEOUT, || async {
             self.snapshot()
                 .into_iter()
-                .find_map(|c| match c {
-                    Change::Terminating(pod) if pod.starts_with(namespace) => Some(pod),
-                    _ => None,
-                })
+                .filter_map(&pick)
+                .find(|pod| pod.starts_with(namespace))
                 .ok_or_else(|| format!("{:?}", self.snapshot()))
         })
         .await
