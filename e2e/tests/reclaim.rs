@@ -22,7 +22,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    describe_pod, fake_vllm_on, gpu_pod, node_of, wait_for,
+    describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm, FaultAction, Phase};
 use k8s_openapi::api::core::v1::Pod;
@@ -942,6 +942,12 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
         .await
         .unwrap();
     gone(&crashed.owners, "owner").await;
+    let marked = pods.get(victim).await.unwrap();
+    assert!(
+        preempted_by_us(&marked),
+        "the intent went with a DisruptionTarget mark: {:?}",
+        marked.status
+    );
 
     let world = &mut crashed.world;
     world.operator =
@@ -954,6 +960,10 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
     assert_eq!(servers[victim].calls_to("/resume").len(), 1, "resumed once");
     assert_eq!(servers[victim].calls_to("/pause").len(), 1, "paused once");
     intent_cleared(pods, victim).await;
+    // Its mark went with its intent, in the same write: it is not disrupted after all, and
+    // does not wait two minutes for kube-controller-manager to say so.
+    let cleared = pods.get(victim).await.unwrap();
+    assert!(!preempted_by_us(&cleared), "{:?}", cleared.status);
     // Both borrowers are the pods they were: nobody was evicted.
     for pod in &crashed.borrowers {
         let now = pods.get(&name(pod)).await.unwrap();
@@ -1209,6 +1219,12 @@ async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_cou
         0,
         "this operator never stopped, so nothing was resumed"
     );
+}
+
+/// Whether `pod` carries the `DisruptionTarget` condition the operator writes on a victim.
+fn preempted_by_us(pod: &Pod) -> bool {
+    pod_condition(pod, "DisruptionTarget")
+        .is_some_and(|c| c.reason.as_deref() == Some("PreemptionByGpuQueue"))
 }
 
 /// Waits until the pod `name` no longer carries a reclaim intent.

@@ -395,31 +395,11 @@ impl Reclaimer {
     /// two minutes).
     async fn take_back(&self, marked: &[(Pod, bool)], id: &str) {
         join_all(marked.iter().map(|(pod, disrupted)| async move {
-            let result = if *disrupted {
-                self.take_back_marked(pod, id).await
-            } else {
-                self.take_back_intent(pod, id).await
-            };
-            if let Err(error) = result {
+            if let Err(error) = self.take_back_intent(pod, id, *disrupted).await {
                 tracing::warn!(reclaim = id, %error, "taking back a reclaim intent failed; it is cleaned up once stale");
             }
         }))
         .await;
-    }
-
-    /// The intent and the mark in one `pods/status` write, as they were written; refused
-    /// together (a policy on `pods/status`), the intent alone.
-    async fn take_back_marked(&self, pod: &Pod, id: &str) -> Result<(), PatchError> {
-        let patch = intent::clear_with_disruption_patch(pod, id, evict::DISRUPTION_REASON)?;
-        match self.patch_pod_status(pod, patch).await {
-            Err(PatchError::Refused { .. }) => self.take_back_intent(pod, id).await,
-            result => result.map(drop),
-        }
-    }
-
-    async fn take_back_intent(&self, pod: &Pod, id: &str) -> Result<(), PatchError> {
-        let patch = intent::clear_patch(pod, id)?;
-        self.patch_pod(pod, patch).await.map(drop)
     }
 }
 

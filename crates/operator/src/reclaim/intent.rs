@@ -237,13 +237,7 @@ pub fn clear_with_disruption_patch(
     reason: &str,
 ) -> Result<json_patch::Patch, PatchError> {
     let mut operations = clear_operations(pod, id);
-    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
-    let ours = conditions.and_then(|conditions| {
-        conditions
-            .iter()
-            .position(|c| c.type_ == DISRUPTION_TARGET && c.reason.as_deref() == Some(reason))
-    });
-    if let Some(at) = ours {
+    if let Some(at) = disruption_mark_at(pod, reason) {
         let path = format!("/status/conditions/{at}");
         operations.extend([
             json!({"op": "test", "path": format!("{path}/type"), "value": DISRUPTION_TARGET}),
@@ -252,6 +246,20 @@ pub fn clear_with_disruption_patch(
         ]);
     }
     encode(pod, operations)
+}
+
+/// Whether `pod` carries the `DisruptionTarget` condition with `reason` and is not terminating:
+/// a mark to take back with the intent, since the pod is not evicted after all.
+pub fn carries_disruption_mark(pod: &Pod, reason: &str) -> bool {
+    pod.metadata.deletion_timestamp.is_none() && disruption_mark_at(pod, reason).is_some()
+}
+
+/// Where in `pod`'s conditions the `DisruptionTarget` condition with `reason` is.
+fn disruption_mark_at(pod: &Pod, reason: &str) -> Option<usize> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    conditions
+        .iter()
+        .position(|c| c.type_ == DISRUPTION_TARGET && c.reason.as_deref() == Some(reason))
 }
 
 /// Tests that `pod` carries reclaim `id`, then removes its annotations (those it shows).
@@ -312,6 +320,7 @@ fn encode(pod: &Pod, operations: Vec<Value>) -> Result<json_patch::Patch, PatchE
 #[cfg(test)]
 mod tests {
     use gpuqueue_api::ADMISSION_GATE;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
 
@@ -429,9 +438,11 @@ mod tests {
             victim.status = status.map(|s| serde_json::from_value(s).unwrap());
             let patch = victim_intent_and_disruption_patch(&victim, &intent(), &mark).unwrap();
             let marked = apply(&victim, &patch).unwrap();
+            assert!(carries_disruption_mark(&marked, "PreemptionByGpuQueue"));
             let back = clear_with_disruption_patch(&marked, "rc-1", "PreemptionByGpuQueue");
             let cleared = apply(&marked, &back.unwrap()).unwrap();
             assert_eq!(Mark::read(&cleared), None);
+            assert!(!carries_disruption_mark(&cleared, "PreemptionByGpuQueue"));
             let conditions = cleared
                 .status
                 .and_then(|s| s.conditions)
@@ -448,11 +459,23 @@ mod tests {
             json!({"type": DISRUPTION_TARGET, "status": "True", "reason": "EvictionByEvictionAPI"});
         victim.status = Some(serde_json::from_value(json!({"conditions": [theirs]})).unwrap());
         let marked = apply(&victim, &victim_intent_patch(&victim, &intent()).unwrap()).unwrap();
+        assert!(!carries_disruption_mark(&marked, "PreemptionByGpuQueue"));
         let back = clear_with_disruption_patch(&marked, "rc-1", "PreemptionByGpuQueue").unwrap();
         let cleared = apply(&marked, &back).unwrap();
         assert_eq!(cleared.status, victim.status);
         let other = clear_with_disruption_patch(&marked, "rc-2", "PreemptionByGpuQueue").unwrap();
         assert!(apply(&marked, &other).is_err());
+    }
+
+    #[test]
+    fn a_terminating_victims_mark_is_its_eviction_not_one_to_take_back() {
+        let mark =
+            json!({"type": DISRUPTION_TARGET, "status": "True", "reason": "PreemptionByGpuQueue"});
+        let mut victim = pod(None, false);
+        victim.status = Some(serde_json::from_value(json!({"conditions": [mark]})).unwrap());
+        assert!(carries_disruption_mark(&victim, "PreemptionByGpuQueue"));
+        victim.metadata.deletion_timestamp = Some(Time("2026-01-01T00:00:00Z".parse().unwrap()));
+        assert!(!carries_disruption_mark(&victim, "PreemptionByGpuQueue"));
     }
 
     #[test]

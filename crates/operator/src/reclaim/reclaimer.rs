@@ -13,7 +13,9 @@ use kube::{
 };
 
 use super::{
+    evict,
     handover::{Handover, HandoverPod},
+    intent,
     metrics::ReclaimMetrics,
     planned::PlannedBudgets,
     record::RecordWriter,
@@ -151,6 +153,26 @@ impl Reclaimer {
         patch: json_patch::Patch,
     ) -> Result<Pod, PatchError> {
         self.json_patch(pod, Some("status"), patch).await
+    }
+
+    /// Removes reclaim `id`'s intent from `pod`, and the `DisruptionTarget` mark written with
+    /// it when `marked`: the pod is not evicted after all. Both go in one `pods/status` write,
+    /// as they were written; refused there (a policy on `pods/status`), the intent goes alone.
+    pub(super) async fn take_back_intent(
+        &self,
+        pod: &Pod,
+        id: &str,
+        marked: bool,
+    ) -> Result<(), PatchError> {
+        if marked {
+            let patch = intent::clear_with_disruption_patch(pod, id, evict::DISRUPTION_REASON)?;
+            match self.patch_pod_status(pod, patch).await {
+                Err(PatchError::Refused { .. }) => {}
+                result => return result.map(drop),
+            }
+        }
+        let patch = intent::clear_patch(pod, id)?;
+        self.patch_pod(pod, patch).await.map(drop)
     }
 
     async fn json_patch(

@@ -12,7 +12,7 @@
 //! | what the store shows for reclaim id X | what it means | what is done |
 //! | --- | --- | --- |
 //! | an owner, released or held (gated, admitted and pinned) | the owner was promised the node | **resume**: checkpoint the victims not marked `checkpointing`, evict those not terminating, wait (releasing a held owner once its room is free), record, clear |
-//! | victims only (or a gated owner not admitted), deadline passed | the intent was never committed, or its owner is gone | **abandon**: clear the victims' marks; a victim already marked `checkpointing` (its server is paused) is resumed first, never evicted: with no owner waiting it is no longer a victim, and its queue may be within its guarantee by now |
+//! | victims only (or a gated owner not admitted), deadline passed | the intent was never committed, or its owner is gone | **abandon**: clear the victims' marks (with the `DisruptionTarget` condition written with them); a victim already marked `checkpointing` (its server is paused) is resumed first, never evicted: with no owner waiting it is no longer a victim, and its queue may be within its guarantee by now |
 //! | victims only, deadline not passed | another writer may still be committing it | wait for the deadline |
 //!
 //! No step is ever repeated: a victim marked `checkpointing` is never called again, a
@@ -33,6 +33,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use super::{
+    evict,
     handover::{Handover, HandoverPod, OwnerRelease, Victim, admitted_queue, checkpoint_policy},
     intent::{self, Mark, Role},
     reclaimer::Reclaimer,
@@ -278,11 +279,10 @@ impl Reclaimer {
         } else {
             String::new()
         };
-        let cleared = match intent::clear_patch(pod, id) {
-            Ok(patch) => self.patch_pod(pod, patch).await.map(drop),
-            Err(error) => Err(error),
-        };
-        match cleared {
+        // A victim the intent marked `DisruptionTarget` would otherwise keep the mark until
+        // kube-controller-manager drops it, two minutes on, though it is not evicted.
+        let marked = intent::carries_disruption_mark(pod, evict::DISRUPTION_REASON);
+        match self.take_back_intent(pod, id, marked).await {
             Ok(()) => PodAbandon::Done(format!(
                 "reclaim {id} was abandoned: {reason}; {resumed}its intent was removed and the pod is decided again"
             )),
