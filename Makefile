@@ -168,7 +168,7 @@ demo-down: ## Stop the demo's fake vLLM, its operator and its cluster (make demo
 	@E2E_DIR=$(E2E_DIR) e2e/scripts/demo-down.sh
 
 .PHONY: bench-peers
-bench-peers: ## gpuqueue and Kueue side by side: reclaim (50), burst 2 -> 24, admission (1,000 pods, 100 nodes), quota honesty; builds Kueue once (--peers); writes e2e/results/peers.{json,md}
+bench-peers: ## gpuqueue and Kueue side by side: reclaim (50), bursts 2 -> 14 and 2 -> 24, admission (1,000 pods, 100 nodes), quota honesty; builds Kueue once (--peers); writes e2e/results/peers.{json,md}
 	bin=$$($(E2E_TOOLS) --peers | tail -n1) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench peers
 
 .PHONY: bench-scale

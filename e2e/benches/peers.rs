@@ -19,9 +19,10 @@
 //!    `BENCH_RECLAIMS` times (default 50) per system: owner bound p50/p99 and victims per
 //!    reclaim (1 is minimal). gpuqueue also with its vLLM checkpoint (the fake's pause takes
 //!    1.2 s); Kueue has no checkpoint.
-//! 2. **Burst reclaim**: the owner Deployment scales from 2 to 2 + `BENCH_BURST_PODS` replicas
-//!    (default 22: the whole cluster), `BENCH_BURST_ROUNDS` rounds (default 5): time to the
-//!    last owner pod bound, pods evicted against the minimum.
+//! 2. **Burst reclaim**: the owner Deployment scales from 2 to 2 + N replicas, for each N of
+//!    `BENCH_BURST_PODS` (comma-separated; default 12, the burst whose target the handover
+//!    benchmark reports, and 22, the whole cluster; 0 skips bursts), `BENCH_BURST_ROUNDS` rounds each (default 5), each on a settled
+//!    cluster: time to the last owner pod bound, pods evicted against the minimum.
 //! 3. **Admission** (`BENCH_ADMISSION_NODES` × 8 GPUs, default 100): `BENCH_PODS` one-GPU pods
 //!    (default 1,000) over 4 tenants guaranteed a quarter of the GPUs each (nothing
 //!    burstable), created by `BENCH_CREATORS` clients at once (default 50), `BENCH_ROUNDS` rounds
@@ -49,7 +50,7 @@ mod side;
 
 use std::time::Duration;
 
-use gpuqueue_e2e::{Kueue, env_number};
+use gpuqueue_e2e::{Kueue, env_number, env_numbers};
 
 use scenarios::ReclaimState;
 use side::{Side, System, Tenant, gpus};
@@ -78,7 +79,7 @@ const VLLM_CHECKPOINT: &str =
 pub struct Knobs {
     nodes: usize,
     reclaims: usize,
-    burst_pods: usize,
+    burst_pods: Vec<usize>,
     burst_rounds: usize,
     admission_nodes: usize,
     pods: usize,
@@ -95,7 +96,13 @@ impl Knobs {
         Self {
             nodes,
             reclaims: env_number("BENCH_RECLAIMS", 50),
-            burst_pods: env_number("BENCH_BURST_PODS", gpus(nodes) - scenarios::BASE_REPLICAS),
+            burst_pods: burst_sizes(
+                env_numbers(
+                    "BENCH_BURST_PODS",
+                    vec![12, gpus(nodes) - scenarios::BASE_REPLICAS],
+                ),
+                nodes,
+            ),
             burst_rounds: env_number("BENCH_BURST_ROUNDS", 5),
             admission_nodes: env_number("BENCH_ADMISSION_NODES", 100),
             pods: env_number("BENCH_PODS", 1000),
@@ -113,6 +120,15 @@ impl Knobs {
             },
         }
     }
+}
+
+/// The burst sizes asked for that fit beside the base replicas (the cluster is full), each once,
+/// smallest first.
+fn burst_sizes(mut asked: Vec<usize>, nodes: usize) -> Vec<usize> {
+    asked.retain(|&pods| pods > 0 && pods <= gpus(nodes) - scenarios::BASE_REPLICAS);
+    asked.sort_unstable();
+    asked.dedup();
+    asked
 }
 
 /// The two systems in round `round`'s order: gpuqueue first in even rounds, Kueue in odd.
@@ -242,13 +258,15 @@ async fn reclaim_scenarios(
     }
     sides[0].set_reclaim(&tenants[1], NO_CHECKPOINT).await;
     let mut bursts = Vec::new();
-    for round in 0..=knobs.burst_rounds {
-        for system in order(round) {
-            let i = system as usize;
-            let sample = scenarios::burst(&sides[i], &mut states[i], gpus, knobs.burst_pods).await;
-            eprintln!("burst {} #{round}: {sample:?}", system.name());
-            if round > 0 {
-                bursts.push(sample);
+    for &pods in &knobs.burst_pods {
+        for round in 0..=knobs.burst_rounds {
+            for system in order(round) {
+                let i = system as usize;
+                let sample = scenarios::burst(&sides[i], &mut states[i], gpus, pods).await;
+                eprintln!("burst {} of {pods} #{round}: {sample:?}", system.name());
+                if round > 0 {
+                    bursts.push(sample);
+                }
             }
         }
     }

@@ -50,7 +50,7 @@ pub use invariants::{
     InvariantViolation, QuotaReport, QuotaSampler, Rule, SAMPLE_INTERVAL, TenantQuota, Violation,
     reflect, wall_clock_ms,
 };
-pub use knobs::env_number;
+pub use knobs::{env_number, env_numbers};
 pub use kueue::{KUEUE_GATE, KUEUE_NAMESPACE, Kueue, KueueConfig, KueueTenant, QUEUE_NAME_LABEL};
 pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
 pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};

@@ -99,6 +99,37 @@ pub fn write(results: &Results) {
     println!("written to {}", dir.display());
 }
 
+/// The rows of the bursts of `pods` owner pods: last owner bound, and pods evicted against the
+/// minimum.
+fn burst_rows(out: &mut String, all: &[Burst], pods: usize) {
+    let bursts = |system| -> (Vec<f64>, usize, usize) {
+        let of: Vec<&Burst> = all
+            .iter()
+            .filter(|b| b.system == system && b.owner_pods == pods)
+            .collect();
+        (
+            sorted(of.iter().map(|b| b.last_bound_ms)),
+            of.iter().map(|b| b.evicted).sum(),
+            of.iter().map(|b| b.minimum).sum(),
+        )
+    };
+    let (gb, ge, gm) = bursts(System::Gpuqueue);
+    let (qb, qe, qm) = bursts(System::Kueue);
+    let _ = writeln!(
+        out,
+        "| burst 2 → {} replicas | last owner bound, median / max | {} / {} | {} / {} | — |",
+        2 + pods,
+        ms(percentile(&gb, 0.5)),
+        ms(gb.last().copied().unwrap_or(f64::NAN)),
+        ms(percentile(&qb, 0.5)),
+        ms(qb.last().copied().unwrap_or(f64::NAN)),
+    );
+    let _ = writeln!(
+        out,
+        "| burst of {pods} | pods evicted / minimum, all rounds | {ge} / {gm} | {qe} / {qm} | equal |"
+    );
+}
+
 #[allow(clippy::too_many_lines)] // one table, row by row
 fn markdown(results: &Results) -> String {
     let k = &results.knobs;
@@ -106,7 +137,8 @@ fn markdown(results: &Results) -> String {
         "# gpuqueue and Kueue on the same cluster\n\n\
          Identical fresh clusters per system ({}), rounds alternating which system \
          goes first; times from the request sent to this process's watch seeing the pod bound. \
-         Reclaim and burst: {} nodes × 8 GPUs, {} reclaims, {} bursts of {} owner pods. \
+         Reclaim and burst: {} nodes × 8 GPUs, {} reclaims, {} bursts of each of {:?} owner \
+         pods, each on a settled cluster. \
          {} Operator build: {}. Load average before: {}; after: {}.\n\n\
          Reproduce: `{}`.\n\n",
         if k.node_behaviour == "kubelet" {
@@ -180,33 +212,9 @@ fn markdown(results: &Results) -> String {
         victims_cell(&gcv),
         victims_cell(&qv),
     );
-    let bursts = |system| -> (Vec<f64>, usize, usize) {
-        let of: Vec<&Burst> = results
-            .bursts
-            .iter()
-            .filter(|b| b.system == system)
-            .collect();
-        (
-            sorted(of.iter().map(|b| b.last_bound_ms)),
-            of.iter().map(|b| b.evicted).sum(),
-            of.iter().map(|b| b.minimum).sum(),
-        )
-    };
-    let (gb, ge, gm) = bursts(System::Gpuqueue);
-    let (qb, qe, qm) = bursts(System::Kueue);
-    let _ = writeln!(
-        out,
-        "| burst 2 → {} replicas | last owner bound, median / max | {} / {} | {} / {} | — |",
-        2 + k.burst_pods,
-        ms(percentile(&gb, 0.5)),
-        ms(gb.last().copied().unwrap_or(f64::NAN)),
-        ms(percentile(&qb, 0.5)),
-        ms(qb.last().copied().unwrap_or(f64::NAN)),
-    );
-    let _ = writeln!(
-        out,
-        "| burst | pods evicted / minimum, all rounds | {ge} / {gm} | {qe} / {qm} | equal |"
-    );
+    for &pods in &k.burst_pods {
+        burst_rows(&mut out, &results.bursts, pods);
+    }
     let best = |system| {
         results
             .admissions

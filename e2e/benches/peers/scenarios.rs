@@ -165,6 +165,11 @@ fn deployment(replicas: usize) -> serde_json::Value {
 /// Replicas of the owner Deployment between bursts.
 pub const BASE_REPLICAS: usize = 2;
 
+/// The pause between the borrowers refilled and the scale request: as the handover benchmark's
+/// (its `QUIET`, twice), longer than gpuqueue's 300 ms gathering of handover records and
+/// KWOK's move of the new borrowers to Running; the same for both systems.
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// One burst: the owner Deployment at [`BASE_REPLICAS`], every other GPU held by borrowers,
 /// is scaled up by `pods`; measured to the last new owner pod bound. Leaves the Deployment at
 /// its base with the borrowers refilled.
@@ -187,6 +192,9 @@ pub async fn burst(side: &Side, state: &mut ReclaimState, gpus: usize, pods: usi
         &mut state.next_borrower,
     )
     .await;
+    // A morning's scale-up starts on a settled cluster: the round before has written its last
+    // records and statuses, and the refilled borrowers are running.
+    tokio::time::sleep(SETTLE).await;
     let before: Vec<String> = side
         .tenant_times(OWNER)
         .into_iter()
