@@ -24,6 +24,9 @@ pub struct Handovers {
     /// Outcomes other than Completed, by outcome.
     pub not_completed: BTreeMap<String, usize>,
     pub over_budget: Vec<OverBudget>,
+    /// Each handover that did not complete, with every fault that overlapped it (leader
+    /// faults too: a resumed handover may end incomplete because of one).
+    pub incomplete: Vec<OverBudget>,
 }
 
 /// A handover over its budget, and the control-plane faults that overlapped it.
@@ -63,23 +66,37 @@ pub fn handovers(
             } else {
                 out.completed_over_budget += 1;
                 out.over_budget.push(OverBudget {
-                    faults: overlapping_outages(record, injected, settle),
+                    faults: overlapping_faults(record, injected, settle, Leaders::Left),
                     record: record.clone(),
                 });
             }
         } else {
             *out.not_completed.entry(record.outcome.clone()).or_default() += 1;
+            out.incomplete.push(OverBudget {
+                faults: overlapping_faults(record, injected, settle, Leaders::Counted),
+                record: record.clone(),
+            });
         }
     }
     out
 }
 
-/// The control-plane faults whose outage overlapped `record`'s run (its start has whole
-/// seconds, so the run is taken as one second longer).
-fn overlapping_outages(
+/// Whether the faults that struck the leader count among those that overlapped a handover.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Leaders {
+    /// Left out: a handover whose leader was struck is resumed, and its record says so.
+    Left,
+    Counted,
+}
+
+/// The faults whose outage overlapped `record`'s run (its start has whole seconds, so the run
+/// is taken as one second longer): the control plane's, and the leader's if `leaders` counts
+/// them.
+fn overlapping_faults(
     record: &HandoverRecord,
     injected: &[Injected],
     settle: Duration,
+    leaders: Leaders,
 ) -> Vec<String> {
     let Some(started) = record.started_at.as_ref() else {
         return Vec::new();
@@ -88,7 +105,10 @@ fn overlapping_outages(
     let end = start + 1000 + u64::try_from(record.total_millis).unwrap_or(0);
     injected
         .iter()
-        .filter(|f| !matches!(f.kind, FaultKind::KillLeader | FaultKind::PauseLeader))
+        .filter(|f| {
+            leaders == Leaders::Counted
+                || !matches!(f.kind, FaultKind::KillLeader | FaultKind::PauseLeader)
+        })
         .filter(|f| {
             let outage_end = f.at_unix_ms + f.down_ms + millis(settle);
             f.at_unix_ms <= end && start <= outage_end
@@ -210,6 +230,7 @@ fn markdown(soak: &Soak) -> String {
     );
     if !h.not_completed.is_empty() {
         let _ = writeln!(md, "Not completed, by outcome: {:?}\n", h.not_completed);
+        incomplete_lines(&mut md, h);
     }
     over_budget_lines(&mut md, h);
     for v in &soak.invariants.violations {
@@ -245,6 +266,30 @@ fn over_budget_lines(md: &mut String, h: &Handovers) {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+    }
+}
+
+/// One line per handover that did not complete: its outcome, start and the faults around it.
+fn incomplete_lines(md: &mut String, h: &Handovers) {
+    for o in &h.incomplete {
+        let started = o
+            .record
+            .started_at
+            .as_ref()
+            .map_or_else(|| "?".to_owned(), |t| t.0.to_string());
+        let faults = if o.faults.is_empty() {
+            "no fault overlapped it".to_owned()
+        } else {
+            o.faults.join("; ")
+        };
+        let _ = writeln!(
+            md,
+            "- not completed: {} (owner {}, started {started}): {}; {faults}",
+            o.record.id, o.record.owner_pod, o.record.outcome
+        );
+    }
+    if !h.incomplete.is_empty() {
+        md.push('\n');
     }
 }
 
