@@ -21,8 +21,9 @@
 //!    1.2 s); Kueue has no checkpoint.
 //! 2. **Burst reclaim**: the owner Deployment scales from 2 to 2 + N replicas, for each N of
 //!    `BENCH_BURST_PODS` (comma-separated; default 12, the burst whose target the handover
-//!    benchmark reports, and 22, the whole cluster; 0 skips bursts), `BENCH_BURST_ROUNDS` rounds each (default 5), each on a settled
-//!    cluster: time to the last owner pod bound, pods evicted against the minimum.
+//!    benchmark reports, and 22, the whole cluster; 0 skips bursts), `BENCH_BURST_ROUNDS`
+//!    rounds each (default 5), each on a settled cluster: time to the last owner pod bound,
+//!    pods evicted against the minimum.
 //! 3. **Admission** (`BENCH_ADMISSION_NODES` × 8 GPUs, default 100): `BENCH_PODS` one-GPU pods
 //!    (default 1,000) over 4 tenants guaranteed a quarter of the GPUs each (nothing
 //!    burstable), created by `BENCH_CREATORS` clients at once (default 50), `BENCH_ROUNDS` rounds

@@ -23,18 +23,19 @@ pub struct Handovers {
     pub completed_over_budget: usize,
     /// Outcomes other than Completed, by outcome.
     pub not_completed: BTreeMap<String, usize>,
-    pub over_budget: Vec<OverBudget>,
+    pub over_budget: Vec<Struck>,
     /// Each handover that did not complete, with every fault that overlapped it (leader
     /// faults too: a resumed handover may end incomplete because of one).
-    pub incomplete: Vec<OverBudget>,
+    pub incomplete: Vec<Struck>,
 }
 
-/// A handover over its budget, and the control-plane faults that overlapped it.
+/// A handover, and the faults that overlapped it.
 #[derive(Debug, Clone, serde::Serialize)]
-pub struct OverBudget {
+pub struct Struck {
     pub record: HandoverRecord,
     /// The API server or etcd down (or restarted to force relists) while it ran, or within
-    /// `settle` before it: the handover could not reach the API (`kind at_unix_ms`).
+    /// `settle` before it: the handover could not reach the API (`kind at_unix_ms`); for a
+    /// handover that did not complete, the leader's faults too.
     pub faults: Vec<String>,
 }
 
@@ -65,14 +66,14 @@ pub fn handovers(
                 out.completed_within_budget += 1;
             } else {
                 out.completed_over_budget += 1;
-                out.over_budget.push(OverBudget {
+                out.over_budget.push(Struck {
                     faults: overlapping_faults(record, injected, settle, Leaders::Left),
                     record: record.clone(),
                 });
             }
         } else {
             *out.not_completed.entry(record.outcome.clone()).or_default() += 1;
-            out.incomplete.push(OverBudget {
+            out.incomplete.push(Struck {
                 faults: overlapping_faults(record, injected, settle, Leaders::Counted),
                 record: record.clone(),
             });
@@ -248,11 +249,7 @@ fn markdown(soak: &Soak) -> String {
 /// One line per handover over its budget: its phases, and the outage that explains it.
 fn over_budget_lines(md: &mut String, h: &Handovers) {
     for o in &h.over_budget {
-        let why = if o.faults.is_empty() {
-            "no control-plane fault overlapped it".to_owned()
-        } else {
-            o.faults.join("; ")
-        };
+        let why = faults_text(&o.faults, "no control-plane fault overlapped it");
         let _ = writeln!(
             md,
             "- over budget: {} ({} ms of {}), {}: {why}",
@@ -277,11 +274,7 @@ fn incomplete_lines(md: &mut String, h: &Handovers) {
             .started_at
             .as_ref()
             .map_or_else(|| "?".to_owned(), |t| t.0.to_string());
-        let faults = if o.faults.is_empty() {
-            "no fault overlapped it".to_owned()
-        } else {
-            o.faults.join("; ")
-        };
+        let faults = faults_text(&o.faults, "no fault overlapped it");
         let _ = writeln!(
             md,
             "- not completed: {} (owner {}, started {started}): {}; {faults}",
@@ -290,6 +283,15 @@ fn incomplete_lines(md: &mut String, h: &Handovers) {
     }
     if !h.incomplete.is_empty() {
         md.push('\n');
+    }
+}
+
+/// The faults, or `none` when there are none.
+fn faults_text(faults: &[String], none: &str) -> String {
+    if faults.is_empty() {
+        none.to_owned()
+    } else {
+        faults.join("; ")
     }
 }
 
