@@ -329,6 +329,62 @@ impl QueueState {
         }
         borrowers
     }
+
+    /// Of the victims of reclaims in flight that are not evicted yet (`pending`), those that no
+    /// longer lie in the queue's borrowed part: see [`crate::reclaim::victims_to_spare`].
+    /// What the queue keeps is what its admitted pods hold, less the pods being deleted (they
+    /// leave anyway) and the reservations not seen yet (they may never exist); the pending
+    /// victims are then taken from it least protected first, each while some of what it holds
+    /// still lies above the guarantee (the straddler rule of [`Self::borrowers`]).
+    pub fn victims_not_borrowed<'a>(
+        &self,
+        requests: impl Fn(PodId) -> &'a [(ResourceId, Milli)],
+        pending: impl Fn(PodId) -> bool,
+    ) -> Vec<PodId> {
+        let mut room: Vec<(ResourceId, Milli)> = self
+            .usage
+            .iter()
+            .map(|u| (u.resource, u.borrowed()))
+            .collect();
+        for member in self
+            .members
+            .iter()
+            .filter(|m| m.terminating || m.reserved_unseen)
+        {
+            for (resource, amount) in requests(member.id) {
+                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
+                    *left = left.saturating_sub(*amount);
+                }
+            }
+        }
+        room.retain(|(_, left)| *left > Milli::ZERO);
+        let mut spared = Vec::new();
+        for member in self
+            .members
+            .iter()
+            .filter(|m| !m.terminating && !m.reserved_unseen && pending(m.id))
+        {
+            let wants = requests(member.id);
+            let borrowed = !wants.is_empty()
+                && wants
+                    .iter()
+                    .all(|(resource, _)| room.iter().any(|(r, _)| r == resource))
+                && wants.iter().any(|(resource, _)| {
+                    room.iter()
+                        .any(|(r, left)| r == resource && *left > Milli::ZERO)
+                });
+            if !borrowed {
+                spared.push(member.id);
+                continue;
+            }
+            for (resource, amount) in wants {
+                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
+                    *left = left.saturating_sub(*amount);
+                }
+            }
+        }
+        spared
+    }
 }
 
 /// `value + amount` for `sign` = 1, `value - amount` (saturating) for `sign` = -1.

@@ -261,6 +261,15 @@ impl Snapshot {
             .borrowers(|pod| self.slot(pod).map_or(&[], |s| s.amounts.as_slice()))
     }
 
+    /// The reclaim victims of a queue, not evicted yet, that no longer lie in its borrowed part
+    /// (see [`crate::reclaim::victims_to_spare`]).
+    pub(crate) fn victims_not_borrowed(&self, id: QueueId) -> Vec<PodId> {
+        self.queues[id.index()].victims_not_borrowed(
+            |pod| self.slot(pod).map_or(&[], |s| s.amounts.as_slice()),
+            |pod| self.slot(pod).is_some_and(|s| s.pod.is_reclaim_victim()),
+        )
+    }
+
     /// The queue's weighted share of capacity held above its guarantee.
     pub fn borrowing_share(&self, id: QueueId) -> f64 {
         self.queues[id.index()].borrowing_share(|r| self.capacity(r))
