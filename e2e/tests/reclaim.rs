@@ -1320,3 +1320,165 @@ async fn an_owner_of_higher_priority_preempts_nothing_while_its_victim_is_checkp
         assert!(preempted.is_empty(), "{preempted:?}");
     }
 }
+
+/// Two nodes of 4 GPUs: `online` guarantees 2, `batch` 6 and fills the 8 GPUs with bare pods
+/// `b0`..`b7` (2 borrowed), each serving a fake vLLM whose pause takes 1.4 s.
+async fn borrowed_by_bare_pods() -> (
+    World,
+    TempNamespace,
+    TempNamespace,
+    Vec<Pod>,
+    HashMap<String, FakeVllm>,
+) {
+    let world = World::start(
+        "reclaim_spared",
+        vec![
+            GpuNode::whole_gpus("gpu-node-0", 4),
+            GpuNode::whole_gpus("gpu-node-1", 4),
+        ],
+    )
+    .await;
+    let client = &world.client;
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    apply_queue(client, &queue("online", online.name(), 2, 0, None)).await;
+    let checkpoint = vllm_checkpoint("1500ms");
+    apply_queue(
+        client,
+        &queue("batch", batch.name(), 6, 2, Some(&checkpoint)),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    for i in 0..8 {
+        create(&pods, &gpu_pod(&format!("b{i}"), NVIDIA_GPU, 1)).await;
+    }
+    let borrowers = all_running(&pods, 8).await;
+    let mut servers = HashMap::new();
+    for pod in &borrowers {
+        servers.insert(
+            name(pod),
+            fake_vllm(pod, vllm(Duration::from_millis(1400))).await,
+        );
+    }
+    queue_status(client, "batch", "8 allocated, 2 borrowed", |q| {
+        numbers(q).is_some_and(|(allocated, borrowed, _, _)| allocated == 8 && borrowed == 2)
+    })
+    .await;
+    (world, online, batch, borrowers, servers)
+}
+
+/// The soak's last `EvictedNotBorrower`: a plan chose a borrower, and while its checkpoint ran
+/// the tenant deleted pods of its own, so that its queue no longer borrowed the victim. The
+/// victim is spared (its server resumed, its intent and mark taken back, never evicted) and the
+/// owner, whose room is not freed, is planned anew and bound in the room the deletions freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_whose_queue_shrinks_during_its_checkpoint_is_spared_and_its_owner_planned_anew() {
+    let (world, online, batch, borrowers, servers) = borrowed_by_bare_pods().await;
+    let client = &world.client;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    // online's owner, from a Deployment (its controller creates it again once requeued).
+    apply_yaml(client, &deployment("owner", 1), Some(online.name()))
+        .await
+        .unwrap();
+    let victim = wait_for("a victim's checkpoint", DEFAULT_TIMEOUT, || async {
+        servers
+            .iter()
+            .find(|(_, server)| !server.calls_to("/pause").is_empty())
+            .map(|(pod, _)| pod.clone())
+            .ok_or_else(|| "no pause yet".to_owned())
+    })
+    .await
+    .unwrap();
+    // While the pause runs, the tenant deletes two pods of its own: 6 stay, its guarantee.
+    let deleted: Vec<String> = borrowers
+        .iter()
+        .map(name)
+        .filter(|pod| *pod != victim)
+        .take(2)
+        .collect();
+    for pod in &deleted {
+        pods.delete(pod, &DeleteParams::default()).await.unwrap();
+    }
+
+    // The victim is spared: resumed, unmarked, never evicted.
+    let spared = event(client, batch.name(), &victim, "ReclaimAbandoned").await;
+    assert!(
+        spared.contains("no longer borrows this pod") && spared.contains("was resumed"),
+        "{spared}"
+    );
+    intent_cleared(&pods, &victim).await;
+    assert_eq!(servers[&victim].calls_to("/pause").len(), 1, "paused once");
+    assert_eq!(
+        servers[&victim].calls_to("/resume").len(),
+        1,
+        "resumed once"
+    );
+    let kept = pods.get(&victim).await.unwrap();
+    assert!(!preempted_by_us(&kept), "{:?}", kept.status);
+    assert!(
+        events(client, batch.name(), &victim, "Evicted")
+            .await
+            .is_empty()
+    );
+    owner_planned_anew(client, online.name(), &format!("{}/{victim}", batch.name())).await;
+    // batch keeps its guarantee: the 6 pods it did not delete, the victim among them.
+    for pod in borrowers.iter().filter(|p| !deleted.contains(&name(p))) {
+        let now = pods.get(&name(pod)).await.unwrap();
+        assert_eq!(uid(&now), uid(pod), "{} replaced", name(pod));
+        assert!(now.metadata.deletion_timestamp.is_none(), "{}", name(pod));
+    }
+    assert_eq!(
+        count(
+            &world.operator,
+            r#"gpuqueue_evictions_total{outcome="spared"}"#
+        )
+        .await,
+        1
+    );
+}
+
+/// The handover whose `victim` (`namespace/name`) was spared says so, and the owner of queue
+/// `online` in `namespace` is evicted, created again by its controller, planned anew and bound.
+async fn owner_planned_anew(client: &Client, namespace: &str, victim: &str) {
+    let record = wait_for("the spared handover's record", DEFAULT_TIMEOUT, || async {
+        let queue: GpuQueue = Api::all(client.clone())
+            .get("online")
+            .await
+            .map_err(|e| e.to_string())?;
+        queue
+            .status
+            .map(|s| s.last_handovers)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|r| r.role == "owner" && !r.outcome.is_empty())
+            .ok_or_else(|| "no record yet".to_owned())
+    })
+    .await
+    .unwrap();
+    assert!(
+        record
+            .outcome
+            .starts_with(&format!("VictimSpared: {victim}")),
+        "{record:?}"
+    );
+    let first = record.owner_pod.rsplit('/').next().unwrap().to_owned();
+    let requeued = event(client, namespace, &first, "VictimSpared").await;
+    assert!(requeued.contains("plans for it anew"), "{requeued}");
+    let owners: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let owner = wait_for("the owner planned anew, bound", DEFAULT_TIMEOUT, || async {
+        let list = owners
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .into_iter()
+            .find(|p| name(p) != first && node_of(p).is_some())
+            .ok_or_else(|| "not bound yet".to_owned())
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        annotation(&owner, annotations::ADMITTED_AS),
+        Some("guaranteed")
+    );
+}

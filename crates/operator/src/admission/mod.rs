@@ -53,7 +53,7 @@ use std::{sync::Arc, time::Duration};
 use gpuqueue_core::{
     Policy,
     admission::{self, Decision, WaitReason},
-    reclaim::ReclaimPlan,
+    reclaim::{self, ReclaimPlan},
     snapshot::kept::{KeptSnapshot, Made},
 };
 use jiff::Timestamp;
@@ -146,6 +146,7 @@ pub async fn run(context: Context, term: Term) {
             more = shared.context.debounce.next_burst(&mut urgent_changes) => if !more { return },
             more = bookkeeping.next_burst(&mut changes) => if !more { return },
             () = shared.retry.notified() => {}
+            () = shared.context.reclaimer.rechecks().wanted() => {}
             () = timer => {}
         }
     }
@@ -383,7 +384,8 @@ fn log_pass(
 }
 
 /// Phase 1 of a pass: what the stores show, with the writes still in flight assumed, the
-/// reservations that appeared settled, and reclaim marks no in-flight record vouches for ignored.
+/// reservations that appeared settled, and reclaim marks no in-flight record vouches for ignored;
+/// the victims in flight to spare are published for their evictions.
 fn observe_pass(
     shared: &Shared,
     handovers: &Handovers,
@@ -392,6 +394,7 @@ fn observe_pass(
     now: Timestamp,
 ) -> Observation {
     let context = &shared.context;
+    let read_from = tokio::time::Instant::now();
     let (mut observed, settled) = observe::read(
         &context.stores,
         &mut shared.assumed(),
@@ -420,6 +423,11 @@ fn observe_pass(
     observation
         .snapshot
         .set_terminations(context.reclaimer.terminations());
+    // The victims in flight whose queue no longer borrows them, for their evictions to ask.
+    context
+        .reclaimer
+        .rechecks()
+        .publish(read_from, reclaim::victims_to_spare(&observation.snapshot));
     observation
 }
 

@@ -242,7 +242,8 @@ impl Reclaimer {
                 "EvictionFailed",
                 format!("reclaim {}: could not remove the pod: {error}", handover.id),
             ),
-            Eviction::AlreadyGone | Eviction::NotLeader => return,
+            // A spared victim is announced with its intent taken back.
+            Eviction::AlreadyGone | Eviction::NotLeader | Eviction::Spared => return,
         };
         self.events.send(
             victim.target.reference.clone(),

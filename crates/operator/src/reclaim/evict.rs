@@ -73,6 +73,8 @@ pub enum Eviction {
     Failed { error: String },
     /// This replica stopped leading before the victim was removed; the next leader resumes.
     NotLeader,
+    /// Not sent: its queue no longer borrows it, asked just before ([`super::recheck`]).
+    Spared,
 }
 
 /// Why the Eviction API refused, as it answered the last time.
@@ -103,6 +105,7 @@ impl Eviction {
             Self::DeletedAfterRefusal { .. } => "deleted_after_refusal",
             Self::Failed { .. } => "failed",
             Self::NotLeader => "not_leader",
+            Self::Spared => "spared",
         }
     }
 

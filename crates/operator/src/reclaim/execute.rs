@@ -16,10 +16,12 @@ use tokio::time::Instant;
 use super::{
     disruption,
     evict::{self, Eviction},
-    handover::{COMPLETED, Handover, Victim},
+    handover::{COMPLETED, Handover, Progress, Victim},
     intent::{self, Role},
     reclaimer::Reclaimer,
     release::PendingRelease,
+    requeue::Cause,
+    resume::PodAbandon,
     timeline::{Phase, millis},
 };
 use crate::{
@@ -40,6 +42,17 @@ pub struct HandoverEnd {
     pub done: bool,
     /// Its end is counted in the metrics and announced: a retry must not do it again.
     pub counted: bool,
+}
+
+impl HandoverEnd {
+    /// Stopped early, to be resumed; `counted` as it was.
+    fn stopped(id: String, counted: bool) -> Self {
+        Self {
+            id,
+            done: false,
+            counted,
+        }
+    }
 }
 
 impl Reclaimer {
@@ -73,11 +86,7 @@ impl Reclaimer {
             .any(|o| matches!(o.eviction, Eviction::NotLeader))
         {
             tracing::warn!(reclaim = %id, "leadership lost during the handover; the next leader resumes it");
-            return HandoverEnd {
-                id,
-                done: false,
-                counted: handover.counted,
-            };
+            return HandoverEnd::stopped(id, handover.counted);
         }
         if let Some(at) = outcomes.iter().filter_map(|o| o.checkpointed_at).max() {
             handover.timeline.end(Phase::Checkpoint, at);
@@ -93,6 +102,9 @@ impl Reclaimer {
             handover.timeline.end(Phase::EvictAccepted, now);
         }
         self.crash_after(Phase::EvictAccepted, &id);
+        if let Some(end) = self.give_up_room(&term, &handover, &outcomes).await {
+            return end;
+        }
 
         // 5-6. Wait until the watch shows the victims gone and the owner bound.
         let grace = handover
@@ -103,11 +115,7 @@ impl Reclaimer {
             .unwrap_or_default();
         let settled = self.settle(&term, &mut handover, deadline + grace).await;
         let Some(settled) = settled else {
-            return HandoverEnd {
-                id,
-                done: false,
-                counted: handover.counted,
-            };
+            return HandoverEnd::stopped(id, handover.counted);
         };
         self.terminations.record(
             &id,
@@ -118,29 +126,47 @@ impl Reclaimer {
         let outcome = outcome(&settled, &outcomes);
         let end = self.finish(&term, &handover, &outcomes, &outcome).await;
         if settled.owner_not_bound() {
-            self.requeue_unbound_owner(&term, &handover).await;
+            self.requeue_unbound_owner(&term, &handover, Cause::NotBound)
+                .await;
         }
         end
     }
 
-    /// Checkpoint (unless already started or pointless), then evict one victim.
+    /// Checkpoint (unless already started or pointless), then evict one victim, unless its
+    /// queue no longer borrows it by then: then it is spared ([`super::recheck`]). Asked again
+    /// only where time passed since the plan: a checkpoint was called, or the handover resumed.
     async fn remove_victim(
         &self,
         term: &Term,
         handover: &Handover,
         victim: &Victim,
     ) -> VictimRemoval {
+        if victim.progress == Progress::Spared {
+            return VictimRemoval {
+                victim: victim.target.key.clone(),
+                checkpoint: skipped_checkpoint(handover, victim),
+                checkpointed_at: None,
+                eviction: Eviction::Spared,
+                evicted_at: None,
+            };
+        }
         let checkpoint = self.checkpoint(term, handover, victim).await;
-        let checkpointed_at = checkpoint.as_ref().map(|(_, at)| *at);
+        let checkpointed_at = checkpoint.as_ref().map(|c| c.at);
         if checkpointed_at.is_some() {
             self.crash_after(Phase::Checkpoint, &handover.id);
         }
-        let result = checkpoint.map_or_else(
-            || skipped_checkpoint(handover, victim),
-            |(result, _)| result,
-        );
-        let eviction = if victim.terminating {
+        let called = checkpoint.as_ref().is_some_and(|c| c.called);
+        let result = checkpoint.map_or_else(|| skipped_checkpoint(handover, victim), |c| c.result);
+        let leaving = victim.progress == Progress::Leaving;
+        let eviction = if leaving {
             Eviction::AlreadyGone
+        } else if (called || handover.resumed)
+            && !self
+                .rechecks
+                .still_borrowed(&victim.target.key, Instant::now())
+                .await
+        {
+            self.spare(term, handover, victim, called).await
         } else {
             let target = evict::EvictionTarget {
                 namespace: &victim.target.key.namespace,
@@ -160,7 +186,7 @@ impl Reclaimer {
             .await
         };
         // Only an eviction this process made ends the phase (not one it found done).
-        let evicted_at = (!victim.terminating && eviction.removed()).then(Instant::now);
+        let evicted_at = (!leaving && eviction.removed()).then(Instant::now);
         if !matches!(eviction, Eviction::NotLeader) {
             self.metrics.evicted(eviction.outcome());
             self.announce_eviction(handover, victim, &eviction);
@@ -174,6 +200,68 @@ impl Reclaimer {
         }
     }
 
+    /// Takes a victim its queue no longer borrows out of the handover: its server resumed if
+    /// `checkpointed` paused it, its intent and mark taken back, never evicted.
+    async fn spare(
+        &self,
+        term: &Term,
+        handover: &Handover,
+        victim: &Victim,
+        checkpointed: bool,
+    ) -> Eviction {
+        if !term.is_current() {
+            return Eviction::NotLeader;
+        }
+        let Some(pod) = self.stored(&victim.target) else {
+            return Eviction::AlreadyGone;
+        };
+        let reason = format!(
+            "its queue {} no longer borrows this pod: the queue shrank since the plan, and without the pod it would hold less than its guarantee",
+            victim.queue
+        );
+        match self
+            .abandon_pod(&handover.id, &reason, &pod, &victim.target, checkpointed)
+            .await
+        {
+            PodAbandon::Done(note) => {
+                tracing::warn!(reclaim = %handover.id, victim = %victim.target.key, "{note}");
+                self.announce_abandoned(&victim.target, note);
+            }
+            PodAbandon::Nothing => {}
+            PodAbandon::Later => {
+                tracing::warn!(reclaim = %handover.id, victim = %victim.target.key,
+                    "the spared victim keeps its intent for now; taken back once the reclaim is stale");
+            }
+        }
+        Eviction::Spared
+    }
+
+    /// Ends a handover one of whose victims was spared, if any was: the owner's room is not
+    /// freed, so the owner is planned anew ([`super::requeue`]), and the handover is recorded
+    /// as such.
+    async fn give_up_room(
+        &self,
+        term: &Term,
+        handover: &Handover,
+        outcomes: &[VictimRemoval],
+    ) -> Option<HandoverEnd> {
+        let (spared, _) = handover
+            .victims
+            .iter()
+            .zip(outcomes)
+            .find(|(_, o)| matches!(o.eviction, Eviction::Spared))?;
+        let cause = Cause::VictimSpared {
+            victim: &spared.target.key,
+            queue: &spared.queue,
+        };
+        self.requeue_unbound_owner(term, handover, cause).await;
+        let outcome = format!(
+            "VictimSpared: {}: its queue {} no longer borrows it, so the room on node {} was not freed and the owner is planned anew",
+            spared.target.key, spared.queue, handover.node
+        );
+        Some(self.finish(term, handover, outcomes, &outcome).await)
+    }
+
     /// The victim's checkpoint, if this process makes one: the progress mark is written first,
     /// so that no process ever makes the call twice. `None` when no call is made.
     async fn checkpoint(
@@ -181,8 +269,8 @@ impl Reclaimer {
         term: &Term,
         handover: &Handover,
         victim: &Victim,
-    ) -> Option<(CheckpointResult, Instant)> {
-        if victim.checkpoint_started || victim.terminating {
+    ) -> Option<Checkpointed> {
+        if victim.progress != Progress::Marked {
             return None;
         }
         let checkpointer = Checkpointer::from_policy(&victim.checkpoint, &self.checkpoints);
@@ -226,7 +314,11 @@ impl Reclaimer {
                         "not called: recording the call beforehand failed ({error}), and an unrecorded call could be repeated by the next leader"
                     ),
                 };
-                return Some((result, Instant::now()));
+                return Some(Checkpointed {
+                    result,
+                    at: Instant::now(),
+                    called: false,
+                });
             }
         }
         let report = checkpointer
@@ -236,7 +328,11 @@ impl Reclaimer {
         self.metrics
             .checkpointed(report.driver_label(), report.result());
         self.announce_checkpoint(handover, victim, &report);
-        Some((checkpoint_result(victim, &report), done))
+        Some(Checkpointed {
+            result: checkpoint_result(victim, &report),
+            at: done,
+            called: calls,
+        })
     }
 
     /// Releases the owner once its room is free and waits until the store shows every victim
@@ -358,11 +454,7 @@ impl Reclaimer {
             handover.victims.iter().map(|v| v.queue.as_str()).collect();
         let writes = record_writes(handover, &victim_queues, removals, outcome);
         if !term.is_current() {
-            return HandoverEnd {
-                id,
-                done: false,
-                counted: handover.counted,
-            };
+            return HandoverEnd::stopped(id, handover.counted);
         }
         let recorded = self.write_records(term, &writes).await;
         if !handover.counted {
@@ -522,6 +614,15 @@ impl Settlement {
     }
 }
 
+/// A checkpoint this process made or judged pointless.
+struct Checkpointed {
+    result: CheckpointResult,
+    /// When it ended.
+    at: Instant,
+    /// The victim's server was called (and may be paused).
+    called: bool,
+}
+
 /// One victim's checkpoint and eviction.
 #[derive(Debug)]
 struct VictimRemoval {
@@ -564,15 +665,18 @@ fn outcome(settled: &Settlement, removals: &[VictimRemoval]) -> String {
 
 /// The record of a victim whose checkpoint this process did not make.
 fn skipped_checkpoint(handover: &Handover, victim: &Victim) -> CheckpointResult {
-    let message = if victim.checkpoint_started {
-        "made by an earlier leader before it stopped; never repeated".to_owned()
-    } else if victim.terminating {
-        "the pod was already terminating or gone".to_owned()
-    } else {
-        format!(
+    let message = match victim.progress {
+        Progress::Spared => {
+            "its queue no longer borrowed it: spared by an earlier leader".to_owned()
+        }
+        Progress::Checkpointed => {
+            "made by an earlier leader before it stopped; never repeated".to_owned()
+        }
+        Progress::Leaving => "the pod was already terminating or gone".to_owned(),
+        Progress::Marked => format!(
             "the term of this replica ended before reclaim {}'s checkpoint",
             handover.id
-        )
+        ),
     };
     CheckpointResult {
         pod: victim.target.key.to_string(),

@@ -52,13 +52,25 @@ pub struct Victim {
     /// The pod IP from the API, the only address a checkpoint ever calls, or why the pod is
     /// not called (no IP yet, or the node's network: see [`pod_address`]).
     pub address: Result<IpAddr, SkipReason>,
-    /// A process (this one or an earlier leader) already made the checkpoint call.
-    pub checkpoint_started: bool,
-    /// Already being deleted: nothing to checkpoint or evict.
-    pub terminating: bool,
+    /// How far it got before this process took the handover on.
+    pub progress: Progress,
     /// This process marked it `DisruptionTarget` when the reclaim started: its eviction is a
     /// delete. (A condition found on the pod may be stale or somebody else's: not trusted.)
     pub disruption_marked: bool,
+}
+
+/// How far a victim got when its handover was built (begun or resumed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Marked with the intent, nothing done yet.
+    Marked,
+    /// A process (this one or an earlier leader) already made the checkpoint call.
+    Checkpointed,
+    /// Being deleted or gone: nothing to checkpoint or evict.
+    Leaving,
+    /// Its intent was taken back because its queue no longer borrowed it ([`super::recheck`]):
+    /// never checkpointed or evicted again.
+    Spared,
 }
 
 impl Victim {
@@ -88,8 +100,7 @@ impl Victim {
             checkpoint,
             grace,
             address: Err(SkipReason::NoPodIp),
-            checkpoint_started: false,
-            terminating: true,
+            progress: Progress::Leaving,
             disruption_marked: false,
         }
     }
@@ -101,8 +112,13 @@ impl Victim {
             checkpoint,
             grace,
             address: pod_address(pod),
-            checkpoint_started: intent::Mark::read(pod).is_some_and(|m| m.checkpoint_started),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
+            progress: if pod.metadata.deletion_timestamp.is_some() {
+                Progress::Leaving
+            } else if intent::Mark::read(pod).is_some_and(|m| m.checkpoint_started) {
+                Progress::Checkpointed
+            } else {
+                Progress::Marked
+            },
             disruption_marked: false,
         }
     }

@@ -109,7 +109,7 @@ impl ReclaimMetrics {
         );
         registry.register(
             "evictions",
-            "Reclaim victims removed, by outcome (evicted, deleted after the Eviction API kept refusing, already gone, failed)",
+            "Reclaim victims removed, by outcome (evicted, deleted after the Eviction API kept refusing, already gone, failed), or spared (their queue no longer borrowed them)",
             metrics.evictions.clone(),
         );
         registry.register(

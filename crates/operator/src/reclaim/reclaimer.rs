@@ -18,6 +18,7 @@ use super::{
     intent,
     metrics::ReclaimMetrics,
     planned::PlannedBudgets,
+    recheck::Rechecks,
     record::RecordWriter,
     terminations::ObservedTerminations,
     timeline::Phase,
@@ -46,6 +47,8 @@ pub struct Reclaimer {
     pub(super) budgets: PlannedBudgets,
     /// The queues' handover records, written a batch per queue at a time.
     pub(super) records: RecordWriter,
+    /// Whether a victim's queue still borrows it, as the passes find just before its eviction.
+    pub(super) rechecks: Rechecks,
     crash: Option<super::crash::CrashPoint>,
 }
 
@@ -89,8 +92,14 @@ impl Reclaimer {
             terminations: ObservedTerminations::default(),
             budgets: PlannedBudgets::default(),
             records: RecordWriter::default(),
+            rechecks: Rechecks::default(),
             crash,
         }
+    }
+
+    /// What the admission passes publish for the evictions to ask ([`super::recheck`]).
+    pub fn rechecks(&self) -> &Rechecks {
+        &self.rechecks
     }
 
     /// Exits the process if the test hook asks to crash after `phase` (see `super::crash`).

@@ -1,7 +1,8 @@
 //! An owner the handover freed a node for but kube-scheduler never bound (another pod took the
-//! freed GPUs first: case 4 of the tenant review). Its node selector pins it to that node and
-//! can no longer change once its gate is gone, so it would stay Pending for good, and its
-//! node's deficit would keep every later reclaim off that node.
+//! freed GPUs first: case 4 of the tenant review), or whose room will not be freed (a victim was
+//! spared: [`super::recheck`]). Its node selector pins it to that node and can no longer be
+//! undone, so it would stay Pending for good, and its node's deficit would keep every later
+//! reclaim off that node.
 //!
 //! Such an owner is evicted: it never ran, so nothing is lost, and its controller creates it
 //! again, gated, for the next pass to plan anew (on any node, from what is free then). An owner
@@ -10,6 +11,7 @@
 
 use std::time::Duration;
 
+use gpuqueue_core::model::PodKey;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::{evict, handover::Handover, reclaimer::Reclaimer};
@@ -38,24 +40,60 @@ fn has_controller(pod: &Pod) -> bool {
         .any(|owner| owner.controller == Some(true))
 }
 
+/// Why an owner is planned anew.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Cause<'a> {
+    /// kube-scheduler never bound it to the node freed for it.
+    NotBound,
+    /// A victim was spared (its queue no longer borrows it): the room it is pinned to is not
+    /// freed.
+    VictimSpared { victim: &'a PodKey, queue: &'a str },
+}
+
+impl Cause<'_> {
+    /// The event's reason, and what happened, for `handover`.
+    fn describe(self, handover: &Handover) -> (&'static str, String) {
+        match self {
+            Self::NotBound => (
+                "OwnerNotBound",
+                format!(
+                    "another pod took the GPUs freed on node {} and this pod, pinned there, was never bound",
+                    handover.node
+                ),
+            ),
+            Self::VictimSpared { victim, queue } => (
+                "VictimSpared",
+                format!(
+                    "victim {victim} was spared, its queue {queue} no longer borrowing it, so the room on node {} this pod is pinned to is not freed",
+                    handover.node
+                ),
+            ),
+        }
+    }
+}
+
 impl Reclaimer {
-    /// Evicts the owner of `handover` if kube-scheduler still has not bound it, so that it is
-    /// planned again (see the module documentation).
-    pub(super) async fn requeue_unbound_owner(&self, term: &Term, handover: &Handover) {
+    /// Evicts the owner of `handover` if kube-scheduler has not bound it, so that it is planned
+    /// again (see the module documentation).
+    pub(super) async fn requeue_unbound_owner(
+        &self,
+        term: &Term,
+        handover: &Handover,
+        cause: Cause<'_>,
+    ) {
         let requeue = self.requeue(term, handover).await;
+        let (reason, what) = cause.describe(handover);
+        let id = &handover.id;
         let note = match &requeue {
             Requeue::Nothing => return,
             Requeue::Evicted => format!(
-                "reclaim {}: another pod took the GPUs freed on node {} and this pod, pinned there, was never bound; it is evicted so that its controller creates it again and the next pass plans for it anew",
-                handover.id, handover.node
+                "reclaim {id}: {what}; it is evicted so that its controller creates it again and the next pass plans for it anew"
             ),
             Requeue::NoController => format!(
-                "reclaim {}: another pod took the GPUs freed on node {} and this pod, pinned there, was never bound; no controller would create it again, so it stays pinned: delete and create it again to have it planned anew",
-                handover.id, handover.node
+                "reclaim {id}: {what}; no controller would create it again, so it stays pinned: delete and create it again to have it planned anew"
             ),
             Requeue::Refused(why) => format!(
-                "reclaim {}: another pod took the GPUs freed on node {} and this pod, pinned there, was never bound; evicting it so that it is planned anew failed: {why}",
-                handover.id, handover.node
+                "reclaim {id}: {what}; evicting it so that it is planned anew failed: {why}"
             ),
         };
         tracing::warn!(reclaim = %handover.id, owner = %handover.owner.key, outcome = ?requeue, "{note}");
@@ -63,7 +101,7 @@ impl Reclaimer {
             handover.owner.reference.clone(),
             Notice {
                 warning: true,
-                reason: "OwnerNotBound",
+                reason,
                 action: "Reclaim",
                 note,
             },

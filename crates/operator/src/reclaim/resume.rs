@@ -21,8 +21,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use gpuqueue_api::v1alpha1::CheckpointDriver;
+use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointPolicy, VictimInFlight};
 use gpuqueue_core::{
     model::{ReclaimSettings, is_gated, is_held_owner},
     reclaim::BudgetFit,
@@ -34,7 +35,9 @@ use tokio::time::Instant;
 
 use super::{
     evict,
-    handover::{Handover, HandoverPod, OwnerRelease, Victim, admitted_queue, checkpoint_policy},
+    handover::{
+        Handover, HandoverPod, OwnerRelease, Progress, Victim, admitted_queue, checkpoint_policy,
+    },
     intent::{self, Mark, Role},
     reclaimer::Reclaimer,
     timeline::Timeline,
@@ -126,7 +129,7 @@ pub fn scan(
 }
 
 /// What became of one pod of an abandoned reclaim.
-enum PodAbandon {
+pub(super) enum PodAbandon {
     /// Taken out; the note of its event.
     Done(String),
     /// Nothing left to do (gone, or no longer carrying this reclaim): nothing to announce.
@@ -169,7 +172,7 @@ impl Reclaimer {
                     .find(|pod| pod.metadata.uid.as_deref() == Some(listed.uid.as_str()))
                 {
                     Some(pod) => Victim::of(pod, &listed.queue, policy, grace),
-                    None => Victim::departed(listed, policy, grace),
+                    None => self.unmarked(listed, policy, grace),
                 },
             );
         }
@@ -183,7 +186,7 @@ impl Reclaimer {
         // Only victims still to be called checkpoint: the others' time is spent or not needed.
         let checkpoint = rebuilt
             .iter()
-            .filter(|v| !v.checkpoint_started && !v.terminating)
+            .filter(|v| v.progress == Progress::Marked)
             .map(|v| Checkpointer::from_policy(&v.checkpoint, &self.checkpoints))
             .filter(|c| c.driver() != CheckpointDriver::None)
             .map(|c| c.timeout())
@@ -209,6 +212,24 @@ impl Reclaimer {
         }
     }
 
+    /// A victim the record lists that no longer carries the intent: spared by an earlier leader
+    /// if the store still holds it, else gone.
+    fn unmarked(
+        &self,
+        listed: &VictimInFlight,
+        policy: CheckpointPolicy,
+        grace: Duration,
+    ) -> Victim {
+        let departed = Victim::departed(listed, policy.clone(), grace);
+        match self.stored(&departed.target) {
+            Some(pod) => Victim {
+                progress: Progress::Spared,
+                ..Victim::of(&pod, &listed.queue, policy, grace)
+            },
+            None => departed,
+        }
+    }
+
     /// Takes back the intent of an abandoned reclaim. Returns whether every pod is settled
     /// (`false`: something is left for a later pass).
     pub async fn abandon(
@@ -231,7 +252,7 @@ impl Reclaimer {
                 return false;
             }
             let target = HandoverPod::of(pod);
-            match self.abandon_pod(id, &reason, pod, &target).await {
+            match self.abandon_pod(id, &reason, pod, &target, false).await {
                 PodAbandon::Done(note) => {
                     tracing::warn!(reclaim = id, pod = %target.key, "{note}");
                     self.announce_abandoned(&target, note);
@@ -247,18 +268,20 @@ impl Reclaimer {
     }
 
     /// Takes one pod out of an abandoned reclaim: its intent is removed, and a victim whose
-    /// checkpoint was made (its server is paused) is asked to serve again first. Never evicted:
-    /// the owner it was for is gone or was never released, and its queue may be within its
-    /// guarantee by now (the soak caught the eviction that used to follow). `reason` says why
-    /// the reclaim was abandoned.
-    async fn abandon_pod(
+    /// checkpoint was made (its server is paused: the store's mark says so, or `called`)
+    /// is asked to serve again first. Never evicted: the owner it was for is gone or was never
+    /// released, or its queue no longer borrows it, and its queue may be within its guarantee
+    /// by now (the soak caught the eviction that used to follow). `reason` says why the reclaim
+    /// was abandoned.
+    pub(super) async fn abandon_pod(
         &self,
         id: &str,
         reason: &str,
         pod: &Pod,
         target: &HandoverPod,
+        called: bool,
     ) -> PodAbandon {
-        let paused = Mark::read(pod).is_some_and(|m| m.checkpoint_started)
+        let paused = (called || Mark::read(pod).is_some_and(|m| m.checkpoint_started))
             && pod.metadata.deletion_timestamp.is_none();
         let resumed = if paused {
             let queue = admitted_queue(pod).unwrap_or_default();
