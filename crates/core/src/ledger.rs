@@ -291,11 +291,7 @@ impl QueueState {
         // webhook answered): the real pods are borrowers only for what they hold above the
         // guarantee by themselves, or a reclaim could evict a queue within its guarantee.
         for member in self.members.iter().rev().take_while(|m| m.reserved_unseen) {
-            for (resource, amount) in requests(member.id) {
-                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
-                    *left = left.saturating_sub(*amount);
-                }
-            }
+            take_off(&mut room, requests(member.id));
         }
         room.retain(|(_, left)| *left > Milli::ZERO);
         let mut borrowers = Vec::new();
@@ -304,24 +300,10 @@ impl QueueState {
                 break;
             }
             let wants = requests(member.id);
-            // Only pods made entirely of what the queue borrows, and that cover some of what
-            // is still uncovered: the straddler is one of them.
-            let borrowing = !wants.is_empty()
-                && wants
-                    .iter()
-                    .all(|(resource, _)| room.iter().any(|(r, _)| r == resource))
-                && wants.iter().any(|(resource, _)| {
-                    room.iter()
-                        .any(|(r, left)| r == resource && *left > Milli::ZERO)
-                });
-            if !borrowing {
+            if !covers_some(wants, &room) {
                 continue;
             }
-            for (resource, amount) in wants {
-                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
-                    *left = left.saturating_sub(*amount);
-                }
-            }
+            take_off(&mut room, wants);
             borrowers.push(member.id);
             if room.iter().all(|(_, left)| *left == Milli::ZERO) {
                 break;
@@ -351,11 +333,7 @@ impl QueueState {
             .iter()
             .filter(|m| m.terminating || m.reserved_unseen)
         {
-            for (resource, amount) in requests(member.id) {
-                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
-                    *left = left.saturating_sub(*amount);
-                }
-            }
+            take_off(&mut room, requests(member.id));
         }
         room.retain(|(_, left)| *left > Milli::ZERO);
         let mut spared = Vec::new();
@@ -365,25 +343,36 @@ impl QueueState {
             .filter(|m| !m.terminating && !m.reserved_unseen && pending(m.id))
         {
             let wants = requests(member.id);
-            let borrowed = !wants.is_empty()
-                && wants
-                    .iter()
-                    .all(|(resource, _)| room.iter().any(|(r, _)| r == resource))
-                && wants.iter().any(|(resource, _)| {
-                    room.iter()
-                        .any(|(r, left)| r == resource && *left > Milli::ZERO)
-                });
-            if !borrowed {
+            if !covers_some(wants, &room) {
                 spared.push(member.id);
                 continue;
             }
-            for (resource, amount) in wants {
-                if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
-                    *left = left.saturating_sub(*amount);
-                }
-            }
+            take_off(&mut room, wants);
         }
         spared
+    }
+}
+
+/// Whether a pod asking `wants` lies in what is still uncovered of the borrowed `room`: it is
+/// made entirely of resources the queue borrows, and covers some of what is left (the straddler
+/// is one of them).
+fn covers_some(wants: &[(ResourceId, Milli)], room: &[(ResourceId, Milli)]) -> bool {
+    !wants.is_empty()
+        && wants
+            .iter()
+            .all(|(resource, _)| room.iter().any(|(r, _)| r == resource))
+        && wants.iter().any(|(resource, _)| {
+            room.iter()
+                .any(|(r, left)| r == resource && *left > Milli::ZERO)
+        })
+}
+
+/// Takes what a pod asks (`wants`) off `room`.
+fn take_off(room: &mut [(ResourceId, Milli)], wants: &[(ResourceId, Milli)]) {
+    for (resource, amount) in wants {
+        if let Some((_, left)) = room.iter_mut().find(|(r, _)| r == resource) {
+            *left = left.saturating_sub(*amount);
+        }
     }
 }
 
