@@ -106,6 +106,7 @@ fn evict(
                 name: &enforcement.key.name,
                 uid: &uid,
                 grace,
+                unchanged_since: None,
             };
             match try_evict(context.reclaimer.client(), &target).await {
                 Ok(eviction) => {

@@ -148,6 +148,9 @@ pub struct EvictionTarget<'a> {
     pub name: &'a str,
     pub uid: &'a str,
     pub grace: Duration,
+    /// Evicted only while the pod is at this `resourceVersion` (`None`: any), as a conflict
+    /// (409) otherwise.
+    pub unchanged_since: Option<&'a str>,
 }
 
 /// Evicts `target` as the module documentation says; `refused` is told about the first
@@ -246,7 +249,7 @@ fn eviction_request(
             grace_period_seconds: Some(i64::try_from(target.grace.as_secs()).unwrap_or(i64::MAX)),
             preconditions: Some(MetaPreconditions {
                 uid: Some(target.uid.to_owned()),
-                resource_version: None,
+                resource_version: target.unchanged_since.map(str::to_owned),
             }),
             ..DeleteOptions::default()
         }),
@@ -448,6 +451,7 @@ mod tests {
             name: "victim",
             uid: "uid-1",
             grace: Duration::from_secs(1),
+            unchanged_since: None,
         }
     }
 

@@ -123,13 +123,13 @@ impl Reclaimer {
             &terminations(&handover.victims, &outcomes, &settled),
         );
 
-        let outcome = outcome(&settled, &outcomes);
-        let end = self.finish(&term, &handover, &outcomes, &outcome).await;
+        // The owner goes before its intent is cleared: the intent is what says it was an owner.
         if settled.owner_not_bound() {
             self.requeue_unbound_owner(&term, &handover, Cause::NotBound)
                 .await;
         }
-        end
+        let outcome = outcome(&settled, &outcomes);
+        self.finish(&term, &handover, &outcomes, &outcome).await
     }
 
     /// Checkpoint (unless already started or pointless), then evict one victim, unless its
@@ -173,6 +173,7 @@ impl Reclaimer {
                 name: &victim.target.key.name,
                 uid: &victim.target.uid,
                 grace: victim.grace,
+                unchanged_since: None,
             };
             evict::evict(
                 &self.client,

@@ -14,8 +14,17 @@ use std::time::Duration;
 use gpuqueue_core::model::PodKey;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{evict, handover::Handover, reclaimer::Reclaimer};
+use kube::Api;
+
+use super::{
+    evict::{self, Eviction},
+    handover::Handover,
+    reclaimer::Reclaimer,
+};
 use crate::{leader::Term, writes::events::Notice};
+
+/// How many times the owner is read and its eviction tried while it keeps changing.
+const REQUEUE_READS: usize = 3;
 
 /// What became of an owner nobody bound.
 #[derive(Debug, PartialEq, Eq)]
@@ -108,29 +117,55 @@ impl Reclaimer {
         );
     }
 
+    /// Evicts the owner while a fresh read shows it unbound, and only if it is still that pod
+    /// (its `resourceVersion`): the store may lag a bind that came at the last moment, and a bound
+    /// owner is running in its room, no longer one to plan anew (the soak caught the eviction of
+    /// one bound as its handover gave up on it). A pod that changed meanwhile is read again.
     async fn requeue(&self, term: &Term, handover: &Handover) -> Requeue {
-        let Some(owner) = self.stored(&handover.owner) else {
-            return Requeue::Nothing;
-        };
-        let bound = owner.spec.as_ref().and_then(|s| s.node_name.as_ref());
-        if bound.is_some() || owner.metadata.deletion_timestamp.is_some() || !term.is_current() {
-            return Requeue::Nothing;
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &handover.owner.key.namespace);
+        for _ in 0..REQUEUE_READS {
+            let owner = match pods.get_opt(&handover.owner.key.name).await {
+                Ok(Some(owner)) if owner.metadata.uid.as_deref() == Some(&handover.owner.uid) => {
+                    owner
+                }
+                Ok(_) => return Requeue::Nothing,
+                Err(error) => return Requeue::Refused(format!("reading the pod: {error}")),
+            };
+            if !still_unbound(&owner) || !term.is_current() {
+                return Requeue::Nothing;
+            }
+            if !has_controller(&owner) {
+                return Requeue::NoController;
+            }
+            let target = evict::EvictionTarget {
+                namespace: &handover.owner.key.namespace,
+                name: &handover.owner.key.name,
+                uid: &handover.owner.uid,
+                grace: Duration::ZERO,
+                unchanged_since: owner.metadata.resource_version.as_deref(),
+            };
+            match evict::try_evict(&self.client, &target).await {
+                Ok(Eviction::Evicted { .. }) => return Requeue::Evicted,
+                // Gone, or changed since the read (a conflict): read again.
+                Ok(Eviction::AlreadyGone) => {}
+                Ok(eviction) => return Requeue::Refused(eviction.outcome().to_owned()),
+                Err(refusal) => return Requeue::Refused(refusal.message),
+            }
         }
-        if !has_controller(&owner) {
-            return Requeue::NoController;
-        }
-        let target = evict::EvictionTarget {
-            namespace: &handover.owner.key.namespace,
-            name: &handover.owner.key.name,
-            uid: &handover.owner.uid,
-            grace: Duration::ZERO,
-        };
-        match evict::try_evict(&self.client, &target).await {
-            Ok(eviction) if eviction.removed() => Requeue::Evicted,
-            Ok(eviction) => Requeue::Refused(eviction.outcome().to_owned()),
-            Err(refusal) => Requeue::Refused(refusal.message),
-        }
+        Requeue::Refused(format!(
+            "the pod changed under each of {REQUEUE_READS} reads"
+        ))
     }
+}
+
+/// Whether an owner is still one to plan anew: neither bound nor being deleted.
+fn still_unbound(owner: &Pod) -> bool {
+    owner
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_none()
+        && owner.metadata.deletion_timestamp.is_none()
 }
 
 #[cfg(test)]
@@ -138,6 +173,23 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_bound_or_deleted_owner_is_not_planned_anew() {
+        let pod = |spec, deleted: bool| -> Pod {
+            let mut meta = json!({"name": "o"});
+            if deleted {
+                meta["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            }
+            serde_json::from_value(json!({"metadata": meta, "spec": spec})).unwrap()
+        };
+        assert!(still_unbound(&pod(json!({"containers": []}), false)));
+        assert!(!still_unbound(&pod(
+            json!({"containers": [], "nodeName": "gpu-node-2"}),
+            false
+        )));
+        assert!(!still_unbound(&pod(json!({"containers": []}), true)));
+    }
 
     #[test]
     fn only_a_pod_a_controller_creates_again_is_evicted() {
