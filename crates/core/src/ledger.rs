@@ -312,17 +312,17 @@ impl QueueState {
         borrowers
     }
 
-    /// Of the victims of reclaims in flight that are not evicted yet (`pending`), those that no
-    /// longer lie in the queue's borrowed part: see [`crate::reclaim::victims_to_spare`].
+    /// The victims of reclaims in flight that are not evicted yet (`pending`), each with whether
+    /// it still lies in the queue's borrowed part: see [`crate::reclaim::pending_victims`].
     /// What the queue keeps is what its admitted pods hold, less the pods being deleted (they
     /// leave anyway) and the reservations not seen yet (they may never exist); the pending
     /// victims are then taken from it least protected first, each while some of what it holds
     /// still lies above the guarantee (the straddler rule of [`Self::borrowers`]).
-    pub fn victims_not_borrowed<'a>(
+    pub fn judge_victims<'a>(
         &self,
         requests: impl Fn(PodId) -> &'a [(ResourceId, Milli)],
         pending: impl Fn(PodId) -> bool,
-    ) -> Vec<PodId> {
+    ) -> Vec<(PodId, bool)> {
         let mut room: Vec<(ResourceId, Milli)> = self
             .usage
             .iter()
@@ -336,20 +336,20 @@ impl QueueState {
             take_off(&mut room, requests(member.id));
         }
         room.retain(|(_, left)| *left > Milli::ZERO);
-        let mut spared = Vec::new();
+        let mut judged = Vec::new();
         for member in self
             .members
             .iter()
             .filter(|m| !m.terminating && !m.reserved_unseen && pending(m.id))
         {
             let wants = requests(member.id);
-            if !covers_some(wants, &room) {
-                spared.push(member.id);
-                continue;
+            let borrowed = covers_some(wants, &room);
+            if borrowed {
+                take_off(&mut room, wants);
             }
-            take_off(&mut room, wants);
+            judged.push((member.id, borrowed));
         }
-        spared
+        judged
     }
 }
 

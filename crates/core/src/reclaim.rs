@@ -6,7 +6,7 @@
 //!   borrowed amount is covered, a straddling pod included), so no victim queue goes below its
 //!   guarantee by a pod or more, and pods already part of a reclaim are left alone;
 //! - a victim is evicted only while its queue still borrows it, asked again just before the
-//!   eviction ([`victims_to_spare`]): the queue may have shrunk since the plan;
+//!   eviction ([`pending_victims`]): the queue may have shrunk since the plan;
 //! - only on nodes the owner queue's GPU memory and compute caps allow it (`crate::caps`):
 //!   room freed elsewhere could not be the owner's without taking its queue above a cap;
 //! - victims are taken greedily in order of preference: those whose termination fits the
@@ -429,19 +429,30 @@ fn best_possible(candidates: &[Candidate<'_>], now: Timestamp) -> Rank {
         })
 }
 
-/// The victims of reclaims in flight, not evicted yet, that their queue no longer borrows:
-/// evicting them would take it below its guarantee. A plan chose each one as a borrower, but
-/// the queue may have shrunk since (its tenant deleted pods while the checkpoints ran, an admin
-/// raised its guarantee), so each eviction asks again, just before it is sent. What a queue
-/// keeps is counted without its pods being deleted (they leave anyway) and its reservations not
-/// seen yet, and with the other pending victims gone: of those, the least protected go first
-/// (the ledger's order), each while it still lies, at least in part, above the guarantee (a
-/// straddler still goes, as it would have been chosen: [`crate::ledger`]). The rest are spared.
-pub fn victims_to_spare(snapshot: &Snapshot) -> Vec<PodKey> {
+/// A victim of a reclaim in flight, not evicted yet, and whether its queue still borrows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PendingVictim {
+    pub key: PodKey,
+    /// `false`: evicting it would take its queue below its guarantee; it is to be spared.
+    pub borrowed: bool,
+}
+
+/// The victims of reclaims in flight, not evicted yet, each with whether its queue still
+/// borrows it. A plan chose each one as a borrower, but the queue may have shrunk since (its
+/// tenant deleted pods while the checkpoints ran, an admin raised its guarantee), so each
+/// eviction asks again, just before it is sent. What a queue keeps is counted without its pods
+/// being deleted (they leave anyway) and its reservations not seen yet, and with the other
+/// pending victims gone: of those, the least protected go first (the ledger's order), each
+/// while it still lies, at least in part, above the guarantee (a straddler still goes, as it
+/// would have been chosen: [`crate::ledger`]). The rest are to be spared.
+pub fn pending_victims(snapshot: &Snapshot) -> Vec<PendingVictim> {
     snapshot
         .queue_ids()
-        .flat_map(|q| snapshot.victims_not_borrowed(q))
-        .filter_map(|pod| snapshot.pod(pod).map(|p| p.key.clone()))
+        .flat_map(|q| snapshot.judge_victims(q))
+        .filter_map(|(pod, borrowed)| {
+            let key = snapshot.pod(pod)?.key.clone();
+            Some(PendingVictim { key, borrowed })
+        })
         .collect()
 }
 

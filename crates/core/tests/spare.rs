@@ -1,5 +1,5 @@
 //! Victims spared just before their eviction: a plan chose them as borrowers, but their queue
-//! may have shrunk since (`reclaim::victims_to_spare`). The soak caught the eviction that used to
+//! may have shrunk since (`reclaim::pending_victims`). The soak caught the eviction that used to
 //! follow: a tenant deleted 4 of its pods while two victims' checkpoints ran, and both victims
 //! were evicted, leaving its queue a GPU below its guarantee.
 
@@ -9,7 +9,7 @@ mod common;
 
 use common::world::{build, node, queue, running};
 use gpuqueue_core::model::{Assignment, Pod, PodKey, PodState, ReclaimMark, ReclaimRole};
-use gpuqueue_core::reclaim::victims_to_spare;
+use gpuqueue_core::reclaim::pending_victims;
 use proptest::prelude::*;
 
 fn victim(mut pod: Pod) -> Pod {
@@ -70,7 +70,12 @@ fn soak_case(deleting: usize) -> Vec<Pod> {
 
 fn spared(pods: Vec<Pod>, guarantee: u64) -> Vec<PodKey> {
     let nodes = (0..3).map(|n| node(&format!("n{n}"), 8)).collect();
-    let mut spared = victims_to_spare(&build(vec![queue("b", guarantee, 8)], nodes, pods));
+    let mut spared: Vec<PodKey> =
+        pending_victims(&build(vec![queue("b", guarantee, 8)], nodes, pods))
+            .into_iter()
+            .filter(|v| !v.borrowed)
+            .map(|v| v.key)
+            .collect();
     spared.sort();
     spared
 }
@@ -197,4 +202,20 @@ proptest! {
             prop_assert!(kept <= guarantee, "spared {:?} though the queue keeps {} of {}", spared, kept, guarantee);
         }
     }
+}
+
+#[test]
+fn every_victim_in_flight_is_judged_and_nothing_else() {
+    let nodes = (0..3).map(|n| node(&format!("n{n}"), 8)).collect();
+    let mut judged = pending_victims(&build(vec![queue("b", 7, 8)], nodes, soak_case(4)));
+    judged.sort_by(|a, b| a.key.cmp(&b.key));
+    let judged: Vec<(String, bool)> = judged
+        .into_iter()
+        .map(|v| (v.key.to_string(), v.borrowed))
+        .collect();
+    assert_eq!(
+        judged,
+        [("b/p11".to_owned(), false), ("b/p12".to_owned(), true)],
+        "an evicting victim asks the pass; one it does not name is not vouched for"
+    );
 }

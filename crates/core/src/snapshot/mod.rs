@@ -261,10 +261,10 @@ impl Snapshot {
             .borrowers(|pod| self.slot(pod).map_or(&[], |s| s.amounts.as_slice()))
     }
 
-    /// The reclaim victims of a queue, not evicted yet, that no longer lie in its borrowed part
-    /// (see [`crate::reclaim::victims_to_spare`]).
-    pub(crate) fn victims_not_borrowed(&self, id: QueueId) -> Vec<PodId> {
-        self.queues[id.index()].victims_not_borrowed(
+    /// The reclaim victims of a queue, not evicted yet, each with whether it still lies in its
+    /// borrowed part (see [`crate::reclaim::pending_victims`]).
+    pub(crate) fn judge_victims(&self, id: QueueId) -> Vec<(PodId, bool)> {
+        self.queues[id.index()].judge_victims(
             |pod| self.slot(pod).map_or(&[], |s| s.amounts.as_slice()),
             |pod| self.slot(pod).is_some_and(|s| s.pod.is_reclaim_victim()),
         )

@@ -394,7 +394,7 @@ fn observe_pass(
     now: Timestamp,
 ) -> Observation {
     let context = &shared.context;
-    let read_from = tokio::time::Instant::now();
+    let (read_from, live) = (tokio::time::Instant::now(), context.stores.live());
     let (mut observed, settled) = observe::read(
         &context.stores,
         &mut shared.assumed(),
@@ -424,10 +424,11 @@ fn observe_pass(
         .snapshot
         .set_terminations(context.reclaimer.terminations());
     // The victims in flight whose queue no longer borrows them, for their evictions to ask.
-    context
-        .reclaimer
-        .rechecks()
-        .publish(read_from, reclaim::victims_to_spare(&observation.snapshot));
+    context.reclaimer.rechecks().publish(
+        read_from,
+        live,
+        reclaim::pending_victims(&observation.snapshot),
+    );
     observation
 }
 

@@ -18,6 +18,8 @@
 //!   GPU); pods the pod filter rejects (no GPU request) are not kept.
 //! - **Watch errors** are retried with kube's default backoff (800 ms to 30 s), counted in
 //!   `gpuqueue_watch_errors_total` and logged; the stores keep their last state meanwhile.
+//!   Meanwhile the pod and queue stores are not [`live`](Stores::live): a reclaim's re-check
+//!   of its victims waits for them ([`crate::reclaim`]).
 
 use std::{
     fmt,
@@ -75,6 +77,42 @@ pub struct Stores {
     pub devices: DeviceStores,
     pub(super) changes: watch::Receiver<u64>,
     pub(super) urgent_changes: watch::Receiver<u64>,
+    /// The queue and pod watches' [`Liveness`].
+    pub(super) live: [Liveness; 2],
+}
+
+/// Whether a watch is delivering: not from one of its errors until it delivers again (its relist
+/// done, or an event of its resumed watch). Until then its store may be seconds behind (the
+/// soak caught a victim evicted on the word of a pod store 9 s old, its watch backing off).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Liveness(Arc<AtomicBool>);
+
+impl Liveness {
+    fn is_live(&self) -> bool {
+        !self.0.load(Ordering::Relaxed)
+    }
+
+    /// Follows `events`: failing from an error, live again at the next delivery.
+    fn track<K, S>(
+        &self,
+        events: S,
+    ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + use<K, S>
+    where
+        S: Stream<Item = watcher::Result<watcher::Event<K>>>,
+    {
+        let failing = self.0.clone();
+        events.inspect(move |event| {
+            let delivered = match event {
+                Err(_) => false,
+                Ok(
+                    watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_),
+                ) => true,
+                // A relist under way: the store still shows what it showed before.
+                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => return,
+            };
+            failing.store(!delivered, Ordering::Relaxed);
+        })
+    }
 }
 
 /// The senders of [`Stores::changes`] and [`Stores::urgent_changes`].
@@ -147,11 +185,12 @@ impl Stores {
         let (budgets, budget_writer) = reflector::store();
 
         let (devices, device_tasks) = device_stores(client, &signals, metrics);
+        let (queues_live, pods_live) = (Liveness::default(), Liveness::default());
         let mut tasks = vec![
             reflect(
                 "gpuqueues",
                 queue_writer,
-                queue_events(client.clone()),
+                queues_live.track(queue_events(client.clone())),
                 (signals.clone(), |_: &_| true),
                 metrics,
                 count_invalid_queues(queues.clone(), metrics.clone()),
@@ -159,7 +198,7 @@ impl Stores {
             reflect(
                 "pods",
                 pod_writer,
-                pod_events(client.clone(), keep_pod),
+                pods_live.track(pod_events(client.clone(), keep_pod)),
                 (signals.clone(), {
                     let pods = pods.clone();
                     move |event: &_| is_urgent(event, &pods)
@@ -204,6 +243,7 @@ impl Stores {
             devices,
             changes,
             urgent_changes,
+            live: [queues_live, pods_live],
         };
         (stores, Watches { tasks })
     }
@@ -227,6 +267,12 @@ impl Stores {
             .wait_until_ready()
             .now_or_never()
             .is_some_and(|ready| ready.is_ok())
+    }
+
+    /// Whether the queue and pod watches are delivering ([`Liveness`]): what their stores show is
+    /// then current but for the milliseconds of the watch.
+    pub fn live(&self) -> bool {
+        self.live.iter().all(Liveness::is_live)
     }
 
     /// A signal bumped after every change any store but the budgets applied (after its initial
@@ -465,6 +511,34 @@ mod tests {
     use super::super::{metrics::WatchMetrics, slim::LAST_APPLIED};
     use super::*;
     use crate::metrics;
+
+    #[tokio::test]
+    async fn a_store_is_not_live_from_a_watch_error_until_its_watch_delivers_again() {
+        let live = Liveness::default();
+        let error = || Err(watcher::Error::NoResourceVersion);
+        let seen = |events: Vec<watcher::Result<watcher::Event<Pod>>>| {
+            let live = live.clone();
+            async move {
+                let mut tracked = std::pin::pin!(live.track(stream::iter(events)));
+                while tracked.next().await.is_some() {}
+                live.is_live()
+            }
+        };
+        assert!(live.is_live(), "live once synced");
+        assert!(!seen(vec![Ok(watcher::Event::Apply(pod("a", true))), error()]).await);
+        // A relist under way does not make it live; its end does.
+        assert!(
+            !seen(vec![
+                Ok(watcher::Event::Init),
+                Ok(watcher::Event::InitApply(pod("a", true)))
+            ])
+            .await
+        );
+        assert!(seen(vec![Ok(watcher::Event::InitDone)]).await);
+        // A resumed watch: its first event.
+        assert!(!seen(vec![error()]).await);
+        assert!(seen(vec![Ok(watcher::Event::Delete(pod("a", true)))]).await);
+    }
 
     fn pod(name: &str, gpu: bool) -> Pod {
         let mut annotations = BTreeMap::new();

@@ -45,6 +45,7 @@ impl TestStores {
                 devices,
                 changes,
                 urgent_changes,
+                live: Default::default(),
             },
             queues: queue_writer,
             pods: pod_writer,

@@ -213,11 +213,15 @@ impl Reclaimer {
         if !term.is_current() {
             return Eviction::NotLeader;
         }
-        let Some(pod) = self.stored(&victim.target) else {
+        // Gone or being deleted meanwhile: it leaves all the same, and its room with it.
+        let Some(pod) = self
+            .stored(&victim.target)
+            .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        else {
             return Eviction::AlreadyGone;
         };
         let reason = format!(
-            "its queue {} no longer borrows this pod: the queue shrank since the plan, and without the pod it would hold less than its guarantee",
+            "its queue {} no longer borrows this pod (the queue shrank since the plan, and without the pod it would hold less than its guarantee), or the operator could not tell in time",
             victim.queue
         );
         match self

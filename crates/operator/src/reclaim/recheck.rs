@@ -2,24 +2,28 @@
 //! chose it as a borrower, but while its checkpoint ran the queue may have shrunk (its tenant
 //! deleted pods, an admin raised its guarantee): evicting it then would take the queue below its
 //! guarantee (the soak caught it). The answer is the core's
-//! ([`gpuqueue_core::reclaim::victims_to_spare`]), from the snapshot of an admission pass:
-//! every pass publishes it here, and a victim whose checkpoint was called (or whose handover an
-//! earlier leader started) waits for the answer of a pass that began after its checkpoint ended,
-//! asking for one at once. A victim evicted straight after its plan needs no new pass: its plan
-//! is that answer, a few writes old.
+//! ([`gpuqueue_core::reclaim::pending_victims`]), from the snapshot of an admission pass: every
+//! pass publishes it here, and a victim whose checkpoint was called (or whose handover an
+//! earlier leader started) waits for the answer of a pass that read the stores after its
+//! checkpoint ended, while their queue and pod watches were delivering (a store whose watch is
+//! down may be seconds behind: the soak caught an eviction on the word of one), and asks for
+//! one at once. A victim that answer does not name as still borrowed is spared, and so is one
+//! no such answer comes for within [`ANSWER_WAIT`]: an eviction the operator cannot vouch for is
+//! not sent. A victim evicted straight after its plan needs no new pass: its plan is that
+//! answer, a few writes old.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpuqueue_core::model::PodKey;
+use gpuqueue_core::{model::PodKey, reclaim::PendingVictim};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-/// How long an eviction waits for a pass that began after it asked: passes take milliseconds,
-/// so only a loop that stopped (its term ended: the eviction is refused anyway) or a stalled one
-/// makes it wait that long, and the last answer is taken then.
-const FRESH_ANSWER_WAIT: Duration = Duration::from_millis(500);
+/// How long an eviction waits for an answer it can use. Passes take milliseconds; only stores
+/// whose watches are down (an API server restarting: the eviction would be refused anyway), or
+/// a loop that stopped (its term ended), make it wait that long.
+const ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 /// The answers the passes publish and the evictions wait for; cheap to clone.
 #[derive(Clone, Debug)]
@@ -32,12 +36,15 @@ struct Shared {
     wanted: Notify,
 }
 
-/// The victims the last pass found no longer borrowed.
+/// What the last pass found of the victims in flight.
 #[derive(Debug, Default)]
 struct Answer {
-    /// When that pass began (before it read the stores).
+    /// When that pass began reading the stores.
     from: Option<Instant>,
-    spared: HashSet<PodKey>,
+    /// Whether the queue and pod watches were delivering then.
+    live: bool,
+    /// The victims whose queue still borrows them.
+    borrowed: HashSet<PodKey>,
 }
 
 impl Default for Rechecks {
@@ -50,11 +57,16 @@ impl Default for Rechecks {
 }
 
 impl Rechecks {
-    /// The answer of the pass that began at `from`: the victims to spare.
-    pub fn publish(&self, from: Instant, spared: Vec<PodKey>) {
+    /// The answer of the pass that began reading the stores at `from`, `live` or not.
+    pub fn publish(&self, from: Instant, live: bool, victims: Vec<PendingVictim>) {
         self.0.answer.send_replace(Answer {
             from: Some(from),
-            spared: spared.into_iter().collect(),
+            live,
+            borrowed: victims
+                .into_iter()
+                .filter(|v| v.borrowed)
+                .map(|v| v.key)
+                .collect(),
         });
     }
 
@@ -63,20 +75,20 @@ impl Rechecks {
         self.0.wanted.notified().await;
     }
 
-    /// Whether `victim`'s queue still borrows it, by a pass that began at `since` or later;
-    /// by the last pass when none comes within [`FRESH_ANSWER_WAIT`].
+    /// Whether `victim`'s queue still borrows it, by a pass that began reading live stores at
+    /// `since` or later; `false` when none answers within [`ANSWER_WAIT`].
     pub async fn still_borrowed(&self, victim: &PodKey, since: Instant) -> bool {
         let mut answers = self.0.answer.subscribe();
-        let fresh = |answer: &Answer| answer.from.is_some_and(|from| from >= since);
-        if !fresh(&answers.borrow_and_update()) {
+        let usable = |answer: &Answer| answer.live && answer.from.is_some_and(|from| from >= since);
+        if !usable(&answers.borrow_and_update()) {
             self.0.wanted.notify_one();
-            let waited =
-                tokio::time::timeout(FRESH_ANSWER_WAIT, answers.wait_for(|a| fresh(a))).await;
+            let waited = tokio::time::timeout(ANSWER_WAIT, answers.wait_for(|a| usable(a))).await;
             if !matches!(waited, Ok(Ok(_))) {
-                tracing::warn!(%victim, "no admission pass answered in time whether the victim's queue still borrows it; the last answer is taken");
+                tracing::warn!(%victim, "no admission pass on live stores answered in time whether the victim's queue still borrows it; it is spared");
+                return false;
             }
         }
-        !answers.borrow().spared.contains(victim)
+        answers.borrow().borrowed.contains(victim)
     }
 }
 
@@ -88,11 +100,17 @@ mod tests {
         PodKey::new("b", name)
     }
 
+    fn judged(name: &str, borrowed: bool) -> PendingVictim {
+        PendingVictim {
+            key: key(name),
+            borrowed,
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_eviction_waits_for_a_pass_that_began_after_it_asked() {
         let rechecks = Rechecks::default();
-        let old = Instant::now();
-        rechecks.publish(old, Vec::new());
+        rechecks.publish(Instant::now(), true, vec![judged("v", true)]);
         tokio::time::advance(Duration::from_millis(10)).await;
         let since = Instant::now();
         let asking = tokio::spawn({
@@ -102,21 +120,41 @@ mod tests {
         // The loop is asked for a pass; the one before the question does not answer it.
         rechecks.wanted().await;
         tokio::time::advance(Duration::from_millis(5)).await;
-        rechecks.publish(Instant::now(), vec![key("v")]);
+        rechecks.publish(Instant::now(), true, vec![judged("v", false)]);
         assert!(!asking.await.unwrap(), "the fresh pass spares it");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_fresh_answer_is_taken_at_once_and_a_missing_one_falls_back_to_the_last() {
+    async fn a_pass_on_stores_whose_watches_are_down_answers_nothing() {
         let rechecks = Rechecks::default();
         let since = Instant::now();
-        rechecks.publish(since, vec![key("spared")]);
-        assert!(!rechecks.still_borrowed(&key("spared"), since).await);
-        assert!(rechecks.still_borrowed(&key("other"), since).await);
-        // No pass comes: after the wait, the last answer.
+        let asking = tokio::spawn({
+            let rechecks = rechecks.clone();
+            async move { rechecks.still_borrowed(&key("v"), since).await }
+        });
+        rechecks.wanted().await;
+        tokio::time::advance(Duration::from_millis(5)).await;
+        // A stale store still counts the pods its tenant deleted: it would say "borrowed".
+        rechecks.publish(Instant::now(), false, vec![judged("v", true)]);
+        tokio::time::advance(Duration::from_millis(5)).await;
+        rechecks.publish(Instant::now(), true, vec![judged("v", false)]);
+        assert!(!asking.await.unwrap(), "answered once the watches deliver");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_victim_no_usable_pass_answers_for_in_time_is_spared() {
+        let rechecks = Rechecks::default();
+        let since = Instant::now();
+        rechecks.publish(since, true, vec![judged("borrowed", true)]);
+        assert!(rechecks.still_borrowed(&key("borrowed"), since).await);
+        assert!(
+            !rechecks.still_borrowed(&key("unknown"), since).await,
+            "a victim the pass does not know of is not vouched for"
+        );
         tokio::time::advance(Duration::from_millis(1)).await;
         let later = Instant::now();
-        assert!(!rechecks.still_borrowed(&key("spared"), later).await);
-        assert!(Instant::now() >= later + FRESH_ANSWER_WAIT);
+        rechecks.publish(later, false, vec![judged("borrowed", true)]);
+        assert!(!rechecks.still_borrowed(&key("borrowed"), later).await);
+        assert!(Instant::now() >= later + ANSWER_WAIT);
     }
 }
