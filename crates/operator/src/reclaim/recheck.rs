@@ -107,16 +107,18 @@ mod tests {
         }
     }
 
+    /// Asks whether victim `b/v` is still borrowed, in a task of its own.
+    fn ask(rechecks: &Rechecks, since: Instant) -> tokio::task::JoinHandle<bool> {
+        let rechecks = rechecks.clone();
+        tokio::spawn(async move { rechecks.still_borrowed(&key("v"), since).await })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_eviction_waits_for_a_pass_that_began_after_it_asked() {
         let rechecks = Rechecks::default();
         rechecks.publish(Instant::now(), true, vec![judged("v", true)]);
         tokio::time::advance(Duration::from_millis(10)).await;
-        let since = Instant::now();
-        let asking = tokio::spawn({
-            let rechecks = rechecks.clone();
-            async move { rechecks.still_borrowed(&key("v"), since).await }
-        });
+        let asking = ask(&rechecks, Instant::now());
         // The loop is asked for a pass; the one before the question does not answer it.
         rechecks.wanted().await;
         tokio::time::advance(Duration::from_millis(5)).await;
@@ -127,11 +129,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_pass_on_stores_whose_watches_are_down_answers_nothing() {
         let rechecks = Rechecks::default();
-        let since = Instant::now();
-        let asking = tokio::spawn({
-            let rechecks = rechecks.clone();
-            async move { rechecks.still_borrowed(&key("v"), since).await }
-        });
+        let asking = ask(&rechecks, Instant::now());
         rechecks.wanted().await;
         tokio::time::advance(Duration::from_millis(5)).await;
         // A stale store still counts the pods its tenant deleted: it would say "borrowed".
