@@ -385,7 +385,7 @@ fn log_pass(
 
 /// Phase 1 of a pass: what the stores show, with the writes still in flight assumed, the
 /// reservations that appeared settled, and reclaim marks no in-flight record vouches for ignored;
-/// the victims in flight to spare are published for their evictions.
+/// whether each victim in flight is still borrowed is published for its eviction to ask.
 fn observe_pass(
     shared: &Shared,
     handovers: &Handovers,
@@ -423,7 +423,7 @@ fn observe_pass(
     observation
         .snapshot
         .set_terminations(context.reclaimer.terminations());
-    // The victims in flight whose queue no longer borrows them, for their evictions to ask.
+    // Whether each victim in flight is still borrowed, for its eviction to ask.
     context.reclaimer.rechecks().publish(
         read_from,
         live,

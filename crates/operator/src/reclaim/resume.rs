@@ -213,7 +213,7 @@ impl Reclaimer {
     }
 
     /// A victim the record lists that no longer carries the intent: spared by an earlier leader
-    /// if the store still holds it, else gone.
+    /// if the store still holds it (and it is not leaving anyway), else gone.
     fn unmarked(
         &self,
         listed: &VictimInFlight,
@@ -221,12 +221,16 @@ impl Reclaimer {
         grace: Duration,
     ) -> Victim {
         let departed = Victim::departed(listed, policy.clone(), grace);
-        match self.stored(&departed.target) {
-            Some(pod) => Victim {
+        let Some(pod) = self.stored(&departed.target) else {
+            return departed;
+        };
+        let victim = Victim::of(&pod, &listed.queue, policy, grace);
+        match victim.progress {
+            Progress::Leaving => victim,
+            _ => Victim {
                 progress: Progress::Spared,
-                ..Victim::of(&pod, &listed.queue, policy, grace)
+                ..victim
             },
-            None => departed,
         }
     }
 
