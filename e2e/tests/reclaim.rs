@@ -1450,7 +1450,12 @@ async fn owner_planned_anew(client: &Client, namespace: &str, victim: &str) {
             .map(|s| s.last_handovers)
             .unwrap_or_default()
             .into_iter()
-            .find(|r| r.role == "owner" && !r.outcome.is_empty())
+            // The owner planned anew may have a record of its own already (its plan can name
+            // a deleted pod still terminating, to wait for), so the spared one is found by
+            // its victim.
+            .find(|r| {
+                r.role == "owner" && !r.outcome.is_empty() && r.victims.iter().any(|v| v == victim)
+            })
             .ok_or_else(|| "no record yet".to_owned())
     })
     .await
