@@ -54,7 +54,9 @@ pub use knobs::{env_number, env_numbers};
 pub use kueue::{KUEUE_GATE, KUEUE_NAMESPACE, Kueue, KueueConfig, KueueTenant, QUEUE_NAME_LABEL};
 pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
 pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};
-pub use pods::{bound_pod, describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition};
+pub use pods::{
+    bound_pod, bound_replacement, describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition,
+};
 pub use process::ManagedProcess;
 pub use prometheus::{Alert, Prometheus, PrometheusConfig, RuleHealth};
 pub use sightings::Sightings;

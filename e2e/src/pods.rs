@@ -3,11 +3,12 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ObjectMeta};
+use kube::api::{Api, ListParams, ObjectMeta};
 
 use crate::error::{Error, Result};
 use crate::wait::{DEFAULT_TIMEOUT, wait_for};
@@ -105,6 +106,32 @@ pub async fn bound_pod(pods: &Api<Pod>, name: &str) -> Result<Pod> {
             }
         },
     )
+    .await
+}
+
+/// Waits until a pod of `pods` other than `first` (by name) is bound: the replacement that
+/// `first`'s controller created once it was evicted. Returns it.
+///
+/// # Errors
+/// When none is bound within `timeout`; the error describes every pod as last seen.
+pub async fn bound_replacement(pods: &Api<Pod>, first: &str, timeout: Duration) -> Result<Pod> {
+    wait_for("a replacement pod bound", timeout, || async {
+        let list = pods
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        list.items
+            .iter()
+            .find(|p| p.metadata.name.as_deref() != Some(first) && node_of(p).is_some())
+            .cloned()
+            .ok_or_else(|| {
+                list.items
+                    .iter()
+                    .map(describe_pod)
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+    })
     .await
 }
 

@@ -22,7 +22,7 @@ use gpuqueue_api::{
 };
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition, wait_for,
+    bound_replacement, describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm, FaultAction, Phase};
 use k8s_openapi::api::core::v1::Pod;
@@ -431,17 +431,8 @@ async fn events_of_one_handover(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
-    let world = World::start(
-        "reclaim_one_gpu",
-        vec![
-            GpuNode::whole_gpus("gpu-node-0", 4),
-            GpuNode::whole_gpus("gpu-node-1", 4),
-        ],
-    )
-    .await;
+    let (world, online, batch) = two_nodes_of_four("reclaim_one_gpu").await;
     let client = &world.client;
-    let online = world.cluster.namespace("online").await.unwrap();
-    let batch = world.cluster.namespace("batch").await.unwrap();
     apply_queue(client, &queue("online", online.name(), 4, 0, None)).await;
     let cooldown =
         "{checkpoint: {driver: vllm, port: 8000, timeout: 1500ms}, minBorrowDuration: 10m}";
@@ -1321,6 +1312,21 @@ async fn an_owner_of_higher_priority_preempts_nothing_while_its_victim_is_checkp
     }
 }
 
+/// A world `name` of two nodes of 4 GPUs, with the namespaces of queues `online` and `batch`.
+async fn two_nodes_of_four(name: &str) -> (World, TempNamespace, TempNamespace) {
+    let world = World::start(
+        name,
+        vec![
+            GpuNode::whole_gpus("gpu-node-0", 4),
+            GpuNode::whole_gpus("gpu-node-1", 4),
+        ],
+    )
+    .await;
+    let online = world.cluster.namespace("online").await.unwrap();
+    let batch = world.cluster.namespace("batch").await.unwrap();
+    (world, online, batch)
+}
+
 /// Two nodes of 4 GPUs: `online` guarantees 2, `batch` 6 and fills the 8 GPUs with bare pods
 /// `b0`..`b7` (2 borrowed), each serving a fake vLLM whose pause takes 1.4 s.
 async fn borrowed_by_bare_pods() -> (
@@ -1330,17 +1336,8 @@ async fn borrowed_by_bare_pods() -> (
     Vec<Pod>,
     HashMap<String, FakeVllm>,
 ) {
-    let world = World::start(
-        "reclaim_spared",
-        vec![
-            GpuNode::whole_gpus("gpu-node-0", 4),
-            GpuNode::whole_gpus("gpu-node-1", 4),
-        ],
-    )
-    .await;
+    let (world, online, batch) = two_nodes_of_four("reclaim_spared").await;
     let client = &world.client;
-    let online = world.cluster.namespace("online").await.unwrap();
-    let batch = world.cluster.namespace("batch").await.unwrap();
     apply_queue(client, &queue("online", online.name(), 2, 0, None)).await;
     let checkpoint = vllm_checkpoint("1500ms");
     apply_queue(
@@ -1470,18 +1467,9 @@ async fn owner_planned_anew(client: &Client, namespace: &str, victim: &str) {
     let requeued = event(client, namespace, &first, "VictimSpared").await;
     assert!(requeued.contains("plans for it anew"), "{requeued}");
     let owners: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let owner = wait_for("the owner planned anew, bound", DEFAULT_TIMEOUT, || async {
-        let list = owners
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .into_iter()
-            .find(|p| name(p) != first && node_of(p).is_some())
-            .ok_or_else(|| "not bound yet".to_owned())
-    })
-    .await
-    .unwrap();
+    let owner = bound_replacement(&owners, &first, DEFAULT_TIMEOUT)
+        .await
+        .unwrap();
     assert_eq!(
         annotation(&owner, annotations::ADMITTED_AS),
         Some("guaranteed")

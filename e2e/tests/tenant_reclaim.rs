@@ -26,8 +26,8 @@ use gpuqueue_api::{
     v1alpha1::{GpuQueue, HandoverRecord},
 };
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod, gpu_pod,
-    node_of, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, bound_replacement,
+    describe_pod, gpu_pod, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::{
@@ -346,25 +346,9 @@ async fn an_owner_whose_freed_gpus_an_intruder_took_is_planned_again() {
         .delete("intruder", &DeleteParams::default())
         .await
         .unwrap();
-    let replacement = wait_for("a replacement owner bound", UNBOUND_TIMEOUT, || async {
-        let list = owners
-            .list(&ListParams::default())
-            .await
-            .map_err(|e| e.to_string())?;
-        list.items
-            .iter()
-            .find(|p| p.metadata.uid != first.metadata.uid && node_of(p).is_some())
-            .cloned()
-            .ok_or_else(|| {
-                list.items
-                    .iter()
-                    .map(describe_pod)
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            })
-    })
-    .await
-    .unwrap();
+    let replacement = bound_replacement(&owners, &first_name, UNBOUND_TIMEOUT)
+        .await
+        .unwrap();
     assert_eq!(
         annotation(&replacement, annotations::ADMITTED_AS),
         Some("guaranteed"),
