@@ -19,18 +19,20 @@
 //! - **Watch errors** are retried with kube's default backoff (800 ms to 30 s), counted in
 //!   `gpuqueue_watch_errors_total` and logged; the stores keep their last state meanwhile.
 //!   Meanwhile the pod and queue stores are not [`live`](Stores::live): a reclaim's re-check
-//!   of its victims waits for them ([`crate::reclaim`]).
+//!   of its victims waits for them ([`crate::reclaim`]). Their watches list afresh after an
+//!   error ([`relisting`]), so that they are known live again once the API server answers.
 
 use std::{
     fmt,
     future::Future,
+    pin::Pin,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
 };
 
-use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future, stream};
 use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod},
@@ -314,8 +316,7 @@ fn is_urgent(event: &watcher::Event<Pod>, pods: &Store<Pod>) -> bool {
 fn queue_events(
     client: Client,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<StoredQueue>>> + Send + use<> {
-    watcher(Api::<StoredQueue>::all(client), watcher::Config::default())
-        .default_backoff()
+    relisting(Api::<StoredQueue>::all(client), watcher::Config::default())
         .modify(|queue| queue.meta_mut().managed_fields = None)
         .inspect_ok(report_invalid_queue)
 }
@@ -325,13 +326,49 @@ fn pod_events(
     client: Client,
     keep_pod: PodFilter,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<Pod>>> + Send + use<> {
-    watcher(
+    relisting(
         Api::<Pod>::all(client),
         watcher::Config::default().fields(LIVE_PODS),
     )
-    .default_backoff()
     .modify(slim_pod)
     .try_filter_map(move |event| future::ready(Ok(keep_pods(event, keep_pod.as_ref()))))
+}
+
+/// A watch that lists afresh after each of its errors, where kube's watcher resumes from the
+/// last resource version it saw: a resumed watch delivers nothing until an object changes, so
+/// on a quiet cluster its store would never be known [`Liveness`] again (a re-check after an
+/// API server restart waited out its 5 s for a queue watch that had resumed and was never told
+/// so), while a relist ends in `InitDone`. The store keeps its last state until then. Retried
+/// with kube's default backoff. Errors are rare (an API server restarting, or gone from under
+/// its watches), and a resumed watch would often have to relist all the same: the restarted
+/// API server's watch cache no longer holds the old resource version.
+fn relisting<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + fmt::Debug + Send + 'static,
+{
+    anew_after_errors(move || watcher(api.clone(), config.clone())).default_backoff()
+}
+
+/// The events of `start()`'s stream up to its first error, then those of a new one, and so on:
+/// a stream that failed is not polled again.
+fn anew_after_errors<S, T, E>(
+    start: impl Fn() -> S + Send,
+) -> impl Stream<Item = Result<T, E>> + Send
+where
+    S: Stream<Item = Result<T, E>> + Send + 'static,
+{
+    stream::unfold(
+        (start, None::<Pin<Box<S>>>),
+        |(start, current)| async move {
+            let mut events = current.unwrap_or_else(|| Box::pin(start()));
+            let event = events.next().await?;
+            let rest = event.is_ok().then_some(events);
+            Some((event, (start, rest)))
+        },
+    )
 }
 
 /// The node watch, without the nodes' image lists.
@@ -538,6 +575,35 @@ mod tests {
         // A resumed watch: its first event.
         assert!(!seen(vec![error()]).await);
         assert!(seen(vec![Ok(watcher::Event::Delete(pod("a", true)))]).await);
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_failed_is_not_polled_again_and_a_new_one_lists_afresh() {
+        let started = std::sync::atomic::AtomicUsize::new(0);
+        let events = anew_after_errors(|| {
+            let n = started.fetch_add(1, Ordering::Relaxed);
+            let script: Vec<Result<&str, &str>> = if n == 0 {
+                vec![Ok("synced"), Err("connection refused")]
+            } else {
+                vec![Ok("listed afresh"), Ok("changed")]
+            };
+            // Polling a stream after its error would retry it: here, a panic.
+            stream::iter(script).chain(stream::poll_fn(move |_| {
+                assert_ne!(n, 0, "the failed watch was polled again");
+                std::task::Poll::Pending
+            }))
+        });
+        let seen: Vec<_> = events.take(4).collect().await;
+        assert_eq!(
+            seen,
+            [
+                Ok("synced"),
+                Err("connection refused"),
+                Ok("listed afresh"),
+                Ok("changed")
+            ]
+        );
+        assert_eq!(started.load(Ordering::Relaxed), 2);
     }
 
     fn pod(name: &str, gpu: bool) -> Pod {
