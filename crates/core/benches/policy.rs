@@ -6,6 +6,8 @@
 //! - `decide/reclaim`: one pending owner on a full cluster: placement finds nothing, the
 //!   reclaim planner picks a node and victims;
 //! - `plan_reclaim`: the planner alone;
+//! - `pending-victims`: every pass's answer to the evictions waiting on it (which victims in
+//!   flight their queues still borrow), with 200 of the borrowers marked as victims;
 //! - `build`: the snapshot from its 10,000 pods, as the operator built it each cycle;
 //!   `update-snapshot` the operator's pass now: the kept snapshot with one pod gone and one
 //!   new brought up to date and copied.
@@ -31,10 +33,11 @@ use gpuqueue_core::admission::{Decision, decide};
 use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, WorkloadMix};
 use gpuqueue_core::ids::PodId;
 use gpuqueue_core::model::{
-    Assignment, GpuRequest, Node, Pod, PodKey, PodState, Queue, Requests, ResourceQuota,
+    Assignment, GpuRequest, Node, Pod, PodKey, PodState, Queue, ReclaimMark, ReclaimRole, Requests,
+    ResourceQuota,
 };
 use gpuqueue_core::placement::{BestFit, TieBreak};
-use gpuqueue_core::reclaim::plan_reclaim;
+use gpuqueue_core::reclaim::{pending_victims, plan_reclaim};
 use gpuqueue_core::snapshot::kept::{KeptSnapshot, Made};
 use jiff::{SignedDuration, Timestamp};
 
@@ -119,8 +122,34 @@ fn inputs(leave_free: bool) -> (Vec<Queue>, Vec<Node>, Vec<Pod>) {
     (queues, nodes, pods)
 }
 
+/// How many running pods of the borrowing queues [`with_victims`] marks as reclaim victims:
+/// a burst's worth, and more.
+const VICTIMS: usize = 200;
+
+/// The full cluster with [`VICTIMS`] of the borrowing queues' one-GPU pods marked as victims
+/// of reclaims in flight.
+fn with_victims() -> Snapshot {
+    let (queues, nodes, mut pods) = inputs(false);
+    let borrowers = pods.iter_mut().filter(|p| {
+        p.key.namespace.as_str() >= "q5"
+            && matches!(p.state, PodState::Admitted(_))
+            && p.requests.gpus[0].count == 1
+    });
+    for (i, pod) in borrowers.step_by(20).take(VICTIMS).enumerate() {
+        pod.reclaim = Some(ReclaimMark {
+            id: format!("rc-{i}"),
+            role: ReclaimRole::Victim,
+        });
+    }
+    built(queues, nodes, pods)
+}
+
 fn snapshot(leave_free: bool) -> Snapshot {
     let (queues, nodes, pods) = inputs(leave_free);
+    built(queues, nodes, pods)
+}
+
+fn built(queues: Vec<Queue>, nodes: Vec<Node>, pods: Vec<Pod>) -> Snapshot {
     let mix = WorkloadMix::from_pods(&pods, DEFAULT_POPULARITY);
     let (snapshot, issues) = Snapshot::builder()
         .queues(queues)
@@ -179,6 +208,16 @@ fn benches(c: &mut Criterion) {
     });
     group.bench_function("plan-reclaim", |b| {
         b.iter(|| plan_reclaim(black_box(&full), full_owner, now));
+    });
+    let marked = with_victims();
+    let judged = pending_victims(&marked);
+    assert_eq!(judged.len(), VICTIMS);
+    assert!(
+        judged.iter().all(|v| v.borrowed),
+        "every marked pod is borrowed"
+    );
+    group.bench_function("pending-victims", |b| {
+        b.iter(|| pending_victims(black_box(&marked)));
     });
     group
         .sample_size(10)
@@ -274,6 +313,7 @@ fn write_report() {
         "decide-admit-best-fit",
         "decide-reclaim",
         "plan-reclaim",
+        "pending-victims",
         "build-snapshot",
         "update-snapshot",
     ];
