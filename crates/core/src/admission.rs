@@ -229,8 +229,12 @@ impl WaitReason {
                 "; no device has the {asked_mib} MiB of GPU memory it asks free (the most on one device is {most_free_mib} MiB)"
             )?;
         }
-        if let Some(reason) = reclaim {
-            write!(f, "; no reclaim possible: {reason}")?;
+        match reclaim {
+            Some(reason @ NoPlan::ViewBehind) => {
+                write!(f, "; a reclaim would make room, but not yet: {reason}")?;
+            }
+            Some(reason) => write!(f, "; no reclaim possible: {reason}")?,
+            None => {}
         }
         Ok(())
     }

@@ -95,8 +95,13 @@ impl fmt::Display for Enforcement {
 }
 
 /// The unadmitted pods to evict, after the admission cycle that made `decisions` has been
-/// applied to `snapshot` (so owners it pinned count as waiting there).
+/// applied to `snapshot` (so owners it pinned count as waiting there). None while the snapshot
+/// may be behind the cluster ([`Snapshot::is_behind`]): a pod it shows unadmitted may have been
+/// admitted or deleted since.
 pub fn enforce(snapshot: &Snapshot, decisions: &[Decision]) -> Vec<Enforcement> {
+    if snapshot.is_behind() {
+        return Vec::new();
+    }
     let mut books = Books::new(snapshot);
     let mut out = Vec::new();
     for q in snapshot.queue_ids() {

@@ -187,6 +187,9 @@ pub enum NoPlan {
     /// Borrowers exist, but evicting them on any one node does not make room: the capacity is
     /// held by owners within their guarantees, unmanaged pods or a reclaim in progress.
     BorrowersCannotMakeRoom { borrower_nodes: usize },
+    /// A plan exists, but the snapshot may be behind the cluster ([`Snapshot::is_behind`]):
+    /// the borrowers it would evict, and the owner itself, may be gone or changed already.
+    ViewBehind,
 }
 
 impl fmt::Display for NoPlan {
@@ -214,6 +217,10 @@ impl fmt::Display for NoPlan {
             Self::BorrowersCannotMakeRoom { borrower_nodes } => write!(
                 f,
                 "evicting the borrowers on any one of the {borrower_nodes} nodes holding them would not make room; the rest is held by owners within their guarantees, unmanaged pods or a reclaim under way"
+            ),
+            Self::ViewBehind => write!(
+                f,
+                "the operator's view of pods and queues is catching up with the cluster (a watch is listing afresh after an error), and no borrower is disrupted on a view that may be stale"
             ),
         }
     }
@@ -320,6 +327,9 @@ pub fn plan_reclaim(
         NoPlan::BorrowersCannotMakeRoom { borrower_nodes: 0 } => NoPlan::NoBorrowers,
         other => other,
     })?;
+    if snapshot.is_behind() {
+        return Err(NoPlan::ViewBehind);
+    }
     Ok(finish(snapshot, owner, queue, &request, &plan, now))
 }
 

@@ -168,6 +168,44 @@ fn unbound_intruders_on_another_queues_guarantee_are_evicted_while_its_owner_wai
 }
 
 #[test]
+fn a_snapshot_behind_the_cluster_neither_reclaims_nor_enforces_while_its_owner_waits() {
+    // The world above, read from stores a watch is listing afresh: the intruders and the
+    // admitted borrower may be gone already, or the owner itself.
+    let mut s = build(
+        vec![queue("online", 4, 0), queue("batch", 0, 8)],
+        vec![node("n1", 4)],
+        vec![
+            intruder("batch/bound", 2, Some("n1"), 1),
+            running("batch/admitted", 2, "n1", 0),
+            intruder("batch/unbound", 2, None, 2),
+            pending("online/o", 4, 10),
+        ],
+    );
+    s.set_behind(true);
+    let decisions = admission_cycle(&mut s, &Policy::default(), at(100));
+    let [Decision::Wait(wait)] = decisions.as_slice() else {
+        panic!("{decisions:?}");
+    };
+    assert_eq!(wait.key, key("online/o"));
+    assert!(
+        wait.reason.to_string().ends_with(
+            "; a reclaim would make room, but not yet: the operator's view of pods and queues is catching up with the cluster (a watch is listing afresh after an error), and no borrower is disrupted on a view that may be stale"
+        ),
+        "{}",
+        wait.reason
+    );
+    assert!(enforce(&s, &decisions).is_empty());
+    // Current again: the reclaim and the eviction of the unbound intruder.
+    s.set_behind(false);
+    let decisions = admission_cycle(&mut s, &Policy::default(), at(101));
+    assert!(
+        matches!(decisions[0], Decision::Reclaim(_)),
+        "{decisions:?}"
+    );
+    assert_eq!(enforce(&s, &decisions).len(), 1);
+}
+
+#[test]
 fn unadmitted_pods_within_their_guarantee_and_ceiling_are_left_alone() {
     let mut s = build(
         vec![queue("online", 4, 0), queue("batch", 4, 4)],

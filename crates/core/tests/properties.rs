@@ -1,8 +1,8 @@
 //! Properties of the policy on generated clusters (proptest): device accounting, quota
-//! ceilings, reclaim safety and minimality, determinism, and guarantees honoured after
-//! handovers. The clusters include DRA's shapes that change the accounting: devices charged to
-//! quota only (a `firstAvailable` claim not allocated yet) and pods sharing a claim charged to
-//! another. Each case is a small cluster, so hundreds of cases run in about a second.
+//! ceilings, reclaim safety and minimality, determinism, guarantees honoured after handovers,
+//! and no disruption planned on a snapshot behind the cluster. The clusters include DRA's
+//! shapes that change the accounting: devices charged to quota only (a `firstAvailable` claim
+//! not allocated yet) and pods sharing a claim charged to another. Each case is a small cluster, so hundreds of cases run in about a second.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 
@@ -13,6 +13,7 @@ use common::world::{GPU, at, build as build_snapshot, node, pending, queue, runn
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::admission::{Decision, admission_cycle};
+use gpuqueue_core::enforcement::enforce;
 use gpuqueue_core::ids::{NodeId, PodId, QueueId};
 use gpuqueue_core::model::{GpuRequest, Pod};
 use gpuqueue_core::placement::{BestFit, TieBreak, mix64};
@@ -407,6 +408,23 @@ proptest! {
         };
         let first = decide_all(pods);
         prop_assert_eq!(&first, &decide_all(shuffled));
+    }
+
+    #[test]
+    fn a_snapshot_behind_the_cluster_decides_alike_up_to_the_first_reclaim_which_waits(w in world(4, true, true)) {
+        let current = describe(&admission_cycle(&mut build(&w), &Policy::default(), at(1000)));
+        let mut behind = build(&w);
+        behind.set_behind(true);
+        let decisions = admission_cycle(&mut behind, &Policy::default(), at(1000));
+        prop_assert!(enforce(&behind, &decisions).is_empty(), "enforcement on a stale view");
+        let behind = describe(&decisions);
+        let first_reclaim = current.iter().position(|d| d.starts_with("reclaim "));
+        let alike = first_reclaim.unwrap_or(current.len());
+        prop_assert_eq!(&behind[..alike], &current[..alike]);
+        if let Some(i) = first_reclaim {
+            prop_assert!(behind[i].ends_with("no borrower is disrupted on a view that may be stale"), "{}", behind[i]);
+        }
+        prop_assert!(!behind.iter().any(|d| d.starts_with("reclaim ")), "{behind:?}");
     }
 
     #[test]

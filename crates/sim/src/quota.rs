@@ -798,6 +798,7 @@ fn wait_label(reason: &WaitReason) -> &'static str {
             NoPlan::NoSuitableNode => "NoRoom/NoSuitableNode",
             NoPlan::NoBorrowers => "NoRoom/NoBorrowers",
             NoPlan::BorrowersCannotMakeRoom { .. } => "NoRoom/BorrowersCannotMakeRoom",
+            NoPlan::ViewBehind => "NoRoom/ViewBehind",
         },
         other => other.code(),
     }

@@ -183,6 +183,8 @@ pub struct Snapshot {
     reclaimed_from: Index<QueueId, Timestamp>,
     /// Victim terminations observed per node, which the reclaim budget plans with.
     terminations: Terminations,
+    /// Whether what the snapshot shows may be behind the cluster ([`Snapshot::set_behind`]).
+    behind: bool,
     generation: u64,
     build_notes: Vec<SnapshotError>,
 }
@@ -294,6 +296,20 @@ impl Snapshot {
     /// The observed terminations, to record into in place (the simulator).
     pub fn terminations_mut(&mut self) -> &mut Terminations {
         &mut self.terminations
+    }
+
+    /// Says whether the pods and queues the snapshot was read from may be behind the cluster
+    /// (the operator's watch of them is listing afresh after an error). A snapshot that is
+    /// behind still admits, which takes nobody's GPUs, but disrupts nobody: no reclaim is
+    /// planned ([`NoPlan::ViewBehind`](crate::reclaim::NoPlan::ViewBehind)) and no bypassing
+    /// pod is chosen for eviction ([`crate::enforcement::enforce`]).
+    pub fn set_behind(&mut self, behind: bool) {
+        self.behind = behind;
+    }
+
+    /// Whether the snapshot may be behind the cluster ([`Snapshot::set_behind`]).
+    pub fn is_behind(&self) -> bool {
+        self.behind
     }
 
     // ---- capacity ----------------------------------------------------------------------
