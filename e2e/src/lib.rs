@@ -19,6 +19,7 @@ mod api_writes;
 mod apply;
 mod binaries;
 mod control_plane;
+mod cutting_proxy;
 mod error;
 mod faults;
 mod invariants;
@@ -43,6 +44,7 @@ pub use binaries::{BIN_DIR_ENV, bin_dir, repo_root, target_dir};
 pub use control_plane::{
     CONTROLLERS, Component, ControlPlane, ControlPlaneConfig, DetachedCluster, UserAccess,
 };
+pub use cutting_proxy::CuttingProxy;
 pub use error::{Error, Result};
 pub use faults::{FaultKind, FaultSchedule, compact_etcd};
 pub use invariants::{
