@@ -1,12 +1,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
-//! The operator's pod watch broken while its writes still go through: an admin's edit of the
-//! operator's ClusterRole takes away its pod `list` and `watch`, and every connection it has
-//! open to kube-apiserver is cut (a TCP proxy between them), so its pod store stays as it was,
-//! its watch failing to list afresh, while its queue watch and its writes work. Meanwhile the
-//! admin raises a queue's guarantee, and the owner waiting in that queue could take a
-//! borrower's GPU back. The operator must not plan that reclaim on a pod view that may be
-//! stale: no borrower is marked or checkpointed, and the owner says why it waits. Once the
-//! role is restored and the pod watch has listed afresh, the reclaim runs: one borrower
+//! One of the operator's watches broken while its writes still go through: an admin's edit of
+//! the operator's ClusterRole takes away its `list` and `watch` of pods (or of nodes), and every
+//! connection it has open to kube-apiserver is cut (a TCP proxy between them), so that store
+//! stays as it was, its watch failing to list afresh, while the queue watch and the writes
+//! work. Meanwhile the admin raises a queue's guarantee, and the owner waiting in that queue
+//! could take a borrower's GPU back. The operator must not plan that reclaim on a view that may
+//! be stale: no borrower is marked or checkpointed, and the owner says why it waits. Once the
+//! role is restored and the watch has listed afresh, the reclaim runs: one borrower
 //! checkpointed and evicted once, the owner bound.
 
 mod common;
@@ -30,15 +30,23 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
-/// The operator's ClusterRole, as `config/rbac/` ships it; its first rule is the pods'.
+/// The operator's ClusterRole, as `config/rbac/` ships it.
 const ROLE: &str = "gpuqueue-operator";
 
-/// Sets the verbs of the operator's pod rule, as an admin editing its ClusterRole would.
-async fn pod_verbs(client: &Client, verbs: &[&str]) {
+/// Sets the verbs of the operator's rule for `resource` (a core resource), as an admin editing
+/// its ClusterRole would.
+async fn rule_verbs(client: &Client, resource: &str, verbs: &[&str]) {
     let roles: Api<ClusterRole> = Api::all(client.clone());
+    let role = roles.get(ROLE).await.unwrap();
+    let index = role
+        .rules
+        .unwrap_or_default()
+        .iter()
+        .position(|r| r.resources.as_deref() == Some(&[resource.to_owned()]))
+        .unwrap();
     let patch = json!([
-        {"op": "test", "path": "/rules/0/resources", "value": ["pods"]},
-        {"op": "replace", "path": "/rules/0/verbs", "value": verbs},
+        {"op": "test", "path": format!("/rules/{index}/resources"), "value": [resource]},
+        {"op": "replace", "path": format!("/rules/{index}/verbs"), "value": verbs},
     ]);
     let patch: Patch<()> = Patch::Json(serde_json::from_value(patch).unwrap());
     roles
@@ -47,14 +55,16 @@ async fn pod_verbs(client: &Client, verbs: &[&str]) {
         .unwrap();
 }
 
-/// Waits until the API server refuses the operator's ServiceAccount a list of pods.
-async fn pod_list_refused(operator: &Client) {
-    let pods: Api<Pod> = Api::all(operator.clone());
+/// Waits until the API server refuses the operator's ServiceAccount a list of `resource`.
+async fn list_refused(operator: &Client, resource: &str) {
     wait_for(
-        "the operator's pod list to be refused",
+        format!("the operator's list of {resource} to be refused"),
         DEFAULT_TIMEOUT,
         || async {
-            match pods.list(&ListParams::default().limit(1)).await {
+            let list = http::Request::get(format!("/api/v1/{resource}?limit=1"))
+                .body(Vec::new())
+                .unwrap();
+            match operator.request_text(list).await {
                 Err(kube::Error::Api(status)) if status.code == 403 => Ok(()),
                 other => Err(format!("{other:?}")),
             }
@@ -136,8 +146,37 @@ async fn reclaim_waits(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_reclaim_is_planned_while_the_pod_watch_cannot_list_and_it_runs_once_it_can() {
+    reclaim_waits_for_the_watch(
+        "fault_watch_cut_pods",
+        "pods",
+        &["get", "patch"],
+        &["get", "list", "watch", "patch"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reclaim_is_planned_while_the_node_watch_cannot_list_and_it_runs_once_it_can() {
+    reclaim_waits_for_the_watch(
+        "fault_watch_cut_nodes",
+        "nodes",
+        &["get"],
+        &["get", "list", "watch"],
+    )
+    .await;
+}
+
+/// The scenario of the module's documentation, with the operator's `list` and `watch` of
+/// `resource` taken away (its rule's verbs `reduced`, then `full` again), in a cluster of its
+/// own.
+async fn reclaim_waits_for_the_watch(
+    cluster_name: &str,
+    resource: &str,
+    reduced: &[&str],
+    full: &[&str],
+) {
     let cluster = ControlPlane::start(
-        ControlPlaneConfig::new("fault_watch_cut")
+        ControlPlaneConfig::new(cluster_name)
             .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 2)]),
     )
     .await
@@ -165,18 +204,18 @@ async fn no_reclaim_is_planned_while_the_pod_watch_cannot_list_and_it_runs_once_
     let before = waiting_reason(&owners, "owner").await;
     assert!(before.contains("exceeds its ceiling of 0"), "{before}");
 
-    // The operator may no longer list or watch pods, and its open watches are cut: its pod
+    // The operator may no longer list or watch `resource`, and its open watches are cut: that
     // watch fails, and fails again when it lists afresh.
-    pod_verbs(&client, &["get", "patch"]).await;
-    pod_list_refused(&operator_access(&cluster).await.client).await;
-    let errors = "gpuqueue_watch_errors_total{resource=\"pods\"}";
-    let before = operator.metric(errors).await.unwrap_or(0.0);
+    rule_verbs(&client, resource, reduced).await;
+    list_refused(&operator_access(&cluster).await.client, resource).await;
+    let errors = format!("gpuqueue_watch_errors_total{{resource=\"{resource}\"}}");
+    let before = operator.metric(&errors).await.unwrap_or(0.0);
     proxy.cut();
     wait_for(
-        "the pod watch to fail to list afresh",
+        format!("the {resource} watch to fail to list afresh"),
         DEFAULT_TIMEOUT,
         || async {
-            let now = operator.metric(errors).await.unwrap_or(0.0);
+            let now = operator.metric(&errors).await.unwrap_or(0.0);
             (now >= before + 2.0)
                 .then_some(())
                 .ok_or_else(|| format!("{now} errors, {before} before the cut"))
@@ -185,20 +224,20 @@ async fn no_reclaim_is_planned_while_the_pod_watch_cannot_list_and_it_runs_once_
     .await
     .unwrap();
 
-    // The admin's edit reaches the operator (its queue watch lists afresh); its pod store
-    // still shows the owner waiting and both borrowers.
+    // The admin's edit reaches the operator (its queue watch lists afresh); its store of
+    // `resource` still shows what it showed before the cut.
     apply_queue(&client, &queue("online", online.name(), 1, 0, None)).await;
     let reason = reclaim_waits(&owners, &borrowers, &servers).await;
     assert!(
-        reason.contains("the operator's view of pods and queues is catching up"),
+        reason.contains("the operator's view of the cluster is catching up"),
         "{reason}"
     );
     let owner = owners.get("owner").await.unwrap();
     assert!(is_gated(&owner), "{owner:?}");
     untouched(&borrowers, &servers).await;
 
-    // The role is restored: the pod watch lists afresh and the reclaim runs, once.
-    pod_verbs(&client, &["get", "list", "watch", "patch"]).await;
+    // The role is restored: the watch lists afresh and the reclaim runs, once.
+    rule_verbs(&client, resource, full).await;
     let owner = bound(&owners, "owner").await;
     let record = handover_record(&client, "online", &format!("{}/owner", online.name())).await;
     assert_eq!(record.outcome, "Completed", "{record:?}");

@@ -298,8 +298,8 @@ impl Snapshot {
         &mut self.terminations
     }
 
-    /// Says whether the pods and queues the snapshot was read from may be behind the cluster
-    /// (the operator's watch of them is listing afresh after an error). A snapshot that is
+    /// Says whether what the snapshot was read from may be behind the cluster (one of the
+    /// operator's watches is listing afresh after an error). A snapshot that is
     /// behind still admits, which takes nobody's GPUs, but disrupts nobody: no reclaim is
     /// planned ([`NoPlan::ViewBehind`](crate::reclaim::NoPlan::ViewBehind)) and no bypassing
     /// pod is chosen for eviction ([`crate::enforcement::enforce`]).

@@ -385,7 +385,7 @@ fn log_pass(
 
 /// Phase 1 of a pass: what the stores show, with the writes still in flight assumed, the
 /// reservations that appeared settled, and reclaim marks no in-flight record vouches for ignored,
-/// marked behind while a pod or queue watch is not live; whether each victim in flight is still
+/// marked behind while a watch it is read from is not live; whether each victim in flight is still
 /// borrowed is published for its eviction to ask.
 fn observe_pass(
     shared: &Shared,
@@ -424,7 +424,7 @@ fn observe_pass(
     observation
         .snapshot
         .set_terminations(context.reclaimer.terminations());
-    // A pod or queue watch listing afresh: admit, but disrupt nobody on a view that may be stale.
+    // A watch listing afresh: admit, but disrupt nobody on a view that may be stale.
     observation.snapshot.set_behind(!live);
     // Whether each victim in flight is still borrowed, for its eviction to ask.
     context.reclaimer.rechecks().publish(

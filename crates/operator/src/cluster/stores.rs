@@ -79,8 +79,9 @@ pub struct Stores {
     pub devices: DeviceStores,
     pub(super) changes: watch::Receiver<u64>,
     pub(super) urgent_changes: watch::Receiver<u64>,
-    /// The queue and pod watches' [`Liveness`].
-    pub(super) live: [Liveness; 2],
+    /// The [`Liveness`] of the watches the snapshot is read from: queues, pods, nodes and
+    /// namespaces (the DRA watches aside: a cluster that does not serve DRA fails them forever).
+    pub(super) live: [Liveness; 4],
 }
 
 /// Whether a watch is delivering: not from one of its errors until it delivers again (its relist
@@ -187,7 +188,8 @@ impl Stores {
         let (budgets, budget_writer) = reflector::store();
 
         let (devices, device_tasks) = device_stores(client, &signals, metrics);
-        let (queues_live, pods_live) = (Liveness::default(), Liveness::default());
+        let live: [Liveness; 4] = Default::default();
+        let [queues_live, pods_live, nodes_live, namespaces_live] = live.clone();
         let mut tasks = vec![
             reflect(
                 "gpuqueues",
@@ -211,7 +213,7 @@ impl Stores {
             reflect(
                 "nodes",
                 node_writer,
-                node_events(client.clone()),
+                nodes_live.track(node_events(client.clone())),
                 (signals.clone(), |_: &_| true),
                 metrics,
                 || {},
@@ -219,7 +221,7 @@ impl Stores {
             reflect(
                 "namespaces",
                 namespace_writer,
-                namespace_events(client.clone()),
+                namespaces_live.track(namespace_events(client.clone())),
                 (signals, |_: &_| true),
                 metrics,
                 || {},
@@ -245,7 +247,7 @@ impl Stores {
             devices,
             changes,
             urgent_changes,
-            live: [queues_live, pods_live],
+            live,
         };
         (stores, Watches { tasks })
     }
@@ -271,8 +273,8 @@ impl Stores {
             .is_some_and(|ready| ready.is_ok())
     }
 
-    /// Whether the queue and pod watches are delivering ([`Liveness`]): what their stores show is
-    /// then current but for the milliseconds of the watch.
+    /// Whether the queue, pod, node and namespace watches are delivering ([`Liveness`]): what
+    /// their stores show is then current but for the milliseconds of the watch.
     pub fn live(&self) -> bool {
         self.live.iter().all(Liveness::is_live)
     }
@@ -371,27 +373,24 @@ where
     )
 }
 
-/// The node watch, without the nodes' image lists.
+/// The node watch, without the nodes' image lists; it lists afresh after an error
+/// ([`relisting`]).
 fn node_events(
     client: Client,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<Node>>> + Send + use<> {
-    watcher(Api::<Node>::all(client), watcher::Config::default())
-        .default_backoff()
-        .modify(|node| {
-            strip_metadata(node);
-            if let Some(status) = node.status.as_mut() {
-                status.images = None;
-            }
-        })
+    relisting(Api::<Node>::all(client), watcher::Config::default()).modify(|node| {
+        strip_metadata(node);
+        if let Some(status) = node.status.as_mut() {
+            status.images = None;
+        }
+    })
 }
 
-/// The namespace watch.
+/// The namespace watch; it lists afresh after an error ([`relisting`]).
 fn namespace_events(
     client: Client,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<Namespace>>> + Send + use<> {
-    watcher(Api::<Namespace>::all(client), watcher::Config::default())
-        .default_backoff()
-        .modify(strip_metadata)
+    relisting(Api::<Namespace>::all(client), watcher::Config::default()).modify(strip_metadata)
 }
 
 /// The DRA stores ([`DeviceStores`]) and their watches; every change is urgent.
