@@ -1,8 +1,9 @@
-//! Properties of the policy on generated clusters (proptest): device accounting, quota
-//! ceilings, reclaim safety and minimality, determinism, guarantees honoured after handovers,
-//! and no disruption planned on a snapshot behind the cluster. The clusters include DRA's
-//! shapes that change the accounting: devices charged to quota only (a `firstAvailable` claim
-//! not allocated yet) and pods sharing a claim charged to another. Each case is a small cluster, so hundreds of cases run in about a second.
+//! Properties of the policy on generated clusters (proptest): device accounting, quota ceilings,
+//! reclaim safety and minimality, determinism, guarantees honoured after handovers, and no
+//! disruption planned on a snapshot behind the cluster. The clusters include DRA's shapes that
+//! change the accounting: devices charged to quota only (a `firstAvailable` claim not allocated
+//! yet) and pods sharing a claim charged to another. Each case is a small cluster, so hundreds of
+//! cases run in about a second.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 

@@ -299,10 +299,10 @@ impl Snapshot {
     }
 
     /// Says whether what the snapshot was read from may be behind the cluster (one of the
-    /// operator's watches is listing afresh after an error). A snapshot that is
-    /// behind still admits, which takes nobody's GPUs, but disrupts nobody: no reclaim is
-    /// planned ([`NoPlan::ViewBehind`](crate::reclaim::NoPlan::ViewBehind)) and no bypassing
-    /// pod is chosen for eviction ([`crate::enforcement::enforce`]).
+    /// operator's watches is listing afresh after an error). A snapshot that is behind still
+    /// admits, which takes nobody's GPUs, but disrupts nobody: no reclaim is planned
+    /// ([`NoPlan::ViewBehind`](crate::reclaim::NoPlan::ViewBehind)) and no bypassing pod is chosen
+    /// for eviction ([`crate::enforcement::enforce`]).
     pub fn set_behind(&mut self, behind: bool) {
         self.behind = behind;
     }
