@@ -16,14 +16,13 @@
 mod common;
 mod fault_common;
 
-use common::{
-    Operator, Options, all_running, apply_queue, bound, create, event, events, free_port, install,
+use common::{Operator, Options, all_running, apply_queue, bound, create, event, events};
+use fault_common::{
+    VLLM_PORT, actions, fake_vllms, gone, handover_record, installed, name, phase_names, uid,
 };
-use fault_common::{VLLM_PORT, actions, fake_vllms, gone, handover_record, name, phase_names, uid};
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
-    Component, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode,
-    IGNORES_SIGTERM_ANNOTATION, gpu_pod, node_of, wait_for,
+    Component, DEFAULT_TIMEOUT, IGNORES_SIGTERM_ANNOTATION, gpu_pod, node_of, wait_for,
 };
 use gpuqueue_fake_vllm::{FakeVllm, Fault};
 use k8s_openapi::api::core::v1::Pod;
@@ -82,15 +81,8 @@ fn slow_borrower(name: &str) -> Pod {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_survives_a_kube_apiserver_restart_between_intent_and_victims_gone() {
-    let mut cluster = ControlPlane::start(
-        ControlPlaneConfig::new("fault_apiserver_restart")
-            .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 2)]),
-    )
-    .await
-    .unwrap();
+    let (mut cluster, port) = installed("fault_apiserver_restart", 2).await;
     let client = cluster.client();
-    let port = free_port();
-    install(&cluster, port).await;
     let options = Options {
         lease: ("15s", "5s"),
         ..Options::new("only", port)

@@ -12,17 +12,14 @@ use std::time::Duration;
 
 use common::{
     OPERATOR_NAMESPACE, Operator, Options, all_running, apply_queue, bound, create, event,
-    free_port, install, is_gated, settled,
+    free_port, is_gated, settled,
 };
 use fault_common::{
-    actions, events_reported_by, fake_vllms, gone, handover_record, name, now, point_webhook_at,
-    queue,
+    actions, events_reported_by, fake_vllms, gone, handover_record, installed, name, now,
+    point_webhook_at, queue,
 };
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, QuotaSampler, TenantQuota, gpu_pod,
-    wait_for,
-};
+use gpuqueue_e2e::{DEFAULT_TIMEOUT, QuotaSampler, TenantQuota, gpu_pod, wait_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::SignedDuration;
@@ -77,15 +74,8 @@ async fn lease_expired(client: &Client) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_paused_past_its_lease_does_not_act_when_it_resumes() {
-    let cluster = ControlPlane::start(
-        ControlPlaneConfig::new("fault_split_brain")
-            .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 2)]),
-    )
-    .await
-    .unwrap();
+    let (cluster, first_port) = installed("fault_split_brain", 2).await;
     let client = cluster.client();
-    let first_port = free_port();
-    install(&cluster, first_port).await;
     let first = Operator::start(&cluster, Options::new("first", first_port)).await;
     leading(&first, true).await;
     let second_port = free_port();
@@ -205,15 +195,8 @@ async fn ungated(pods: &Api<Pod>) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_loses_its_lease_and_wins_it_again_books_no_gpu_twice() {
-    let cluster = ControlPlane::start(
-        ControlPlaneConfig::new("fault_leadership_flap")
-            .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 8)]),
-    )
-    .await
-    .unwrap();
+    let (cluster, port) = installed("fault_leadership_flap", 8).await;
     let client = cluster.client();
-    let port = free_port();
-    install(&cluster, port).await;
     let solo = Operator::start(&cluster, Options::new("solo", port)).await;
     leading(&solo, true).await;
 

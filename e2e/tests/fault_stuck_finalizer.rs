@@ -10,12 +10,12 @@ mod common;
 mod fault_common;
 
 use common::{
-    Operator, Options, all_running, apply_queue, bound, create, event, events, free_port, install,
-    is_gated, waiting_reason,
+    Operator, Options, all_running, apply_queue, bound, create, event, events, is_gated,
+    waiting_reason,
 };
-use fault_common::{gone, handover_record, name, queue, uid};
+use fault_common::{gone, handover_record, installed, name, queue, uid};
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, GpuNode, gpu_pod, node_of};
+use gpuqueue_e2e::{gpu_pod, node_of};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -25,15 +25,8 @@ const FOREIGN_FINALIZER: &str = "backup.example.com/snapshot";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_victim_held_by_a_foreign_finalizer_keeps_its_gpus_until_it_is_gone() {
-    let cluster = ControlPlane::start(
-        ControlPlaneConfig::new("fault_stuck_finalizer")
-            .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 2)]),
-    )
-    .await
-    .unwrap();
+    let (cluster, port) = installed("fault_stuck_finalizer", 2).await;
     let client = cluster.client();
-    let port = free_port();
-    install(&cluster, port).await;
     let operator = Operator::start(&cluster, Options::new("only", port)).await;
 
     let online = cluster.namespace("online").await.unwrap();

@@ -15,14 +15,12 @@ mod fault_common;
 use std::collections::HashMap;
 
 use common::{
-    Operator, Options, all_running, annotation, apply_queue, bound, create, free_port, install,
-    is_gated, operator_access, waiting_reason,
+    Operator, Options, all_running, annotation, apply_queue, bound, create, is_gated,
+    operator_access, waiting_reason,
 };
-use fault_common::{fake_vllms, gone, handover_record, name, queue};
+use fault_common::{fake_vllms, gone, handover_record, installed, name, queue};
 use gpuqueue_api::{NVIDIA_GPU, annotations};
-use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, CuttingProxy, DEFAULT_TIMEOUT, GpuNode, gpu_pod, wait_for,
-};
+use gpuqueue_e2e::{ControlPlane, CuttingProxy, DEFAULT_TIMEOUT, gpu_pod, wait_for};
 use gpuqueue_fake_vllm::FakeVllm;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -175,15 +173,8 @@ async fn reclaim_waits_for_the_watch(
     reduced: &[&str],
     full: &[&str],
 ) {
-    let cluster = ControlPlane::start(
-        ControlPlaneConfig::new(cluster_name)
-            .with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", 2)]),
-    )
-    .await
-    .unwrap();
+    let (cluster, port) = installed(cluster_name, 2).await;
     let client = cluster.client();
-    let port = free_port();
-    install(&cluster, port).await;
     let proxy = CuttingProxy::start(cluster.api_server()).await.unwrap();
     let operator = operator_through(&cluster, &proxy, port).await;
 

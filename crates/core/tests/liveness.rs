@@ -138,12 +138,10 @@ fn unadmitted_pods_over_the_ceiling_are_evicted_newest_first_and_no_more() {
     );
 }
 
-#[test]
-fn unbound_intruders_on_another_queues_guarantee_are_evicted_while_its_owner_waits() {
-    // Case 4: a reclaim frees n1 for online, but batch holds an ungated pod with no node yet
-    // that kube-scheduler would bind into the freed room. The bound intruder is the reclaim's
-    // victim; the unbound one is evicted by enforcement, and admitted pods are left alone.
-    let mut s = build(
+/// Case 4 of the tenant review: a reclaim frees n1 for online, but batch holds an ungated pod
+/// with no node yet that kube-scheduler would bind into the freed room.
+fn case_four() -> Snapshot {
+    build(
         vec![queue("online", 4, 0), queue("batch", 0, 8)],
         vec![node("n1", 4)],
         vec![
@@ -152,7 +150,14 @@ fn unbound_intruders_on_another_queues_guarantee_are_evicted_while_its_owner_wai
             intruder("batch/unbound", 2, None, 2),
             pending("online/o", 4, 10),
         ],
-    );
+    )
+}
+
+#[test]
+fn unbound_intruders_on_another_queues_guarantee_are_evicted_while_its_owner_waits() {
+    // The bound intruder is the reclaim's victim; the unbound one is evicted by enforcement,
+    // and admitted pods are left alone.
+    let mut s = case_four();
     let decisions = admission_cycle(&mut s, &Policy::default(), at(100));
     assert!(
         matches!(decisions[0], Decision::Reclaim(_)),
@@ -169,18 +174,9 @@ fn unbound_intruders_on_another_queues_guarantee_are_evicted_while_its_owner_wai
 
 #[test]
 fn a_snapshot_behind_the_cluster_neither_reclaims_nor_enforces_while_its_owner_waits() {
-    // The world above, read from stores a watch is listing afresh: the intruders and the
-    // admitted borrower may be gone already, or the owner itself.
-    let mut s = build(
-        vec![queue("online", 4, 0), queue("batch", 0, 8)],
-        vec![node("n1", 4)],
-        vec![
-            intruder("batch/bound", 2, Some("n1"), 1),
-            running("batch/admitted", 2, "n1", 0),
-            intruder("batch/unbound", 2, None, 2),
-            pending("online/o", 4, 10),
-        ],
-    );
+    // Case 4, read from stores a watch is listing afresh: the intruders and the admitted
+    // borrower may be gone already, or the owner itself.
+    let mut s = case_four();
     s.set_behind(true);
     let decisions = admission_cycle(&mut s, &Policy::default(), at(100));
     let [Decision::Wait(wait)] = decisions.as_slice() else {

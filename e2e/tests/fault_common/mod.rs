@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 
 use gpuqueue_api::v1alpha1::{GpuQueue, HandoverRecord};
-use gpuqueue_e2e::{DEFAULT_TIMEOUT, describe_pod, fake_vllm_on, wait_for};
+use gpuqueue_e2e::{
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, describe_pod, fake_vllm_on,
+    wait_for,
+};
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -18,7 +21,7 @@ use kube::{
 };
 use serde_json::json;
 
-use crate::common::{Operator, queue_status};
+use crate::common::{Operator, free_port, install, queue_status};
 
 /// The port the queues' checkpoint drivers call, and the fake vLLM listens on.
 pub const VLLM_PORT: u16 = 8000;
@@ -42,6 +45,19 @@ pub fn queue(
         );
     }
     yaml
+}
+
+/// A control plane named `name` with one node of `gpus` GPUs and what `config/` ships installed,
+/// its webhook pointed at the returned port.
+pub async fn installed(name: &str, gpus: u32) -> (ControlPlane, u16) {
+    let cluster = ControlPlane::start(
+        ControlPlaneConfig::new(name).with_nodes(vec![GpuNode::whole_gpus("gpu-node-0", gpus)]),
+    )
+    .await
+    .unwrap();
+    let port = free_port();
+    install(&cluster, port).await;
+    (cluster, port)
 }
 
 /// The test's clock, to compare with the API server's timestamps (one machine, one clock).
