@@ -219,3 +219,51 @@ fn every_victim_in_flight_is_judged_and_nothing_else() {
         "an evicting victim asks the pass; one it does not name is not vouched for"
     );
 }
+
+#[test]
+fn a_victim_marked_terminating_in_a_live_snapshot_is_judged_as_one_built_deleted() {
+    // The simulator keeps one snapshot across a run and marks a victim terminating when its
+    // eviction is accepted; the operator rebuilds its snapshot with the pod deleted.
+    let pods = |v1_deleted: bool| {
+        let mut pods: Vec<Pod> = (1..=5)
+            .map(|i| running(&format!("b/p{i}"), 1, "n0", i))
+            .collect();
+        let v1 = victim(running("b/v1", 1, "n1", 6));
+        pods.push(if v1_deleted { deleted(v1) } else { v1 });
+        pods.push(victim(running("b/v2", 1, "n1", 7)));
+        pods
+    };
+    let nodes = || (0..3).map(|n| node(&format!("n{n}"), 8)).collect();
+    let judged = |snapshot: &gpuqueue_core::Snapshot| {
+        let mut judged: Vec<(String, bool)> = pending_victims(snapshot)
+            .into_iter()
+            .map(|v| (v.key.to_string(), v.borrowed))
+            .collect();
+        judged.sort();
+        judged
+    };
+    let built = build(vec![queue("b", 6, 8)], nodes(), pods(true));
+    let mut live = build(vec![queue("b", 6, 8)], nodes(), pods(false));
+    assert_eq!(
+        judged(&live),
+        [("b/v1".to_owned(), false), ("b/v2".to_owned(), true)],
+        "before: the less protected victim takes the one GPU above the guarantee"
+    );
+    let v1 = live.pod_id(&PodKey::new("b", "v1")).unwrap();
+    live.mark_terminating(v1);
+    assert_eq!(judged(&live), judged(&built));
+    assert_eq!(
+        judged(&live),
+        [("b/v2".to_owned(), false)],
+        "after: the evicted one leaves anyway, so the other is spared"
+    );
+    let held = |s: &gpuqueue_core::Snapshot| {
+        let q = s.queue_ids().next().unwrap();
+        s.usage(q).iter().map(|u| u.allocated).collect::<Vec<_>>()
+    };
+    assert_eq!(
+        held(&live),
+        held(&built),
+        "the leaving pod keeps its charge until removed"
+    );
+}

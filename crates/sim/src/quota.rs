@@ -21,6 +21,12 @@
 //!
 //! Evicted pods come back, as their controller recreates them: a batch job with the work its
 //! checkpoint saved subtracted, a serving replica unless the autoscaler removed it meanwhile.
+//!
+//! A victim whose checkpoint was called is judged again at its eviction, as the operator does
+//! ([`gpuqueue_core::reclaim::pending_victims`]): if its queue shrank meanwhile and no longer
+//! borrows it, it is spared and keeps running, and its owner, whose room was not freed, is
+//! deleted and recreated by its controller to be planned anew. The owner's wait runs on from
+//! its first creation.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -37,7 +43,7 @@ use gpuqueue_core::model::{
     CheckpointSettings, Namespace, Node, Pod, PodKey, Queue, ReclaimSettings, ResourceQuota,
 };
 use gpuqueue_core::quantity::Milli;
-use gpuqueue_core::reclaim::{NoPlan, ReclaimPlan};
+use gpuqueue_core::reclaim::{NoPlan, ReclaimPlan, pending_victims};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
@@ -247,6 +253,9 @@ pub struct Counts {
     pub bound: u64,
     /// Pods removed by the autoscaler before they were bound.
     pub withdrawn: u64,
+    /// Owner pods deleted before they were bound, because a victim of their handover was
+    /// spared; each is recreated and planned anew.
+    pub requeued: u64,
     /// Pods still waiting (or admitted, not yet bound) at the end.
     pub waiting_at_end: u64,
     /// Bound pods that finished their work.
@@ -289,21 +298,49 @@ enum Event {
         attempt: u32,
         planned: SimTime,
     },
+    Evict(Eviction),
     VictimGone {
         job: usize,
         attempt: u32,
-        saved: bool,
-        /// What the operator observes: the victim's node, its termination (eviction accepted
-        /// to gone) and its grace period.
-        node: NodeId,
-        took: Duration,
-        grace: Duration,
+        departure: Departure,
     },
     Finish {
         job: usize,
         attempt: u32,
     },
     Sample,
+}
+
+/// A victim's eviction, sent when its checkpoint is over.
+#[derive(Clone, Copy, Debug)]
+struct Eviction {
+    job: usize,
+    attempt: u32,
+    /// The owner of its handover, and that pod's attempt.
+    owner: usize,
+    owner_attempt: u32,
+    /// A checkpoint was called: time passed since the plan, so the operator asks again.
+    recheck: bool,
+    departure: Departure,
+}
+
+/// A victim's departure, as the operator observes it when the pod is gone.
+#[derive(Clone, Copy, Debug)]
+struct Departure {
+    /// Its checkpoint saved its work.
+    saved: bool,
+    node: NodeId,
+    /// Its termination: eviction accepted to pod gone.
+    took: Duration,
+    grace: Duration,
+}
+
+/// What a requeued owner's next pod carries over: its wait runs on from its first creation.
+#[derive(Clone, Copy, Debug)]
+struct Carried {
+    created: SimTime,
+    owner: bool,
+    first: Option<OverBudgetCause>,
 }
 
 /// Where a job's pod stands.
@@ -347,9 +384,20 @@ struct Live {
     /// Batch: work left when this pod started.
     remaining: Option<Duration>,
     gpu_milli: u64,
-    victim: bool,
+    part: Part,
     /// The autoscaler removed the replica; do not recreate it.
     removed: bool,
+}
+
+/// A pod's part in a handover under way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    /// None (an owner whose handover goes as planned needs no mark).
+    Outside,
+    /// A victim, until it is gone or spared.
+    Victim,
+    /// An owner one of whose victims was spared: requeued rather than bound.
+    SparedOwner,
 }
 
 struct Run<'a> {
@@ -360,6 +408,8 @@ struct Run<'a> {
     attempts: Vec<u32>,
     remaining: Vec<Option<Duration>>,
     by_pod: HashMap<PodId, usize>,
+    /// Per job: what its next pod carries over from an owner requeued.
+    carried: Vec<Option<Carried>>,
     held: Vec<u64>,
     /// Per tenant: GPU milli its pods at the gate ask for.
     asked: Vec<u64>,
@@ -389,6 +439,7 @@ pub fn run(input: &QuotaInput, policy: QuotaPolicy) -> QuotaRun {
         attempts: vec![0; input.jobs.len()],
         remaining: input.jobs.iter().map(|j| j.work).collect(),
         by_pod: HashMap::new(),
+        carried: vec![None; input.jobs.len()],
         held: vec![0; input.queues.len()],
         asked: vec![0; input.queues.len()],
         pass_at: None,
@@ -460,18 +511,27 @@ impl Run<'_> {
                 job,
                 attempt,
                 planned,
-            } => self.bound(now, job, attempt, Some(planned)),
+            } => {
+                if self.live[job]
+                    .as_ref()
+                    .is_some_and(|l| l.attempt == attempt && l.part == Part::SparedOwner)
+                {
+                    self.requeue(now, job);
+                } else {
+                    self.bound(now, job, attempt, Some(planned));
+                }
+            }
+            Event::Evict(eviction) => self.evict(now, eviction),
             Event::VictimGone {
                 job,
                 attempt,
-                saved,
-                node,
-                took,
-                grace,
+                departure,
             } => {
-                let name = self.snapshot.node(node).name.clone();
-                self.snapshot.terminations_mut().record(&name, took, grace);
-                self.victim_gone(now, job, attempt, saved);
+                let name = self.snapshot.node(departure.node).name.clone();
+                self.snapshot
+                    .terminations_mut()
+                    .record(&name, departure.took, departure.grace);
+                self.victim_gone(now, job, attempt, departure.saved);
             }
             Event::Finish { job, attempt } => self.finish_job(now, job, attempt),
             Event::Sample => {
@@ -487,8 +547,18 @@ impl Run<'_> {
             return;
         }
         let spec = self.job(job).clone();
+        let carried = self.carried[job].take();
         if spec.removed_at.is_some_and(|at| at <= now) {
-            return; // scaled down before its controller recreated it
+            // Scaled down before its controller recreated it; a requeued owner's wait ends.
+            if let Some(c) = carried {
+                let cause = c
+                    .owner
+                    .then(|| c.first.unwrap_or(OverBudgetCause::Undecided));
+                let budget = self.budget(spec.tenant);
+                self.metrics
+                    .withdrawn(spec.tenant, c.created, now, cause, budget);
+            }
+            return;
         }
         let attempt = self.attempts[job] + 1;
         self.attempts[job] = attempt;
@@ -506,19 +576,20 @@ impl Run<'_> {
         let gpu_milli = spec.shape.total_gpu_milli();
         self.counts.created += 1;
         self.by_pod.insert(pod, job);
+        // The queue admits its pods in order (same priority, then age): the requests already
+        // at the gate come first, so only what fits after them is an owner's.
+        let owner = self.held[spec.tenant] + self.asked[spec.tenant] + gpu_milli
+            <= self.input.guaranteed_milli(spec.tenant);
         self.live[job] = Some(Live {
             pod,
             attempt,
-            created: now,
-            // The queue admits its pods in order (same priority, then age): the requests
-            // already at the gate come first, so only what fits after them is an owner's.
-            owner: self.held[spec.tenant] + self.asked[spec.tenant] + gpu_milli
-                <= self.input.guaranteed_milli(spec.tenant),
-            first: None,
+            created: carried.map_or(now, |c| c.created),
+            owner: carried.map_or(owner, |c| c.owner),
+            first: carried.and_then(|c| c.first),
             stage: Stage::Waiting,
             remaining: self.remaining[job],
             gpu_milli,
-            victim: false,
+            part: Part::Outside,
             removed: false,
         });
         self.asked[spec.tenant] += gpu_milli;
@@ -543,7 +614,7 @@ impl Run<'_> {
         let Some(live) = self.live[job].as_mut() else {
             return;
         };
-        if live.victim {
+        if live.part == Part::Victim {
             live.removed = true; // its eviction is under way; it is not recreated
             return;
         }
@@ -647,18 +718,23 @@ impl Run<'_> {
             let Some(live) = self.live[job].as_mut() else {
                 continue;
             };
-            live.victim = true;
+            live.part = Part::Victim;
             let attempt = live.attempt;
             self.queue.schedule_at(
-                now.after(timeline.gone),
-                Event::VictimGone {
+                now.after(timeline.evicted),
+                Event::Evict(Eviction {
                     job,
                     attempt,
-                    saved: timeline.saved,
-                    node: plan.node,
-                    took: timeline.termination(),
-                    grace: victim.grace,
-                },
+                    owner,
+                    owner_attempt: self.attempts[owner],
+                    recheck: timeline.checkpointed,
+                    departure: Departure {
+                        saved: timeline.saved,
+                        node: plan.node,
+                        took: timeline.termination(),
+                        grace: victim.grace,
+                    },
+                }),
             );
         }
         let attempt = self.attempts[owner];
@@ -676,6 +752,88 @@ impl Run<'_> {
         self.live[job]
             .as_ref()
             .is_some_and(|l| l.attempt == attempt)
+    }
+
+    /// Sends a victim's eviction, unless its checkpoint ran and its queue no longer borrows it
+    /// by now: then the victim is spared.
+    fn evict(&mut self, now: SimTime, eviction: Eviction) {
+        if !self.current(eviction.job, eviction.attempt) {
+            return;
+        }
+        let Some(pod) = self.live[eviction.job].as_ref().map(|l| l.pod) else {
+            return;
+        };
+        if eviction.recheck && !self.still_borrowed(pod) {
+            self.spare(now, eviction, pod);
+            return;
+        }
+        self.snapshot.mark_terminating(pod);
+        let departure = eviction.departure;
+        self.queue.schedule_at(
+            now.after(departure.took),
+            Event::VictimGone {
+                job: eviction.job,
+                attempt: eviction.attempt,
+                departure,
+            },
+        );
+    }
+
+    /// The operator's question before an eviction; a victim it does not name is not vouched
+    /// for.
+    fn still_borrowed(&self, pod: PodId) -> bool {
+        let Some(key) = self.snapshot.pod(pod).map(|p| p.key.clone()) else {
+            return false;
+        };
+        pending_victims(&self.snapshot)
+            .into_iter()
+            .any(|v| v.key == key && v.borrowed)
+    }
+
+    /// The victim keeps running (and its work, if it ended meanwhile, ends now); its owner
+    /// is requeued instead of bound.
+    fn spare(&mut self, now: SimTime, eviction: Eviction, pod: PodId) {
+        self.snapshot.unmark_victim(pod);
+        self.metrics.victim_spared(now);
+        if let Some(owner) = self.live[eviction.owner]
+            .as_mut()
+            .filter(|l| l.attempt == eviction.owner_attempt)
+        {
+            owner.part = Part::SparedOwner;
+        }
+        let job = eviction.job;
+        let Some(live) = self.live[job].as_mut() else {
+            return;
+        };
+        live.part = Part::Outside;
+        let done = matches!((live.stage, live.remaining),
+            (Stage::Bound(at), Some(work)) if at.after(work) <= now);
+        if live.removed {
+            self.scale_down(now, job);
+        } else if done {
+            self.finish_job(now, job, eviction.attempt);
+        }
+        self.after_change(now);
+    }
+
+    /// Deletes an owner whose room was not freed; its controller recreates it and the
+    /// operator plans it anew.
+    fn requeue(&mut self, now: SimTime, job: usize) {
+        let multi_gpu = self.job(job).shape.gpus > 1;
+        let Some(live) = self.forget(job) else {
+            return;
+        };
+        self.counts.requeued += 1;
+        self.carried[job] = Some(Carried {
+            created: live.created,
+            owner: live.owner,
+            first: Some(OverBudgetCause::Requeued { multi_gpu }),
+        });
+        let recreate =
+            self.latency(self.input.handover.api) + self.latency(self.input.handover.api);
+        self.queue
+            .schedule_at(now.after(recreate), Event::Recreate(job));
+        self.after_change(now);
     }
 
     fn bound(&mut self, now: SimTime, job: usize, attempt: u32, planned: Option<SimTime>) {
@@ -736,7 +894,11 @@ impl Run<'_> {
     }
 
     fn finish_job(&mut self, now: SimTime, job: usize, attempt: u32) {
-        if !self.current(job, attempt) || self.live[job].as_ref().is_some_and(|l| l.victim) {
+        if !self.current(job, attempt)
+            || self.live[job]
+                .as_ref()
+                .is_some_and(|l| l.part == Part::Victim)
+        {
             return;
         }
         let tenant = self.job(job).tenant;
@@ -835,6 +997,8 @@ pub struct VictimTimeline {
     pub gone: Duration,
     /// Its checkpoint saved its work.
     pub saved: bool,
+    /// A checkpoint was called (so the operator asks again before the eviction).
+    pub checkpointed: bool,
 }
 
 impl VictimTimeline {
@@ -876,6 +1040,8 @@ pub fn sample_handover(
         .iter()
         .map(|victim| {
             let deadline = plan.checkpoint_deadline(victim, intent);
+            let checkpointed =
+                victim.checkpoint.driver != CheckpointDriver::None && !deadline.is_zero();
             let (checkpoint, saved) = if victim.checkpoint.driver == CheckpointDriver::None {
                 (Duration::ZERO, false)
             } else {
@@ -891,6 +1057,7 @@ pub fn sample_handover(
                 evicted,
                 gone: Duration::from_secs_f64(noticed_at(exited)) + deleted,
                 saved,
+                checkpointed,
             }
         })
         .collect();
@@ -923,7 +1090,7 @@ pub fn run_policies(input: &QuotaInput, policies: &[QuotaPolicy]) -> Vec<QuotaRu
 impl Counts {
     /// Whether every created pod is accounted for exactly once.
     pub fn balanced(&self) -> bool {
-        self.created == self.bound + self.withdrawn + self.waiting_at_end
+        self.created == self.bound + self.withdrawn + self.requeued + self.waiting_at_end
             && self.bound == self.completed + self.evicted + self.scaled_down + self.running_at_end
     }
 }

@@ -23,7 +23,7 @@ use crate::stats::{TimeWeighted, percentile, sorted};
 /// Why an owner request waited past its budget: what the first admission cycle that saw it
 /// decided. Either a reclaim was planned for it at once (the handover itself overran), or it
 /// was admitted at once (its binding came late), or the core left it waiting, for the reason
-/// the core gave then.
+/// the core gave then; unless a victim of its handover was spared, which requeues it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum OverBudgetCause {
     /// A reclaim was planned in the first cycle; the handover took longer than the budget.
@@ -38,6 +38,12 @@ pub enum OverBudgetCause {
     Waited {
         /// The wait reason.
         reason: &'static str,
+        /// More than one GPU requested.
+        multi_gpu: bool,
+    },
+    /// A victim of its handover was spared at its eviction (its queue shrank during the
+    /// checkpoint), so the owner was deleted and recreated, to be planned anew.
+    Requeued {
         /// More than one GPU requested.
         multi_gpu: bool,
     },
@@ -57,6 +63,11 @@ impl fmt::Display for OverBudgetCause {
             Self::Waited { reason, multi_gpu } => {
                 write!(f, "waited: {reason} ({})", gpus(*multi_gpu))
             }
+            Self::Requeued { multi_gpu } => write!(
+                f,
+                "a victim spared; requeued and planned anew ({})",
+                gpus(*multi_gpu)
+            ),
             Self::Undecided => f.write_str("never decided"),
         }
     }
@@ -125,6 +136,8 @@ pub struct QuotaMetrics {
     pub reclaims: u64,
     /// Checkpoints that failed or timed out.
     pub failed_checkpoints: u64,
+    /// Victims spared at their eviction: their queue no longer borrowed them.
+    pub spared_victims: u64,
     /// Handover durations (plan to owner bound) in seconds.
     pub handovers: Vec<f64>,
     /// The time series.
@@ -158,6 +171,7 @@ impl QuotaMetrics {
             tenants: vec![TenantMetrics::default(); tenants],
             reclaims: 0,
             failed_checkpoints: 0,
+            spared_victims: 0,
             handovers: Vec::new(),
             samples: Vec::new(),
         }
@@ -286,6 +300,13 @@ impl QuotaMetrics {
     pub fn checkpoint_failed(&mut self, now: SimTime) {
         if self.counts(now) {
             self.failed_checkpoints += 1;
+        }
+    }
+
+    /// A victim was spared at `now`: its queue shrank during its checkpoint.
+    pub fn victim_spared(&mut self, now: SimTime) {
+        if self.counts(now) {
+            self.spared_victims += 1;
         }
     }
 

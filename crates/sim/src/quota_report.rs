@@ -191,6 +191,23 @@ fn causes_paragraph(out: &mut String, runs: &[Labelled]) {
     }
 }
 
+/// How many victims were spared at their eviction, over every seed, where any reclaim ran.
+fn spared_paragraph(out: &mut String, runs: &[Labelled]) {
+    let reclaims: u64 = runs.iter().map(|r| r.run.metrics.reclaims).sum();
+    if reclaims == 0 {
+        return;
+    }
+    let spared: u64 = runs.iter().map(|r| r.run.metrics.spared_victims).sum();
+    let requeued: u64 = runs.iter().map(|r| r.run.counts.requeued).sum();
+    let _ = writeln!(
+        out,
+        "Victims spared at their eviction, over every seed: {spared} of the victims of {reclaims} \
+         reclaims (their queue shrank during the checkpoint and no longer borrowed them, so the \
+         operator does not evict them); {requeued} owners requeued for it, each planned anew and \
+         counted from its first creation.\n"
+    );
+}
+
 /// One row per (tenant, run): quota, waits and evictions.
 pub fn tenant_table(input: &QuotaInput, runs: &[Labelled]) -> Table {
     let mut table = Table::new(&[
@@ -380,6 +397,7 @@ pub fn markdown(
         );
     }
     causes_paragraph(&mut out, runs);
+    spared_paragraph(&mut out, runs);
     let first_seed = seeds.iter().next().copied().unwrap_or_default();
     let first: Vec<Labelled> = runs
         .iter()

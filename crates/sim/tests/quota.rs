@@ -7,16 +7,19 @@ use std::path::Path;
 
 use std::time::Duration;
 
+use gpuqueue_api::v1alpha1::CheckpointDriver;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::model::{
-    Assignment, GpuRequest, Namespace, Node, Pod, PodKey, PodState, Queue, Requests, ResourceQuota,
+    Assignment, CheckpointSettings, GpuRequest, Namespace, Node, Pod, PodKey, PodState, Queue,
+    ReclaimSettings, Requests, ResourceQuota,
 };
 use gpuqueue_core::reclaim::plan_reclaim;
 use gpuqueue_sim::convert;
+use gpuqueue_sim::engine::SimTime;
 use gpuqueue_sim::quota::{self, OverlayError, QuotaInput, QuotaPolicy, QuotaRun};
 use gpuqueue_sim::quota_metrics::OverBudgetCause;
 use gpuqueue_sim::scenario::{HandoverModel, Latency, Scenario};
-use gpuqueue_sim::workload::Workload;
+use gpuqueue_sim::workload::{Job, JobKind, Shape, Workload};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -323,4 +326,116 @@ fn victims_on_one_node_share_its_kubelet_relist() {
             assert!(v.termination() <= Duration::from_secs(2), "{v:?}");
         }
     }
+}
+
+/// One 2-GPU node. `batch` (guarantee 1) runs two pods, borrowing one; an owner of `online`
+/// (guarantee 1) arrives at 10 s, and a reclaim takes the newer batch pod, whose 1.2 s
+/// checkpoint starts at once. The older batch pod's work ends at `older_ends_after` of run.
+fn spare_input(older_ends_after: Duration) -> QuotaInput {
+    let gpu = convert::gpu_resource();
+    let fixed = |ms| Latency {
+        median: Duration::from_millis(ms).into(),
+        p99: Duration::from_millis(ms).into(),
+    };
+    let queue = |name: &str, burstable| {
+        Queue::new(name)
+            .namespace(name)
+            .quota(ResourceQuota::devices(gpu.clone(), 1, burstable))
+            .reclaim(ReclaimSettings {
+                budget: Duration::from_secs(3),
+                checkpoint: CheckpointSettings {
+                    driver: CheckpointDriver::Vllm,
+                    port: Some(8000),
+                    timeout: Duration::from_millis(1500),
+                    ..CheckpointSettings::default()
+                },
+                victim_grace: Duration::from_secs(1),
+                min_borrow: None,
+            })
+    };
+    let shape = Shape {
+        gpus: 1,
+        gpu_milli: 1000,
+        cpu_milli: 1000,
+        gpu_models: Vec::new(),
+    };
+    let job = |id, tenant, kind, arrival, work| Job {
+        id,
+        tenant,
+        kind,
+        arrival: SimTime::from_secs_f64(arrival),
+        shape: shape.clone(),
+        work,
+        removed_at: None,
+    };
+    let jobs = vec![
+        job(0, 1, JobKind::Batch, 0.0, Some(older_ends_after)),
+        job(1, 1, JobKind::Batch, 1.0, Some(Duration::from_hours(1))),
+        job(2, 0, JobKind::Online, 10.0, None),
+    ];
+    QuotaInput {
+        name: "spare".into(),
+        nodes: vec![Node::new("n1").cpu_milli(64_000).gpus(gpu.clone(), 2)],
+        queues: vec![queue("online", 0), queue("batch", 1)],
+        priorities: vec![0, 0],
+        mix: convert::shape_mix(jobs.iter().map(|j| &j.shape)),
+        jobs,
+        handover: HandoverModel {
+            api: fixed(20),
+            checkpoint: fixed(1200),
+            checkpoint_failure: 0.0,
+            victim_exit: fixed(300),
+            kubelet_relist: Duration::from_secs(1).into(),
+        },
+        seed: 1,
+        end: SimTime::from_secs_f64(60.0),
+        warmup: SimTime::ZERO,
+        sample_every: Duration::from_secs(1),
+    }
+}
+
+#[test]
+fn a_victim_whose_queue_shrank_during_its_checkpoint_is_spared_and_its_owner_requeued() {
+    // The older batch pod ends half a second into the checkpoint: evicting the victim would
+    // leave `batch` below its guarantee. As the operator does, the simulator spares it, and the
+    // owner is deleted, recreated and admitted into the GPU the ended pod left.
+    let run = quota::run(
+        &spare_input(Duration::from_millis(10_500)),
+        QuotaPolicy::Borrow,
+    );
+    let c = &run.counts;
+    assert!(c.balanced(), "{c:?}");
+    assert_eq!(run.metrics.reclaims, 1);
+    assert_eq!(run.metrics.spared_victims, 1);
+    assert_eq!((c.evicted, c.requeued, c.completed), (0, 1, 1), "{c:?}");
+    assert_eq!(
+        c.running_at_end, 2,
+        "the spared victim and the owner: {c:?}"
+    );
+    assert!(
+        run.metrics.handovers.is_empty(),
+        "the reclaim freed no room, so it handed nothing over"
+    );
+    let online = &run.metrics.tenants[0];
+    assert_eq!(
+        online.owner_requests, 1,
+        "the requeued owner is one request"
+    );
+    assert!(
+        online
+            .over_budget_causes
+            .keys()
+            .all(|c| matches!(c, OverBudgetCause::Requeued { multi_gpu: false })),
+        "{:?}",
+        online.over_budget_causes
+    );
+
+    // The same world where the older pod runs on: the victim still lies above the guarantee
+    // and goes.
+    let run = quota::run(&spare_input(Duration::from_hours(1)), QuotaPolicy::Borrow);
+    let c = &run.counts;
+    assert!(c.balanced(), "{c:?}");
+    assert_eq!(run.metrics.spared_victims, 0);
+    assert_eq!((c.evicted, c.requeued), (1, 0), "{c:?}");
+    assert_eq!(run.metrics.handovers.len(), 1);
 }

@@ -1,6 +1,6 @@
 //! What-if: the changes planning makes to a snapshot: admit a pod (or pin it as a reclaim's
-//! owner), mark a victim, remove a pod, and remove pods for a trial that [`Snapshot::restore`]
-//! rolls back (Kueue's `SimulateWorkloadRemoval`).
+//! owner), mark a victim, mark a pod terminating, remove a pod, and remove pods for a trial
+//! that [`Snapshot::restore`] rolls back (Kueue's `SimulateWorkloadRemoval`).
 
 use std::sync::Arc;
 
@@ -110,12 +110,32 @@ impl Snapshot {
         }
     }
 
-    /// Takes a victim mark of this pass back: the owners on its node do without the pod.
+    /// Takes a victim mark back (a plan of this pass dropped, or a victim spared at its
+    /// eviction): the owners on its node do without the pod.
     pub fn unmark_victim(&mut self, id: PodId) {
         if let Some(slot) = self.pods.get_mut(id.index()).and_then(Option::as_mut) {
             Arc::make_mut(&mut slot.pod).reclaim = None;
             self.generation += 1;
         }
+    }
+
+    /// An admitted pod's deletion was accepted: it keeps its room until removed, and its queue
+    /// counts it as leaving (the simulator's counterpart of a `deletionTimestamp`).
+    pub fn mark_terminating(&mut self, id: PodId) {
+        if !self
+            .slot(id)
+            .is_some_and(|s| s.pod.is_admitted() && !s.pod.is_terminating())
+        {
+            return;
+        }
+        self.charge_queue(id, -1);
+        if let Some(slot) = self.pods[id.index()].as_mut()
+            && let PodState::Admitted(assignment) = &mut Arc::make_mut(&mut slot.pod).state
+        {
+            assignment.terminating = true;
+        }
+        self.charge_queue(id, 1);
+        self.generation += 1;
     }
 
     /// Removes a pod (it finished, was deleted or evicted); pods waiting for its room on the
