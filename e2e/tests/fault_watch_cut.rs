@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 //! One of the operator's watches broken while its writes still go through: an admin's edit of
-//! the operator's ClusterRole takes away its `list` and `watch` of pods (or of nodes), and every
+//! the operator's ClusterRole takes away its `list` and `watch` of pods (or of nodes, or of DRA
+//! ResourceClaims), and every
 //! connection it has open to kube-apiserver is cut (a TCP proxy between them), so that store
 //! stays as it was, its watch failing to list afresh, while the queue watch and the writes
 //! work. Meanwhile the admin raises a queue's guarantee, and the owner waiting in that queue
@@ -31,8 +32,8 @@ use serde_json::json;
 /// The operator's ClusterRole, as `config/rbac/` ships it.
 const ROLE: &str = "gpuqueue-operator";
 
-/// Sets the verbs of the operator's rule for `resource` (a core resource), as an admin editing
-/// its ClusterRole would.
+/// Sets the verbs of the operator's rule for `resource` (the rule naming it alone), as an admin
+/// editing its ClusterRole would.
 async fn rule_verbs(client: &Client, resource: &str, verbs: &[&str]) {
     let roles: Api<ClusterRole> = Api::all(client.clone());
     let role = roles.get(ROLE).await.unwrap();
@@ -53,13 +54,13 @@ async fn rule_verbs(client: &Client, resource: &str, verbs: &[&str]) {
         .unwrap();
 }
 
-/// Waits until the API server refuses the operator's ServiceAccount a list of `resource`.
-async fn list_refused(operator: &Client, resource: &str) {
+/// Waits until the API server refuses the operator's ServiceAccount the list at `path`.
+async fn list_refused(operator: &Client, path: &str) {
     wait_for(
-        format!("the operator's list of {resource} to be refused"),
+        format!("the operator's list of {path} to be refused"),
         DEFAULT_TIMEOUT,
         || async {
-            let list = http::Request::get(format!("/api/v1/{resource}?limit=1"))
+            let list = http::Request::get(format!("{path}?limit=1"))
                 .body(Vec::new())
                 .unwrap();
             match operator.request_text(list).await {
@@ -146,7 +147,7 @@ async fn reclaim_waits(
 async fn no_reclaim_is_planned_while_the_pod_watch_cannot_list_and_it_runs_once_it_can() {
     reclaim_waits_for_the_watch(
         "fault_watch_cut_pods",
-        "pods",
+        ("pods", "/api/v1/pods"),
         &["get", "patch"],
         &["get", "list", "watch", "patch"],
     )
@@ -157,19 +158,32 @@ async fn no_reclaim_is_planned_while_the_pod_watch_cannot_list_and_it_runs_once_
 async fn no_reclaim_is_planned_while_the_node_watch_cannot_list_and_it_runs_once_it_can() {
     reclaim_waits_for_the_watch(
         "fault_watch_cut_nodes",
-        "nodes",
+        ("nodes", "/api/v1/nodes"),
         &["get"],
         &["get", "list", "watch"],
     )
     .await;
 }
 
+/// No pod here has a claim, but the operator cannot know that none was created meanwhile: a
+/// claim charges its pod's queue, so a stale claim store is a stale view too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_reclaim_is_planned_while_the_claim_watch_cannot_list_and_it_runs_once_it_can() {
+    reclaim_waits_for_the_watch(
+        "fault_watch_cut_claims",
+        ("resourceclaims", "/apis/resource.k8s.io/v1/resourceclaims"),
+        &["get", "patch"],
+        &["get", "list", "watch", "patch"],
+    )
+    .await;
+}
+
 /// The scenario of the module's documentation, with the operator's `list` and `watch` of
-/// `resource` taken away (its rule's verbs `reduced`, then `full` again), in a cluster of its
-/// own.
+/// `resource` (listed at `path`) taken away (its rule's verbs `reduced`, then `full` again), in
+/// a cluster of its own.
 async fn reclaim_waits_for_the_watch(
     cluster_name: &str,
-    resource: &str,
+    (resource, path): (&str, &str),
     reduced: &[&str],
     full: &[&str],
 ) {
@@ -198,7 +212,7 @@ async fn reclaim_waits_for_the_watch(
     // The operator may no longer list or watch `resource`, and its open watches are cut: that
     // watch fails, and fails again when it lists afresh.
     rule_verbs(&client, resource, reduced).await;
-    list_refused(&operator_access(&cluster).await.client, resource).await;
+    list_refused(&operator_access(&cluster).await.client, path).await;
     let errors = format!("gpuqueue_watch_errors_total{{resource=\"{resource}\"}}");
     let before = operator.metric(&errors).await.unwrap_or(0.0);
     proxy.cut();

@@ -220,7 +220,7 @@ impl fmt::Display for NoPlan {
             ),
             Self::ViewBehind => write!(
                 f,
-                "the operator's view of the cluster is catching up (a watch of pods, queues, nodes or namespaces is listing afresh after an error), and no borrower is disrupted on a view that may be stale"
+                "the operator's view of the cluster is catching up (a watch of pods, queues, nodes, namespaces or DRA objects is listing afresh after an error), and no borrower is disrupted on a view that may be stale"
             ),
         }
     }

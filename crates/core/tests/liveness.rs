@@ -185,7 +185,7 @@ fn a_snapshot_behind_the_cluster_neither_reclaims_nor_enforces_while_its_owner_w
     assert_eq!(wait.key, key("online/o"));
     assert!(
         wait.reason.to_string().ends_with(
-            "; a reclaim would make room, but not yet: the operator's view of the cluster is catching up (a watch of pods, queues, nodes or namespaces is listing afresh after an error), and no borrower is disrupted on a view that may be stale"
+            "; a reclaim would make room, but not yet: the operator's view of the cluster is catching up (a watch of pods, queues, nodes, namespaces or DRA objects is listing afresh after an error), and no borrower is disrupted on a view that may be stale"
         ),
         "{}",
         wait.reason

@@ -18,9 +18,10 @@
 //!   GPU); pods the pod filter rejects (no GPU request) are not kept.
 //! - **Watch errors** are retried with kube's default backoff (800 ms to 30 s), counted in
 //!   `gpuqueue_watch_errors_total` and logged; the stores keep their last state meanwhile.
-//!   Meanwhile the pod and queue stores are not [`live`](Stores::live): a reclaim's re-check
-//!   of its victims waits for them ([`crate::reclaim`]). Their watches list afresh after an
-//!   error ([`relisting`]), so that they are known live again once the API server answers.
+//!   Meanwhile the stores the snapshot is read from (all but the budgets) are not
+//!   [`live`](Stores::live): no reclaim is planned, and a reclaim's re-check of its victims
+//!   waits ([`crate::reclaim`]). Their watches list afresh after an error ([`relisting`]), so
+//!   that they are known live again once the API server answers.
 
 use std::{
     fmt,
@@ -79,9 +80,10 @@ pub struct Stores {
     pub devices: DeviceStores,
     pub(super) changes: watch::Receiver<u64>,
     pub(super) urgent_changes: watch::Receiver<u64>,
-    /// The [`Liveness`] of the watches the snapshot is read from: queues, pods, nodes and
-    /// namespaces (the DRA watches aside: a cluster that does not serve DRA fails them forever).
-    pub(super) live: [Liveness; 4],
+    /// The [`Liveness`] of the watches the snapshot is read from: queues, pods, nodes,
+    /// namespaces and the three DRA kinds (a cluster that does not serve DRA is never
+    /// [`synced`](Stores::synced) either: `resource.k8s.io/v1` is GA since Kubernetes 1.34).
+    pub(super) live: [Liveness; 7],
 }
 
 /// Whether a watch is delivering: not from one of its errors until it delivers again (its relist
@@ -187,9 +189,22 @@ impl Stores {
         let (namespaces, namespace_writer) = reflector::store();
         let (budgets, budget_writer) = reflector::store();
 
-        let (devices, device_tasks) = device_stores(client, &signals, metrics);
-        let live: [Liveness; 4] = Default::default();
-        let [queues_live, pods_live, nodes_live, namespaces_live] = live.clone();
+        let live: [Liveness; 7] = Default::default();
+        let [
+            queues_live,
+            pods_live,
+            nodes_live,
+            namespaces_live,
+            claims_live,
+            classes_live,
+            slices_live,
+        ] = live.clone();
+        let (devices, device_tasks) = device_stores(
+            client,
+            &signals,
+            metrics,
+            [claims_live, classes_live, slices_live],
+        );
         let mut tasks = vec![
             reflect(
                 "gpuqueues",
@@ -226,16 +241,7 @@ impl Stores {
                 metrics,
                 || {},
             ),
-            // Signals nobody listens to: a budget change (its status moves with every pod it
-            // selects, GPU or not) calls for no admission pass.
-            reflect(
-                "poddisruptionbudgets",
-                budget_writer,
-                all_events::<PodDisruptionBudget>(client),
-                (Signals::new().0, |_: &_| false),
-                metrics,
-                || {},
-            ),
+            budget_watch(client, budget_writer, metrics),
         ];
         tasks.extend(device_tasks);
         let stores = Self {
@@ -273,8 +279,8 @@ impl Stores {
             .is_some_and(|ready| ready.is_ok())
     }
 
-    /// Whether the queue, pod, node and namespace watches are delivering ([`Liveness`]): what
-    /// their stores show is then current but for the milliseconds of the watch.
+    /// Whether the queue, pod, node, namespace and DRA watches are delivering ([`Liveness`]):
+    /// what their stores show is then current but for the milliseconds of the watch.
     pub fn live(&self) -> bool {
         self.live.iter().all(Liveness::is_live)
     }
@@ -393,11 +399,30 @@ fn namespace_events(
     relisting(Api::<Namespace>::all(client), watcher::Config::default()).modify(strip_metadata)
 }
 
-/// The DRA stores ([`DeviceStores`]) and their watches; every change is urgent.
+/// The PodDisruptionBudget watch. It signals nobody: a budget change (its status moves with
+/// every pod it selects, GPU or not) calls for no admission pass.
+fn budget_watch(
+    client: &Client,
+    writer: Writer<PodDisruptionBudget>,
+    metrics: &WatchMetrics,
+) -> Task {
+    reflect(
+        "poddisruptionbudgets",
+        writer,
+        all_events::<PodDisruptionBudget>(client),
+        (Signals::new().0, |_: &_| false),
+        metrics,
+        || {},
+    )
+}
+
+/// The DRA stores ([`DeviceStores`]) and their watches, each followed by its [`Liveness`]
+/// (claims, classes, slices) and listing afresh after an error; every change is urgent.
 fn device_stores(
     client: &Client,
     signals: &Signals,
     metrics: &WatchMetrics,
+    [claims_live, classes_live, slices_live]: [Liveness; 3],
 ) -> (DeviceStores, [Task; 3]) {
     let (claims, claim_writer) = reflector::store();
     let (classes, class_writer) = reflector::store();
@@ -406,7 +431,7 @@ fn device_stores(
         reflect(
             "resourceclaims",
             claim_writer,
-            all_events::<ResourceClaim>(client),
+            claims_live.track(relisting_all::<ResourceClaim>(client)),
             (signals.clone(), |_: &_| true),
             metrics,
             || {},
@@ -414,7 +439,7 @@ fn device_stores(
         reflect(
             "deviceclasses",
             class_writer,
-            all_events::<DeviceClass>(client),
+            classes_live.track(relisting_all::<DeviceClass>(client)),
             (signals.clone(), |_: &_| true),
             metrics,
             || {},
@@ -422,7 +447,7 @@ fn device_stores(
         reflect(
             "resourceslices",
             slice_writer,
-            all_events::<ResourceSlice>(client),
+            slices_live.track(relisting_all::<ResourceSlice>(client)),
             (signals.clone(), |_: &_| true),
             metrics,
             || {},
@@ -434,6 +459,18 @@ fn device_stores(
         slices,
     };
     (stores, tasks)
+}
+
+/// The watch of every object of one kind, in every namespace, listing afresh after an error
+/// ([`relisting`]).
+fn relisting_all<K>(
+    client: &Client,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
+where
+    K: Resource + Clone + fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K::DynamicType: Default,
+{
+    relisting(Api::<K>::all(client.clone()), watcher::Config::default()).modify(strip_metadata)
 }
 
 /// The watch of every object of one kind, in every namespace.

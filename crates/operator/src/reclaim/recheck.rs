@@ -5,11 +5,11 @@
 //! ([`gpuqueue_core::reclaim::pending_victims`]), from the snapshot of an admission pass: every
 //! pass publishes it here, and a victim whose checkpoint was called (or whose handover an
 //! earlier leader started) waits for the answer of a pass that read the stores after its
-//! checkpoint ended, while their queue, pod, node and namespace watches were delivering (a
-//! store whose watch is down may be seconds behind: the soak caught an eviction on the word of
-//! one), and asks for one at once. A victim that answer does not name as still borrowed is spared, and so is one
-//! no such answer comes for within [`ANSWER_WAIT`]: an eviction the operator cannot vouch for is
-//! not sent. A victim evicted straight after its plan needs no new pass: its plan is that
+//! checkpoint ended, while their watches (queues, pods, nodes, namespaces, DRA) were
+//! delivering (a store whose watch is down may be seconds behind: the soak caught an eviction
+//! on the word of one), and asks for one at once. A victim that answer does not name as still
+//! borrowed is spared, and so is one no such answer comes for within [`ANSWER_WAIT`]: an
+//! eviction the operator cannot vouch for is not sent. A victim evicted straight after its plan needs no new pass: its plan is that
 //! answer, a few writes old.
 
 use std::collections::HashSet;
@@ -41,7 +41,7 @@ struct Shared {
 struct Answer {
     /// When that pass began reading the stores.
     from: Option<Instant>,
-    /// Whether the queue, pod, node and namespace watches were delivering then.
+    /// Whether the watches the snapshot is read from were delivering then.
     live: bool,
     /// The victims whose queue still borrows them.
     borrowed: HashSet<PodKey>,
