@@ -330,13 +330,16 @@ impl Reclaimer {
     }
 
     /// Writes the intent on `pod`, with the `DisruptionTarget` mark through `pods/status` when
-    /// no budget guards it; the pod as the API server returned it, and whether it was marked.
-    /// Both refused by an admission policy or webhook (on `pods/status`, where the intent alone
-    /// may not be): the intent goes alone, and the victim is marked just before its delete, or
-    /// evicted through the Eviction API ([`evict`]).
+    /// no budget guards it and nobody else marks it now ([`intent::disrupted_by_another`]); the
+    /// pod as the API server returned it, and whether it was marked. Both refused by an
+    /// admission policy or webhook (on `pods/status`, where the intent alone may not be): the
+    /// intent goes alone, and the victim is marked just before its delete, or evicted through
+    /// the Eviction API ([`evict`]).
     async fn mark_victim(&self, pod: &Pod, intent: &Intent) -> Result<(Pod, bool), PatchError> {
         let victim = HandoverPod::of(pod);
-        if disruption::guard(&self.stores, &victim.key, &victim.uid) == Guard::Unbudgeted {
+        if disruption::guard(&self.stores, &victim.key, &victim.uid) == Guard::Unbudgeted
+            && !intent::disrupted_by_another(pod, evict::DISRUPTION_REASON)
+        {
             let condition = evict::disruption_target();
             let patch = intent::victim_intent_and_disruption_patch(pod, intent, &condition)?;
             match self.patch_pod_status(pod, patch).await {

@@ -254,6 +254,24 @@ pub fn carries_disruption_mark(pod: &Pod, reason: &str) -> bool {
     pod.metadata.deletion_timestamp.is_none() && disruption_mark_at(pod, reason).is_some()
 }
 
+/// Whether somebody else marks `pod` for disruption now: a `DisruptionTarget` condition that is
+/// `True` with a reason other than `reason`. Replacing it with ours would lose it for good if
+/// the reclaim is abandoned (the take-back removes our mark), so the intent goes without ours.
+/// A stale mark (`False`, as kube-controller-manager leaves one after two minutes) asserts
+/// nothing and is replaced.
+pub fn disrupted_by_another(pod: &Pod, reason: &str) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions.iter().any(|c| {
+                c.type_ == DISRUPTION_TARGET
+                    && c.status == "True"
+                    && c.reason.as_deref() != Some(reason)
+            })
+        })
+}
+
 /// Where in `pod`'s conditions the `DisruptionTarget` condition with `reason` is.
 fn disruption_mark_at(pod: &Pod, reason: &str) -> Option<usize> {
     let conditions = pod.status.as_ref()?.conditions.as_ref()?;
@@ -426,6 +444,33 @@ mod tests {
         let mut newer = seen;
         newer.metadata.resource_version = Some("43".into());
         assert!(apply(&newer, &patch).is_err());
+    }
+
+    #[test]
+    fn only_somebody_elses_live_disruption_mark_is_left_in_place() {
+        let with = |conditions: Value| {
+            let mut victim = pod(None, false);
+            victim.status =
+                Some(serde_json::from_value(json!({"conditions": conditions})).unwrap());
+            disrupted_by_another(&victim, "PreemptionByGpuQueue")
+        };
+        let condition = |status: &str, reason: &str| json!({"type": DISRUPTION_TARGET, "status": status, "reason": reason});
+        assert!(with(json!([condition(
+            "True",
+            "PreemptionByKubeScheduler"
+        )])));
+        assert!(!with(json!([condition(
+            "False",
+            "PreemptionByKubeScheduler"
+        )])));
+        assert!(!with(json!([condition("True", "PreemptionByGpuQueue")])));
+        assert!(!with(
+            json!([{"type": "Ready", "status": "True", "reason": "x"}])
+        ));
+        assert!(!disrupted_by_another(
+            &pod(None, false),
+            "PreemptionByGpuQueue"
+        ));
     }
 
     #[test]
