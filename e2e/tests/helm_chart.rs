@@ -281,6 +281,7 @@ fn values_reach_the_objects_they_name() {
     for binding in [
         "ClusterRoleBinding /gpuqueue-operator",
         "RoleBinding platform/gpuqueue-operator-leader-election",
+        "RoleBinding platform/gpuqueue-operator-admission-seal",
     ] {
         assert_eq!(rendered[binding]["subjects"][0]["namespace"], "platform");
     }

@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use common::{
     Operator, Options, apply_queue, condition, event, events, free_port, install, queue_status,
@@ -212,6 +212,84 @@ async fn pods_created_during_an_outage_above_the_ceiling_are_evicted_newest_firs
         r#"gpuqueue_quota_bypass_evictions_total{queue="batch",reason="OverCeiling"} 2"#,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_a_tenant_writes_itself_during_an_outage_are_not_believed() {
+    // Case 12 with the tenant's own admission annotations: batch (ceiling 4) runs 3 pods the
+    // webhook admitted at creation, their admissions sealed. During an outage the tenant adds
+    // one pod carrying a copy of admitted-0's annotations and pin (its seal and token), and two
+    // with admissions it made up. Read as admitted, they would keep batch at 6 of 4 for good;
+    // read as unadmitted, the two newest go.
+    let mut world = World::start("liveness_forged").await;
+    let (namespace, pods) = world.tenant("batch", 2, 2).await;
+    create_pods(&pods, "admitted", 3).await;
+    exactly(&pods, &names("admitted", 0..3), 3, DEFAULT_TIMEOUT).await;
+    let original = pods.get("admitted-0").await.unwrap();
+    let notes = original.metadata.annotations.clone().unwrap();
+    assert!(
+        notes.contains_key("gpuqueue.io/admission-seal")
+            && notes.contains_key("gpuqueue.io/admitted-at-creation"),
+        "{notes:?}"
+    );
+
+    world.outage().await;
+    let with = |name: &str, notes: BTreeMap<String, String>, pinned: bool| {
+        let mut pod = gpu_pod(name, NVIDIA_GPU, 1);
+        pod.metadata.annotations = Some(notes);
+        if pinned {
+            pod.spec.as_mut().unwrap().node_selector =
+                original.spec.as_ref().and_then(|s| s.node_selector.clone());
+        }
+        pod
+    };
+    let made_up = |at: &str| {
+        BTreeMap::from([
+            ("gpuqueue.io/queue".to_owned(), "batch".to_owned()),
+            (
+                "gpuqueue.io/admitted-as".to_owned(),
+                "guaranteed".to_owned(),
+            ),
+            ("gpuqueue.io/admitted-at".to_owned(), at.to_owned()),
+        ])
+    };
+    let now = notes["gpuqueue.io/admitted-at"].clone();
+    for pod in [
+        with("copied-0", notes.clone(), true),
+        with("forged-0", made_up(&now), false),
+        with("forged-1", made_up(&now), false),
+    ] {
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    let mut all = names("admitted", 0..3);
+    all.extend(["copied-0", "forged-0", "forged-1"].map(str::to_owned));
+    all.sort();
+    exactly(&pods, &all, 6, DEFAULT_TIMEOUT).await;
+
+    world.recover().await;
+    let mut kept = names("admitted", 0..3);
+    kept.push("copied-0".to_owned());
+    exactly(&pods, &kept, 4, DEFAULT_TIMEOUT).await;
+    for evicted in ["forged-0", "forged-1"] {
+        let note = event(&world.client, &namespace, evicted, "QuotaBypass").await;
+        assert!(
+            note.starts_with("evicted: it holds 1 nvidia.com/gpu of queue batch without admission"),
+            "{note}"
+        );
+    }
+    // The copy is unadmitted too (one admission, one pod), reported with the queue.
+    metric_line(
+        &world.operator,
+        r#"gpuqueue_queue_unadmitted_pods{queue="batch"} 1"#,
+    )
+    .await;
+    let log = world.operator.process.log();
+    assert!(
+        log.contains(&format!(
+            "pod {namespace}/copied-0: its admission annotations are not the operator's"
+        )),
+        "the operator says why it does not believe the copy"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,9 @@ pub mod annotations {
     /// On a pod the webhook admitted at its creation (never gated): the token of the capacity
     /// the leader reserved for it until its pod store shows the pod.
     pub const ADMITTED_AT_CREATION: &str = "gpuqueue.io/admitted-at-creation";
+    /// The operator's HMAC of the admission annotations and of the pod they admit: an admission
+    /// without a valid one (written by a tenant while the webhook could not answer) is ignored.
+    pub const ADMISSION_SEAL: &str = "gpuqueue.io/admission-seal";
     /// Why a gated pod is still waiting, in one human-readable line (`kubectl gpuqueue explain`).
     pub const WAITING_REASON: &str = "gpuqueue.io/waiting-reason";
     /// A user's hint of how much work a checkpoint of this pod saves (bigger: evict later).

@@ -16,7 +16,8 @@
 //!
 //! Around the path: `run` (the wiring, where every component's metrics are registered),
 //! `args`, `telemetry`, `metrics` (the registry), `http` (`/metrics`, `/healthz`, `/readyz`),
-//! `leader` (leader election), `clock` and `sync`.
+//! `leader` (leader election), `seal` (the HMAC that shows an admission is the operator's),
+//! `clock` and `sync`.
 
 pub mod admission;
 pub mod args;
@@ -28,6 +29,7 @@ pub mod leader;
 pub mod metrics;
 pub mod reclaim;
 pub mod run;
+pub mod seal;
 pub mod sync;
 pub mod telemetry;
 pub mod webhook;

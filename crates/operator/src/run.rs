@@ -39,6 +39,7 @@ use crate::{
     leader::{self, LeaderConfig, LeaderMetrics},
     metrics,
     reclaim::{self, CrashPoint, ReclaimMetrics, Reclaimer},
+    seal::Seals,
     telemetry,
     webhook::{
         self, WebhookConfig,
@@ -157,8 +158,8 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         shutdown.clone(),
     ));
 
-    let at_creation = AtCreation::new(args.admission.admit_at_creation)
-        .with_reservations_per_namespace(args.admission.creation_reservations_per_namespace);
+    let seals = Seals::default();
+    let at_creation = at_creation(&args, &seals);
     // The webhook answers from the stores, so it starts once they hold their initial lists.
     tokio::select! {
         synced = stores.synced() => if synced.is_ok() {
@@ -193,7 +194,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         clients,
         stores,
         metrics,
-        at_creation,
+        (at_creation, seals),
         crash,
     );
     let leading = leader::run_while_leader(leadership, shutdown.clone(), move |term| {
@@ -254,7 +255,7 @@ fn admission_context(
     clients: Clients,
     stores: Stores,
     metrics: Metrics,
-    at_creation: AtCreation,
+    (at_creation, seals): (AtCreation, Seals),
     crash: Option<CrashPoint>,
 ) -> Context {
     let (events, publisher) = Events::new(clients.api.clone(), identity);
@@ -265,6 +266,7 @@ fn admission_context(
         stores.clone(),
         metrics.reclaim,
         events.clone(),
+        seals.clone(),
         crash,
     );
     Context {
@@ -277,11 +279,20 @@ fn admission_context(
         reclaimer,
         at_creation,
         assumed: Arc::default(),
+        namespace: args.namespace.clone(),
+        seals,
         debounce: Debounce {
             quiet: args.admission.debounce,
             max: args.admission.debounce_max,
         },
     }
+}
+
+/// The live snapshot the leader shares with the webhook, to admit at creation with.
+fn at_creation(args: &Args, seals: &Seals) -> AtCreation {
+    AtCreation::new(args.admission.admit_at_creation)
+        .with_reservations_per_namespace(args.admission.creation_reservations_per_namespace)
+        .with_seals(seals.clone())
 }
 
 fn lease_config(args: &Args, identity: &str) -> LeaderConfig {

@@ -113,7 +113,11 @@ fn the_cluster_role_is_least_privilege() {
 
 #[test]
 fn every_rbac_rule_is_commented() {
-    for file in ["rbac/cluster_role.yaml", "rbac/leader_election_role.yaml"] {
+    for file in [
+        "rbac/cluster_role.yaml",
+        "rbac/leader_election_role.yaml",
+        "rbac/admission_seal_role.yaml",
+    ] {
         let text = fs::read_to_string(config_path(file)).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         for (index, line) in lines.iter().enumerate() {
@@ -141,6 +145,25 @@ fn leases_are_limited_to_the_operators_own() {
             );
         }
         assert!(!rule.verbs.iter().any(|v| v == "delete" || v == "update"));
+    }
+    assert_eq!(
+        role.metadata.namespace.as_deref(),
+        Some(defaults().namespace.as_str())
+    );
+}
+
+#[test]
+fn the_seal_secret_is_the_only_one_the_operator_reads() {
+    let role: Role = read("rbac/admission_seal_role.yaml");
+    for rule in role.rules.unwrap() {
+        assert_eq!(rule.resources.as_deref().unwrap(), ["secrets"]);
+        if rule.verbs != ["create"] {
+            assert_eq!(rule.verbs, ["get"]);
+            assert_eq!(
+                rule.resource_names.as_deref().unwrap(),
+                [gpuqueue_operator::seal::SECRET]
+            );
+        }
     }
     assert_eq!(
         role.metadata.namespace.as_deref(),

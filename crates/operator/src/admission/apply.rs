@@ -30,6 +30,7 @@ use super::{
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
     reclaim::{BeginError, PassTiming, Prepared, Reservation},
+    seal::Seal,
     writes::{
         events::Notice,
         pod::{self as patch, PatchError},
@@ -58,9 +59,11 @@ pub(super) fn apply(
     waiting_since: &mut WaitingSince,
     now: Timestamp,
 ) -> ApplySummary {
+    let seal = shared.context.seals.get();
     let planned = plan(
         &shared.context.assumed,
         &shared.context.stores,
+        seal.as_ref(),
         decisions,
         unreadable_pods,
         waiting_since,
@@ -118,6 +121,7 @@ pub(super) struct WritePlan {
 pub(super) fn plan(
     assumed: &Mutex<Assumed>,
     stores: &Stores,
+    seal: Option<&Seal>,
     decisions: Vec<Decision>,
     unreadable_pods: Vec<(Arc<Pod>, String)>,
     waiting_since: &mut WaitingSince,
@@ -142,7 +146,8 @@ pub(super) fn plan(
         };
         match decision {
             Decision::Admit(admission) => {
-                let write = plan_admission(&mut crate::sync::lock(assumed), &pod, admission, now);
+                let write =
+                    plan_admission(&mut crate::sync::lock(assumed), &pod, admission, seal, now);
                 planned.writes.extend(write);
             }
             Decision::Wait(wait) => {
@@ -326,6 +331,7 @@ fn plan_admission(
     assumed: &mut Assumed,
     stored: &Pod,
     admission: admission::Admission,
+    seal: Option<&Seal>,
     now: Timestamp,
 ) -> Option<PodWrite> {
     let uid = stored.metadata.uid.clone()?;
@@ -338,6 +344,7 @@ fn plan_admission(
         queue: &admission.queue,
         admitted_as: admission.admitted_as.as_str(),
         at: now,
+        seal,
     };
     let patch = patch::admission_patch(&pod, &write).ok()?;
     let expected = patch::applied_locally(&pod, &patch)?;
@@ -607,6 +614,7 @@ mod tests {
         plan(
             assumed,
             &stores.stores,
+            None,
             decisions,
             observation.unreadable_pods,
             waiting,

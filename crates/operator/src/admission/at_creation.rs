@@ -42,7 +42,10 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
 use tokio::sync::Notify;
 
-use crate::leader::Term;
+use crate::{
+    leader::Term,
+    seal::{Admitted, Seals},
+};
 
 /// How long a reservation waits for its pod. Once our webhook has answered (its
 /// `timeoutSeconds` is 3 s), what is left of the create is the rest of admission (other mutating
@@ -81,6 +84,8 @@ pub struct AtCreation {
     /// Told when a reservation is made while none is held, so that the loop wakes at its
     /// expiry even if nothing else changes (its pod may never appear).
     first_reservation: Arc<Notify>,
+    /// The seal each admission carries ([`crate::seal`]).
+    seals: Seals,
 }
 
 /// Why the webhook sends a managed pod to the gate instead of admitting it at its creation.
@@ -150,6 +155,8 @@ pub struct CreationAdmission {
     pub admitted_as: AdmittedAs,
     pub at: Timestamp,
     pub token: String,
+    /// Its seal ([`crate::seal`]), computed on the pod as the webhook pins it.
+    pub seal: Option<String>,
 }
 
 impl AtCreation {
@@ -161,7 +168,15 @@ impl AtCreation {
             state: Arc::default(),
             busy_gated: Arc::default(),
             first_reservation: Arc::default(),
+            seals: Seals::default(),
         }
+    }
+
+    /// Seals each admission with the leader's seal, once its term has loaded it.
+    #[must_use]
+    pub fn with_seals(mut self, seals: Seals) -> Self {
+        self.seals = seals;
+        self
     }
 
     /// At most `limit` reservations per namespace (0 gates every pod, as `enabled: false`).
@@ -279,12 +294,24 @@ impl AtCreation {
         });
         modelled.admitted_at = Some(now);
         modelled.unadmitted = false; // read ungated and unannotated, but admitted right here
+        let seal = self.seals.get().map(|seal| {
+            let at = now.to_string();
+            let admitted = Admitted {
+                queue: &admission.queue,
+                admitted_as: admission.admitted_as.as_str(),
+                admitted_at: &at,
+                node_pin: &admission.placement.pin,
+                token: Some(&token),
+            };
+            seal.sign(&pod, &admitted)
+        });
         let admitted = CreationAdmission {
             queue: admission.queue.clone(),
             node_pin: admission.placement.pin.clone(),
             admitted_as: admission.admitted_as,
             at: now,
             token: token.clone(),
+            seal,
         };
         state.reservations.push(Reservation {
             token,

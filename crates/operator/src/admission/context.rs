@@ -21,6 +21,7 @@ use crate::{
     cluster::{assumed::Assumed, debounce::Debounce, stores::Stores},
     leader::Term,
     reclaim::Reclaimer,
+    seal::Seals,
     writes::events::Events,
 };
 
@@ -48,6 +49,10 @@ pub struct Context {
     pub at_creation: AtCreation,
     /// Writes the stores have not shown yet: the process's, kept from term to term.
     pub assumed: Arc<Mutex<Assumed>>,
+    /// The operator's namespace, where the seal's key is kept.
+    pub namespace: String,
+    /// The seal admissions are written and read with, loaded when a term starts.
+    pub seals: Seals,
 }
 
 impl std::fmt::Debug for Context {

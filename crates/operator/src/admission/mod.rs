@@ -71,6 +71,7 @@ use crate::{
     cluster::{assumed, debounce::Debounce},
     leader::Term,
     reclaim::{Handovers, PassTiming, Reservation},
+    seal,
 };
 use apply::{admitted_at_creation, apply, begin_reclaims};
 use at_creation::{AtCreation, RESERVATION_TTL};
@@ -95,10 +96,16 @@ pub async fn run(context: Context, term: Term) {
         return;
     }
     reconcile_assumed(&context).await;
-    tracing::info!(term = term.number(), "admission loop started");
     // However the term ends (this future is aborted), the webhook stops admitting at creation
     // and the gauges stop showing this replica's last pass.
     let _withdraw = Withdraw(context.clone());
+    let seal = term_seal(&context).await;
+    context.seals.set(seal.clone());
+    tracing::info!(
+        term = term.number(),
+        sealed = seal.is_some(),
+        "admission loop started"
+    );
     let mut changes = context.stores.changes();
     let mut urgent_changes = context.stores.urgent_changes();
     let shared = Shared {
@@ -111,6 +118,7 @@ pub async fn run(context: Context, term: Term) {
     // Dropped (aborting every handover task) when the term ends and this future is aborted.
     let mut handovers = Handovers::new(shared.context.reclaimer.clone());
     let mut carried = PassMemory::default();
+    carried.models.seal = seal;
     for number in 1_u64.. {
         if !shared.term.is_current() {
             // The term ran out while this process could not run (paused, starved): a pass now
@@ -200,11 +208,37 @@ struct Withdraw(Context);
 impl Drop for Withdraw {
     fn drop(&mut self) {
         self.0.at_creation.withdraw();
+        self.0.seals.set(None);
         self.0.queue_gauges.publish(Vec::new());
         self.0
             .fragmentation_gauges
             .publish(metrics::FragmentationReport::default());
         self.0.metrics.left_out(0);
+    }
+}
+
+/// The seal of this term's admissions: the key in the operator's namespace, made if there is
+/// none yet (by the first leader with seals, after every admission of a version without).
+/// Asked again while the API server fails to answer: a term that admitted unsealed meanwhile
+/// would leave admissions the next term cannot believe. Only where the key can never be had
+/// (the Role refuses it, or the Secret is not a key) does the term admit unsealed, and tell no
+/// forged admission apart.
+async fn term_seal(context: &Context) -> Option<seal::Seal> {
+    let mut wait = Duration::from_millis(200);
+    loop {
+        match seal::load_or_create(&context.client, &context.namespace).await {
+            Ok(seal) => return Some(seal),
+            Err(error) if error.is_lasting() => {
+                tracing::error!(%error,
+                    "admissions go unsealed this term, and a tenant's forged admission is not told apart: grant the operator get and create of this Secret (config/rbac/admission_seal_role.yaml)");
+                return None;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the admission seal's key could not be read; asking again");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+        }
     }
 }
 

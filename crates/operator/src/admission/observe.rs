@@ -7,7 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use gpuqueue_api::v1alpha1::GpuQueueStatus;
+use gpuqueue_api::{annotations, v1alpha1::GpuQueueStatus};
 use gpuqueue_core::{
     Snapshot,
     fragmentation::DEFAULT_POPULARITY,
@@ -26,6 +26,7 @@ use super::{
 use crate::{
     cluster::{assumed::Assumed, stores::Stores},
     reclaim::VICTIM,
+    seal::{self, Seal, Verdict},
 };
 
 /// A queue that cannot be used, with what its status should say.
@@ -57,9 +58,10 @@ pub struct Observed {
 /// What reading one pod gave: the model shared, so that a pass copies a pointer per pod.
 type PodModel = Result<Option<Converted<Arc<model::Pod>>>, PodError>;
 
-/// A pod's model, and whether it claims devices through DRA (kept with the model: a pass
-/// would otherwise read every pod's spec again).
-type PodReading = (PodModel, bool);
+/// A pod's model, whether it claims devices through DRA, and the reservation token of an
+/// admission at creation (kept with the model: a pass would otherwise read every pod's spec
+/// and annotations again).
+type PodReading = (PodModel, bool, Option<Arc<str>>);
 
 /// What reading one node gave, shared like a pod's.
 type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
@@ -76,6 +78,9 @@ pub struct Models {
     nodes: Conversions<Node, NodeModel>,
     derived: Derived,
     problems: Problems,
+    /// The term's seal: pods whose admission it does not vouch for are read as unadmitted
+    /// ([`crate::seal`]). Set before the term's first pass, as the conversions depend on it.
+    pub seal: Option<Seal>,
 }
 
 /// The problems the last pass met with single objects. Every pass meets them all again, so
@@ -157,7 +162,7 @@ impl<K, M: Clone> Conversions<K, M> {
     }
 
     /// Reads `stored` as `view` shows it, from the last conversion when it is the same object.
-    fn read(&mut self, stored: &Arc<K>, view: &K, convert: fn(&K) -> M) -> M {
+    fn read(&mut self, stored: &Arc<K>, view: &K, convert: impl Fn(&K) -> M) -> M {
         if !std::ptr::eq(view, stored.as_ref()) {
             return convert(view);
         }
@@ -242,24 +247,7 @@ impl Observed {
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
-        let mut claiming = Vec::new();
-        for stored in pods {
-            let view = assumed.view(stored);
-            let (model, claims) = models.pods.read(stored, view, read_pod);
-            match model {
-                Ok(Some(converted)) => {
-                    observed.problems.extend(converted.warnings);
-                    if claims {
-                        claiming.push((observed.pods.len(), stored.clone()));
-                    }
-                    observed.pods.push(converted.value);
-                }
-                Ok(None) => {}
-                Err(error) => observed
-                    .unreadable_pods
-                    .push((stored.clone(), error.to_string())),
-            }
-        }
+        let claiming = observed.read_pods(pods, assumed, models);
         models.nodes.end_pass();
         models.pods.end_pass();
         device_claims::charge(
@@ -271,6 +259,54 @@ impl Observed {
         );
         observed
     }
+
+    /// Reads the pods into [`Self::pods`] (or [`Self::unreadable_pods`]), each as `assumed`
+    /// shows it, and as unadmitted where its admission is not the operator's; returns those
+    /// that claim devices through DRA, by index, for their claims to be charged.
+    fn read_pods(
+        &mut self,
+        pods: &[Arc<Pod>],
+        assumed: &Assumed,
+        models: &mut Models,
+    ) -> Vec<(usize, Arc<Pod>)> {
+        let mut claiming = Vec::new();
+        let seal = models.seal.as_ref();
+        let readings: Vec<(&Arc<Pod>, &Pod, PodReading)> = pods
+            .iter()
+            .map(|stored| {
+                let view = assumed.view(stored);
+                (
+                    stored,
+                    view,
+                    models.pods.read(stored, view, |pod| read_pod(pod, seal)),
+                )
+            })
+            .collect();
+        let holders = TokenHolders::of(
+            readings
+                .iter()
+                .map(|(_, view, reading)| (*view, reading.2.clone())),
+        );
+        for (stored, view, (mut model, mut claims, token)) in readings {
+            if let Some(why) = token.and_then(|token| holders.not_held_by(&token, view)) {
+                (model, claims, _) = read_forged(view, &why);
+            }
+            match model {
+                Ok(Some(converted)) => {
+                    self.problems.extend(converted.warnings);
+                    if claims {
+                        claiming.push((self.pods.len(), stored.clone()));
+                    }
+                    self.pods.push(converted.value);
+                }
+                Ok(None) => {}
+                Err(error) => self
+                    .unreadable_pods
+                    .push((stored.clone(), error.to_string())),
+            }
+        }
+        claiming
+    }
 }
 
 /// Reads a node into the core's model, shared.
@@ -281,16 +317,89 @@ fn shared_node(node: &Node) -> NodeModel {
     })
 }
 
-/// Reads a pod into the core's model, shared.
-fn read_pod(pod: &Pod) -> PodReading {
-    let model = model::Pod::from_k8s(pod).map(|read| {
+/// Reads a pod into the core's model, shared; as unadmitted when it carries an admission
+/// `seal` does not vouch for.
+fn read_pod(pod: &Pod, seal: Option<&Seal>) -> PodReading {
+    if let Some(Verdict::Forged(why)) = seal.map(|seal| seal.verdict(pod)) {
+        return read_forged(pod, &why);
+    }
+    let token = seal.and(annotation(pod, annotations::ADMITTED_AT_CREATION));
+    (convert_pod(pod), claims_devices(pod), token)
+}
+
+/// Reads a pod whose admission is not the operator's as unadmitted, saying why.
+fn read_forged(pod: &Pod, why: &str) -> PodReading {
+    let mut model = convert_pod(&seal::unadmitted(pod));
+    if let Ok(Some(converted)) = model.as_mut() {
+        converted.warnings.push(format!(
+            "pod {}/{}: its admission annotations are not the operator's ({why}); it is read as unadmitted",
+            pod.namespace().unwrap_or_default(),
+            pod.name_any()
+        ));
+    }
+    (model, claims_devices(pod), None)
+}
+
+fn convert_pod(pod: &Pod) -> PodModel {
+    model::Pod::from_k8s(pod).map(|read| {
         read.map(|converted| Converted {
             value: Arc::new(converted.value),
             warnings: converted.warnings,
         })
-    });
-    let claims = pod.spec.as_ref().is_some_and(model::uses_resource_claims);
-    (model, claims)
+    })
+}
+
+fn claims_devices(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(model::uses_resource_claims)
+}
+
+fn annotation(pod: &Pod, name: &str) -> Option<Arc<str>> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(name)
+        .map(|v| Arc::from(v.as_str()))
+}
+
+/// Who holds each reservation token of a sealed admission at creation: a token is one
+/// admission, good for one pod, so of the pods carrying it (a seal copied within its minute)
+/// only the first created holds it, and the others are read as unadmitted.
+#[derive(Debug, Default)]
+struct TokenHolders<'a>(HashMap<Arc<str>, Holder<'a>, foldhash::fast::RandomState>);
+
+/// A pod carrying a token: the earliest created (then the first by name) holds it.
+type Holder<'a> = (Option<Timestamp>, &'a str, &'a str);
+
+fn holder(pod: &Pod) -> Holder<'_> {
+    (
+        pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        pod.metadata.uid.as_deref().unwrap_or_default(),
+    )
+}
+
+impl<'a> TokenHolders<'a> {
+    /// From each pod and the token it carries.
+    fn of(pods: impl Iterator<Item = (&'a Pod, Option<Arc<str>>)>) -> Self {
+        let mut holders = Self::default();
+        for (pod, token) in pods {
+            let Some(token) = token else { continue };
+            let candidate = holder(pod);
+            holders
+                .0
+                .entry(token)
+                .and_modify(|held| *held = (*held).min(candidate))
+                .or_insert(candidate);
+        }
+        holders
+    }
+
+    /// Why `pod` does not hold `token`, when another pod does.
+    fn not_held_by(&self, token: &str, pod: &Pod) -> Option<String> {
+        let (_, name, uid) = self.0.get(token)?;
+        (*uid != pod.metadata.uid.as_deref().unwrap_or_default())
+            .then(|| format!("its reservation token {token} is pod {name}'s, created before it"))
+    }
 }
 
 /// A queue object the operator could not even deserialise (its schema and the operator's
@@ -549,6 +658,94 @@ mod tests {
     }
 
     #[test]
+    fn a_pass_reads_admissions_the_seal_does_not_vouch_for_as_unadmitted() {
+        use crate::{
+            admission::at_creation::AtCreation,
+            seal::{Admitted, Seal},
+        };
+
+        let seal = Seal::new(&[1; 32], "2026-01-01T00:00:00Z".parse().unwrap());
+        let admitted_at = "2026-12-01T11:59:00Z";
+        // A pod admitted at its creation (token t-1) as the webhook writes it, sealed.
+        let pod_json = |name: &str, created: &str, notes: serde_json::Value| {
+            json!({
+                "metadata": {"name": name, "namespace": "batch", "uid": format!("u-{name}"),
+                             "creationTimestamp": created, "annotations": notes},
+                "spec": {"nodeName": "n1", "nodeSelector": {"kubernetes.io/hostname": "n1"},
+                         "containers": [{"name": "c", "image": "i",
+                             "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            })
+        };
+        let unsigned: Pod =
+            serde_json::from_value(pod_json("a", "2026-12-01T11:59:01Z", json!({}))).unwrap();
+        let tag = seal.sign(
+            &unsigned,
+            &Admitted {
+                queue: "batch",
+                admitted_as: "borrowed",
+                admitted_at,
+                node_pin: "n1",
+                token: Some("t-1"),
+            },
+        );
+        let notes = json!({
+            "gpuqueue.io/queue": "batch", "gpuqueue.io/admitted-as": "borrowed",
+            "gpuqueue.io/admitted-at": admitted_at, "gpuqueue.io/admitted-at-creation": "t-1",
+            "gpuqueue.io/admission-seal": tag,
+        });
+        let mut stores = stores();
+        stores.add_pod(pod_json("a", "2026-12-01T11:59:01Z", notes.clone()));
+        // Its annotations copied onto a pod created a second later: the token is a's.
+        stores.add_pod(pod_json("b", "2026-12-01T11:59:02Z", notes.clone()));
+        // Written by a tenant, without a seal.
+        let mut forged = notes;
+        forged
+            .as_object_mut()
+            .unwrap()
+            .remove("gpuqueue.io/admission-seal");
+        forged["gpuqueue.io/admitted-at-creation"] = json!("t-2");
+        stores.add_pod(pod_json("c", "2026-12-01T11:59:03Z", forged));
+        let now: Timestamp = "2026-12-01T12:00:00Z".parse().unwrap();
+        let unadmitted = |seal: Option<Seal>| {
+            let mut models = Models {
+                seal,
+                ..Models::default()
+            };
+            let (observed, _) = read(
+                &stores.stores,
+                &mut Assumed::default(),
+                &mut AtCreation::new(false).pass(),
+                &mut models,
+                now,
+            );
+            let mut names: Vec<String> = observed
+                .pods
+                .iter()
+                .filter(|p| p.unadmitted)
+                .map(|p| p.key.name.clone())
+                .collect();
+            names.sort();
+            (names, observed.problems)
+        };
+        let (names, problems) = unadmitted(Some(seal));
+        assert_eq!(names, ["b", "c"]);
+        assert!(
+            problems.iter().any(|p| p.contains(
+                "pod batch/b: its admission annotations are not the operator's (its reservation token t-1 is pod a's"
+            )),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(|p| p.contains(
+                "pod batch/c: its admission annotations are not the operator's (no admission seal)"
+            )),
+            "{problems:?}"
+        );
+        // Without a key (the term could not load it), every admission is believed.
+        assert!(unadmitted(None).0.is_empty());
+    }
+
+    #[test]
     fn a_pod_is_converted_again_only_when_the_store_holds_a_new_object() {
         let gpus = |pod: &PodReading| {
             pod.0
@@ -562,15 +759,15 @@ mod tests {
                 .clone()
         };
         let first = Arc::new(pod("batch", Some(1)));
-        let convert: fn(&Pod) -> PodReading = read_pod;
+        let convert = |pod: &Pod| read_pod(pod, None);
         let mut models = Conversions::default();
         models.start_pass();
         let read = models.read(&first, &first, convert);
-        assert_eq!(read, read_pod(&first));
+        assert_eq!(read, read_pod(&first, None));
         models.end_pass();
 
         // The same object: the entry is reused (shown by planting a different one).
-        let planted = read_pod(&pod("batch", Some(3)));
+        let planted = read_pod(&pod("batch", Some(3)), None);
         models.entries.get_mut(&address(&first)).unwrap().model = planted.clone();
         models.start_pass();
         assert_eq!(gpus(&models.read(&first, &first, convert)), gpus(&planted));
@@ -580,7 +777,7 @@ mod tests {
         let changed = Arc::new(pod("batch", Some(2)));
         models.start_pass();
         let read = models.read(&changed, &changed, convert);
-        assert_eq!(read, read_pod(&changed));
+        assert_eq!(read, read_pod(&changed, None));
         models.end_pass();
         assert_eq!(models.entries.len(), 1);
 
@@ -588,7 +785,7 @@ mod tests {
         // kept past the pass.
         models.start_pass();
         let view = pod("batch", Some(4));
-        assert_eq!(models.read(&changed, &view, convert), read_pod(&view));
+        assert_eq!(models.read(&changed, &view, convert), read_pod(&view, None));
         models.end_pass();
         assert!(models.entries.is_empty());
 

@@ -373,11 +373,13 @@ impl Reclaimer {
             self.take_back(marked, &intent.id).await;
             return Err(BeginError::NotLeader);
         }
+        let seal = self.seals.get();
         let admission = patch::Admission {
             node_pin: &plan.pin,
             queue: &plan.owner_queue,
             admitted_as: AdmittedAs::Guaranteed.as_str(),
             at,
+            seal: seal.as_ref(),
         };
         let released = match intent::owner_patch(owner, intent, &admission) {
             Ok(patch) => self.patch_pod(owner, patch).await,

@@ -531,6 +531,7 @@ mod tests {
             queue: "online",
             admitted_as: gpuqueue_core::model::AdmittedAs::Guaranteed.as_str(),
             at: "2026-01-01T00:00:00Z".parse().unwrap(),
+            seal: None,
         };
         let held = apply(&owner, &owner_patch(&owner, &intent(), &admission).unwrap()).unwrap();
         let mark = Mark::read(&held).unwrap();

@@ -26,6 +26,7 @@ use super::{
 use crate::{
     checkpoint::CheckpointClient,
     cluster::stores::Stores,
+    seal::Seals,
     writes::{
         events::Events,
         pod::{self as patch, PatchError},
@@ -49,6 +50,8 @@ pub struct Reclaimer {
     pub(super) records: RecordWriter,
     /// Whether a victim's queue still borrows it, as the passes find just before its eviction.
     pub(super) rechecks: Rechecks,
+    /// The seal a reserved owner's admission carries ([`crate::seal`]).
+    pub(super) seals: Seals,
     crash: Option<super::crash::CrashPoint>,
 }
 
@@ -74,6 +77,7 @@ impl Reclaimer {
         stores: Stores,
         metrics: ReclaimMetrics,
         events: Events,
+        seals: Seals,
         crash: Option<super::crash::CrashPoint>,
     ) -> Self {
         if let Some(point) = crash {
@@ -93,6 +97,7 @@ impl Reclaimer {
             budgets: PlannedBudgets::default(),
             records: RecordWriter::default(),
             rechecks: Rechecks::default(),
+            seals,
             crash,
         }
     }

@@ -248,7 +248,7 @@ fn gate_operation(has_gates: bool) -> serde_json::Value {
 /// Pins the pod to its node and records the admission, as releasing the gate would have, with
 /// the token of its reservation.
 fn admission_operations(pod: &Pod, admitted: &CreationAdmission) -> Vec<serde_json::Value> {
-    let notes = BTreeMap::from([
+    let mut notes = BTreeMap::from([
         (annotations::QUEUE, admitted.queue.clone()),
         (
             annotations::ADMITTED_AS,
@@ -257,6 +257,9 @@ fn admission_operations(pod: &Pod, admitted: &CreationAdmission) -> Vec<serde_js
         (annotations::ADMITTED_AT, admitted.at.to_string()),
         (annotations::ADMITTED_AT_CREATION, admitted.token.clone()),
     ]);
+    if let Some(seal) = &admitted.seal {
+        notes.insert(annotations::ADMISSION_SEAL, seal.clone());
+    }
     pin_and_annotate(pod, &admitted.node_pin, notes)
 }
 
@@ -370,6 +373,7 @@ mod tests {
                 admitted_as: gpuqueue_core::model::AdmittedAs::Borrowed,
                 at: "2026-11-29T12:00:00Z".parse().unwrap(),
                 token: "00ff".into(),
+                seal: Some("5ea1".into()),
             })
         }
     }
@@ -392,6 +396,7 @@ mod tests {
                     "gpuqueue.io/admitted-as": "borrowed",
                     "gpuqueue.io/admitted-at": "2026-11-29T12:00:00Z",
                     "gpuqueue.io/admitted-at-creation": "00ff",
+                    "gpuqueue.io/admission-seal": "5ea1",
                 }},
             ])
         );
@@ -418,7 +423,7 @@ mod tests {
             ),
             "{patch}"
         );
-        assert_eq!(patch.as_array().unwrap().len(), 5);
+        assert_eq!(patch.as_array().unwrap().len(), 6);
     }
 
     #[test]

@@ -29,6 +29,8 @@ use kube::{
 };
 use serde_json::{Value, json};
 
+use crate::seal::{Admitted, Seal};
+
 /// The node label a pod is pinned by. Every node carries it (kubelet sets it; KWOK nodes too).
 pub const PIN_LABEL: &str = "kubernetes.io/hostname";
 
@@ -75,7 +77,7 @@ impl PatchError {
 }
 
 /// What an admission writes on the pod besides releasing the gate.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Admission<'a> {
     /// Value of the pin label of the chosen node.
     pub node_pin: &'a str,
@@ -83,6 +85,8 @@ pub struct Admission<'a> {
     /// `guaranteed` or `borrowed`.
     pub admitted_as: &'a str,
     pub at: Timestamp,
+    /// The leader's seal ([`crate::seal`]); `None` where its key could not be had.
+    pub seal: Option<&'a Seal>,
 }
 
 /// The JSON patch that admits `pod` as [`Admission`] says, or [`PatchError::NotGated`].
@@ -126,13 +130,24 @@ fn gate_operations(pod: &Pod, release: bool) -> Result<Vec<Value>, PatchError> {
     Ok(operations)
 }
 
-/// The pin and the admission annotations of `admission`.
+/// The pin and the admission annotations of `admission`, sealed.
 fn admission_operations(pod: &Pod, admission: &Admission<'_>) -> Vec<Value> {
-    let notes = BTreeMap::from([
+    let at = admission.at.to_string();
+    let mut notes = BTreeMap::from([
         (annotations::QUEUE, admission.queue.to_owned()),
         (annotations::ADMITTED_AS, admission.admitted_as.to_owned()),
-        (annotations::ADMITTED_AT, admission.at.to_string()),
+        (annotations::ADMITTED_AT, at.clone()),
     ]);
+    if let Some(seal) = admission.seal {
+        let admitted = Admitted {
+            queue: admission.queue,
+            admitted_as: admission.admitted_as,
+            admitted_at: &at,
+            node_pin: admission.node_pin,
+            token: None,
+        };
+        notes.insert(annotations::ADMISSION_SEAL, seal.sign(pod, &admitted));
+    }
     pin_and_annotate(pod, admission.node_pin, notes)
 }
 
@@ -313,6 +328,7 @@ mod tests {
             queue: "batch",
             admitted_as: "borrowed",
             at: "2026-01-01T00:00:00Z".parse().unwrap(),
+            seal: None,
         }
     }
 
