@@ -15,7 +15,7 @@ use gpuqueue_core::{
     pins::{self, Released, UNBINDABLE_AFTER},
     snapshot::kept::{KeptSnapshot, Made},
 };
-use jiff::Timestamp;
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
@@ -58,10 +58,15 @@ pub struct Observed {
 /// What reading one pod gave: the model shared, so that a pass copies a pointer per pod.
 type PodModel = Result<Option<Converted<Arc<model::Pod>>>, PodError>;
 
-/// A pod's model, whether it claims devices through DRA, and the reservation token of an
-/// admission at creation (kept with the model: a pass would otherwise read every pod's spec
-/// and annotations again).
-type PodReading = (PodModel, bool, Option<Arc<str>>);
+/// A pod's model, and whether it claims devices through DRA (kept with the model: a pass
+/// would otherwise read every pod's spec again).
+type PodReading = (PodModel, bool);
+
+/// How far back a pass looks for two pods holding one reservation token: a copy must be
+/// created within [`seal::WINDOW`] of the admission it copies, so it and its original are both
+/// this young when a pass first sees the copy. A term's first pass looks at every pod (for
+/// pods created while no operator ran).
+const TOKEN_HORIZON: SignedDuration = SignedDuration::from_mins(5);
 
 /// What reading one node gave, shared like a pod's.
 type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
@@ -81,6 +86,11 @@ pub struct Models {
     /// The term's seal: pods whose admission it does not vouch for are read as unadmitted
     /// ([`crate::seal`]). Set before the term's first pass, as the conversions depend on it.
     pub seal: Option<Seal>,
+    /// Whether a pass of this term has looked for shared tokens among every pod.
+    tokens_scanned: bool,
+    /// The pods (by uid) found holding another pod's token: read as unadmitted for the rest of
+    /// the term, once they are too old to be looked at again.
+    token_copies: HashSet<String>,
 }
 
 /// The problems the last pass met with single objects. Every pass meets them all again, so
@@ -202,6 +212,7 @@ impl Observed {
         pods: &[Arc<Pod>],
         assumed: &Assumed,
         models: &mut Models,
+        now: Timestamp,
     ) -> Self {
         let mut observed = Self::default();
         for stored in stores.queues.state() {
@@ -247,7 +258,7 @@ impl Observed {
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
-        let claiming = observed.read_pods(pods, assumed, models);
+        let claiming = observed.read_pods(pods, assumed, models, now);
         models.nodes.end_pass();
         models.pods.end_pass();
         device_claims::charge(
@@ -268,28 +279,43 @@ impl Observed {
         pods: &[Arc<Pod>],
         assumed: &Assumed,
         models: &mut Models,
+        now: Timestamp,
     ) -> Vec<(usize, Arc<Pod>)> {
         let mut claiming = Vec::new();
         let seal = models.seal.as_ref();
-        let readings: Vec<(&Arc<Pod>, &Pod, PodReading)> = pods
-            .iter()
-            .map(|stored| {
-                let view = assumed.view(stored);
-                (
-                    stored,
-                    view,
-                    models.pods.read(stored, view, |pod| read_pod(pod, seal)),
-                )
-            })
-            .collect();
+        let since = (seal.is_some() && models.tokens_scanned).then(|| now - TOKEN_HORIZON);
+        let looked_at = |pod: &Pod| {
+            seal.is_some()
+                && since.is_none_or(|since| {
+                    pod.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .is_none_or(|created| created.0 >= since)
+                })
+        };
         let holders = TokenHolders::of(
-            readings
-                .iter()
-                .map(|(_, view, reading)| (*view, reading.2.clone())),
+            pods.iter()
+                .map(|stored| assumed.view(stored))
+                .filter(|pod| looked_at(pod)),
         );
-        for (stored, view, (mut model, mut claims, token)) in readings {
-            if let Some(why) = token.and_then(|token| holders.not_held_by(&token, view)) {
-                (model, claims, _) = read_forged(view, &why);
+        models.tokens_scanned = true;
+        let copies = std::mem::take(&mut models.token_copies);
+        for stored in pods {
+            let view = assumed.view(stored);
+            let (mut model, mut claims) = models.pods.read(stored, view, |pod| read_pod(pod, seal));
+            let copy = looked_at(view)
+                .then(|| holders.not_held_by(view))
+                .flatten()
+                .or_else(|| {
+                    let uid = view.metadata.uid.as_deref()?;
+                    (!copies.is_empty() && copies.contains(uid))
+                        .then(|| "its reservation token is another pod's".to_owned())
+                });
+            if let Some(why) = copy {
+                (model, claims) = read_forged(view, &why);
+                models
+                    .token_copies
+                    .extend(view.metadata.uid.iter().cloned());
             }
             match model {
                 Ok(Some(converted)) => {
@@ -323,8 +349,7 @@ fn read_pod(pod: &Pod, seal: Option<&Seal>) -> PodReading {
     if let Some(Verdict::Forged(why)) = seal.map(|seal| seal.verdict(pod)) {
         return read_forged(pod, &why);
     }
-    let token = seal.and(annotation(pod, annotations::ADMITTED_AT_CREATION));
-    (convert_pod(pod), claims_devices(pod), token)
+    (convert_pod(pod), claims_devices(pod))
 }
 
 /// Reads a pod whose admission is not the operator's as unadmitted, saying why.
@@ -337,7 +362,7 @@ fn read_forged(pod: &Pod, why: &str) -> PodReading {
             pod.name_any()
         ));
     }
-    (model, claims_devices(pod), None)
+    (model, claims_devices(pod))
 }
 
 fn convert_pod(pod: &Pod) -> PodModel {
@@ -353,19 +378,19 @@ fn claims_devices(pod: &Pod) -> bool {
     pod.spec.as_ref().is_some_and(model::uses_resource_claims)
 }
 
-fn annotation(pod: &Pod, name: &str) -> Option<Arc<str>> {
+fn token(pod: &Pod) -> Option<&str> {
     pod.metadata
         .annotations
         .as_ref()?
-        .get(name)
-        .map(|v| Arc::from(v.as_str()))
+        .get(annotations::ADMITTED_AT_CREATION)
+        .map(String::as_str)
 }
 
 /// Who holds each reservation token of a sealed admission at creation: a token is one
 /// admission, good for one pod, so of the pods carrying it (a seal copied within its minute)
 /// only the first created holds it, and the others are read as unadmitted.
 #[derive(Debug, Default)]
-struct TokenHolders<'a>(HashMap<Arc<str>, Holder<'a>, foldhash::fast::RandomState>);
+struct TokenHolders<'a>(HashMap<&'a str, Holder<'a>, foldhash::fast::RandomState>);
 
 /// A pod carrying a token: the earliest created (then the first by name) holds it.
 type Holder<'a> = (Option<Timestamp>, &'a str, &'a str);
@@ -379,11 +404,11 @@ fn holder(pod: &Pod) -> Holder<'_> {
 }
 
 impl<'a> TokenHolders<'a> {
-    /// From each pod and the token it carries.
-    fn of(pods: impl Iterator<Item = (&'a Pod, Option<Arc<str>>)>) -> Self {
+    /// From the pods looked at.
+    fn of(pods: impl Iterator<Item = &'a Pod>) -> Self {
         let mut holders = Self::default();
-        for (pod, token) in pods {
-            let Some(token) = token else { continue };
+        for pod in pods {
+            let Some(token) = token(pod) else { continue };
             let candidate = holder(pod);
             holders
                 .0
@@ -394,8 +419,12 @@ impl<'a> TokenHolders<'a> {
         holders
     }
 
-    /// Why `pod` does not hold `token`, when another pod does.
-    fn not_held_by(&self, token: &str, pod: &Pod) -> Option<String> {
+    /// Why `pod` does not hold its token, when another pod does.
+    fn not_held_by(&self, pod: &Pod) -> Option<String> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let token = token(pod)?;
         let (_, name, uid) = self.0.get(token)?;
         (*uid != pod.metadata.uid.as_deref().unwrap_or_default())
             .then(|| format!("its reservation token {token} is pod {name}'s, created before it"))
@@ -449,7 +478,7 @@ pub fn read(
     let settled = creation.settle(&pods, now);
     // One read of the pod store for all three, so that a pod arriving meanwhile is not
     // counted both as itself and as its reservation.
-    let mut observed = Observed::read(stores, &pods, assumed, models);
+    let mut observed = Observed::read(stores, &pods, assumed, models, now);
     // Running HAMi pods on the devices HAMi gave them, not the lowest free ones.
     let hami = model::seat_hami_pods(&mut observed.pods, observed.nodes.iter().map(AsRef::as_ref));
     observed.problems.extend(hami);
@@ -706,16 +735,12 @@ mod tests {
         forged["gpuqueue.io/admitted-at-creation"] = json!("t-2");
         stores.add_pod(pod_json("c", "2026-12-01T11:59:03Z", forged));
         let now: Timestamp = "2026-12-01T12:00:00Z".parse().unwrap();
-        let unadmitted = |seal: Option<Seal>| {
-            let mut models = Models {
-                seal,
-                ..Models::default()
-            };
+        let pass = |models: &mut Models, now: Timestamp| {
             let (observed, _) = read(
                 &stores.stores,
                 &mut Assumed::default(),
                 &mut AtCreation::new(false).pass(),
-                &mut models,
+                models,
                 now,
             );
             let mut names: Vec<String> = observed
@@ -727,6 +752,22 @@ mod tests {
             names.sort();
             (names, observed.problems)
         };
+        let unadmitted = |seal: Option<Seal>| {
+            let mut models = Models {
+                seal,
+                ..Models::default()
+            };
+            pass(&mut models, now)
+        };
+        // A term's first pass looks at every pod, however old; later passes look at the young
+        // ones, and remember the copies found.
+        let mut models = Models {
+            seal: Some(seal.clone()),
+            ..Models::default()
+        };
+        let later = now + SignedDuration::from_hours(1);
+        assert_eq!(pass(&mut models, later).0, ["b", "c"]);
+        assert_eq!(pass(&mut models, later).0, ["b", "c"], "b stays a copy");
         let (names, problems) = unadmitted(Some(seal));
         assert_eq!(names, ["b", "c"]);
         assert!(
@@ -828,6 +869,7 @@ mod tests {
             &[],
             &Assumed::default(),
             &mut Models::default(),
+            Timestamp::UNIX_EPOCH,
         );
         let node = &observed.nodes[0];
         assert_eq!(node.pools.len(), 1);
@@ -857,6 +899,7 @@ mod tests {
             &stores.stores.pods.state(),
             &Assumed::default(),
             &mut Models::default(),
+            Timestamp::UNIX_EPOCH,
         );
         assert_eq!(observed.nodes.len(), 1);
         assert_eq!(observed.queues.len(), 3);
