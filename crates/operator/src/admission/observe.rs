@@ -15,7 +15,7 @@ use gpuqueue_core::{
     pins::{self, Released, UNBINDABLE_AFTER},
     snapshot::kept::{KeptSnapshot, Made},
 };
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
@@ -62,12 +62,6 @@ type PodModel = Result<Option<Converted<Arc<model::Pod>>>, PodError>;
 /// would otherwise read every pod's spec again).
 type PodReading = (PodModel, bool);
 
-/// How far back a pass looks for two pods holding one reservation token: a copy must be
-/// created within [`seal::WINDOW`] of the admission it copies, so it and its original are both
-/// this young when a pass first sees the copy. A term's first pass looks at every pod (for
-/// pods created while no operator ran).
-const TOKEN_HORIZON: SignedDuration = SignedDuration::from_mins(5);
-
 /// What reading one node gave, shared like a pod's.
 type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
 
@@ -86,11 +80,8 @@ pub struct Models {
     /// The term's seal: pods whose admission it does not vouch for are read as unadmitted
     /// ([`crate::seal`]). Set before the term's first pass, as the conversions depend on it.
     pub seal: Option<Seal>,
-    /// Whether a pass of this term has looked for shared tokens among every pod.
-    tokens_scanned: bool,
-    /// The pods (by uid) found holding another pod's token: read as unadmitted for the rest of
-    /// the term, once they are too old to be looked at again.
-    token_copies: HashSet<String>,
+    /// Who holds each reservation token, kept through the term.
+    tokens: TokenHolders,
 }
 
 /// The problems the last pass met with single objects. Every pass meets them all again, so
@@ -172,7 +163,7 @@ impl<K, M: Clone> Conversions<K, M> {
     }
 
     /// Reads `stored` as `view` shows it, from the last conversion when it is the same object.
-    fn read(&mut self, stored: &Arc<K>, view: &K, convert: impl Fn(&K) -> M) -> M {
+    fn read(&mut self, stored: &Arc<K>, view: &K, mut convert: impl FnMut(&K) -> M) -> M {
         if !std::ptr::eq(view, stored.as_ref()) {
             return convert(view);
         }
@@ -212,7 +203,6 @@ impl Observed {
         pods: &[Arc<Pod>],
         assumed: &Assumed,
         models: &mut Models,
-        now: Timestamp,
     ) -> Self {
         let mut observed = Self::default();
         for stored in stores.queues.state() {
@@ -258,7 +248,7 @@ impl Observed {
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
-        let claiming = observed.read_pods(pods, assumed, models, now);
+        let claiming = observed.read_pods(pods, assumed, models);
         models.nodes.end_pass();
         models.pods.end_pass();
         device_claims::charge(
@@ -279,43 +269,33 @@ impl Observed {
         pods: &[Arc<Pod>],
         assumed: &Assumed,
         models: &mut Models,
-        now: Timestamp,
     ) -> Vec<(usize, Arc<Pod>)> {
         let mut claiming = Vec::new();
-        let seal = models.seal.as_ref();
-        let since = (seal.is_some() && models.tokens_scanned).then(|| now - TOKEN_HORIZON);
-        let looked_at = |pod: &Pod| {
-            seal.is_some()
-                && since.is_none_or(|since| {
-                    pod.metadata
-                        .creation_timestamp
-                        .as_ref()
-                        .is_none_or(|created| created.0 >= since)
-                })
-        };
-        let holders = TokenHolders::of(
-            pods.iter()
-                .map(|stored| assumed.view(stored))
-                .filter(|pod| looked_at(pod)),
-        );
-        models.tokens_scanned = true;
-        let copies = std::mem::take(&mut models.token_copies);
-        for stored in pods {
-            let view = assumed.view(stored);
-            let (mut model, mut claims) = models.pods.read(stored, view, |pod| read_pod(pod, seal));
-            let copy = looked_at(view)
-                .then(|| holders.not_held_by(view))
-                .flatten()
-                .or_else(|| {
-                    let uid = view.metadata.uid.as_deref()?;
-                    (!copies.is_empty() && copies.contains(uid))
-                        .then(|| "its reservation token is another pod's".to_owned())
+        let Models {
+            pods: conversions,
+            tokens,
+            seal,
+            ..
+        } = models;
+        let seal = seal.as_ref();
+        // Every pod is read before any is judged a copy: the first pass of a term may meet a
+        // copy before its original.
+        let readings: Vec<(&Arc<Pod>, &Pod, PodReading)> = pods
+            .iter()
+            .map(|stored| {
+                let view = assumed.view(stored);
+                let reading = conversions.read(stored, view, |pod| {
+                    if seal.is_some() {
+                        tokens.note(pod);
+                    }
+                    read_pod(pod, seal)
                 });
-            if let Some(why) = copy {
+                (stored, view, reading)
+            })
+            .collect();
+        for (stored, view, (mut model, mut claims)) in readings {
+            if let Some(why) = tokens.copied(view) {
                 (model, claims) = read_forged(view, &why);
-                models
-                    .token_copies
-                    .extend(view.metadata.uid.iter().cloned());
             }
             match model {
                 Ok(Some(converted)) => {
@@ -386,48 +366,58 @@ fn token(pod: &Pod) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Who holds each reservation token of a sealed admission at creation: a token is one
-/// admission, good for one pod, so of the pods carrying it (a seal copied within its minute)
-/// only the first created holds it, and the others are read as unadmitted.
+/// Who holds each reservation token of an admission at creation, kept through a term and
+/// told of each pod as it is converted (a changed pod is a new object): a token is one
+/// admission, good for one pod, so of the pods carrying it the first created (then the first
+/// by name) holds it, and the others are copies, read as unadmitted. A pass costs nothing
+/// more while no copy exists.
 #[derive(Debug, Default)]
-struct TokenHolders<'a>(HashMap<&'a str, Holder<'a>, foldhash::fast::RandomState>);
-
-/// A pod carrying a token: the earliest created (then the first by name) holds it.
-type Holder<'a> = (Option<Timestamp>, &'a str, &'a str);
-
-fn holder(pod: &Pod) -> Holder<'_> {
-    (
-        pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        pod.metadata.name.as_deref().unwrap_or_default(),
-        pod.metadata.uid.as_deref().unwrap_or_default(),
-    )
+struct TokenHolders {
+    holders: HashMap<String, Holder, foldhash::fast::RandomState>,
+    /// The copies: uid to the token they carry.
+    copies: HashMap<String, String>,
 }
 
-impl<'a> TokenHolders<'a> {
-    /// From the pods looked at.
-    fn of(pods: impl Iterator<Item = &'a Pod>) -> Self {
-        let mut holders = Self::default();
-        for pod in pods {
-            let Some(token) = token(pod) else { continue };
-            let candidate = holder(pod);
-            holders
-                .0
-                .entry(token)
-                .and_modify(|held| *held = (*held).min(candidate))
-                .or_insert(candidate);
+/// A pod carrying a token: when it was created, its name and uid (ordered so).
+type Holder = (Option<Timestamp>, String, String);
+
+impl TokenHolders {
+    /// Takes note of `pod`'s token, if it carries one.
+    fn note(&mut self, pod: &Pod) {
+        let Some(token) = token(pod) else { return };
+        let candidate: Holder = (
+            pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            pod.metadata.name.clone().unwrap_or_default(),
+            pod.metadata.uid.clone().unwrap_or_default(),
+        );
+        match self.holders.entry(token.to_owned()) {
+            std::collections::hash_map::Entry::Vacant(entry) => {
+                entry.insert(candidate);
+            }
+            std::collections::hash_map::Entry::Occupied(mut entry) => {
+                if entry.get().2 == candidate.2 {
+                    return;
+                }
+                let copy = if candidate < *entry.get() {
+                    std::mem::replace(entry.get_mut(), candidate)
+                } else {
+                    candidate
+                };
+                self.copies.insert(copy.2, token.to_owned());
+            }
         }
-        holders
     }
 
-    /// Why `pod` does not hold its token, when another pod does.
-    fn not_held_by(&self, pod: &Pod) -> Option<String> {
-        if self.0.is_empty() {
+    /// Why `pod` is read as unadmitted, when it carries another pod's token.
+    fn copied(&self, pod: &Pod) -> Option<String> {
+        if self.copies.is_empty() {
             return None;
         }
-        let token = token(pod)?;
-        let (_, name, uid) = self.0.get(token)?;
-        (*uid != pod.metadata.uid.as_deref().unwrap_or_default())
-            .then(|| format!("its reservation token {token} is pod {name}'s, created before it"))
+        let token = self.copies.get(pod.metadata.uid.as_deref()?)?;
+        let (_, holder, _) = self.holders.get(token)?;
+        Some(format!(
+            "its reservation token {token} is pod {holder}'s, created before it"
+        ))
     }
 }
 
@@ -478,7 +468,7 @@ pub fn read(
     let settled = creation.settle(&pods, now);
     // One read of the pod store for all three, so that a pod arriving meanwhile is not
     // counted both as itself and as its reservation.
-    let mut observed = Observed::read(stores, &pods, assumed, models, now);
+    let mut observed = Observed::read(stores, &pods, assumed, models);
     // Running HAMi pods on the devices HAMi gave them, not the lowest free ones.
     let hami = model::seat_hami_pods(&mut observed.pods, observed.nodes.iter().map(AsRef::as_ref));
     observed.problems.extend(hami);
@@ -687,6 +677,30 @@ mod tests {
     }
 
     #[test]
+    fn the_first_created_holds_a_token_whichever_is_met_first() {
+        let with_token = |name: &str, created: &str| -> Pod {
+            serde_json::from_value(json!({"metadata": {
+                "name": name, "uid": format!("u-{name}"), "creationTimestamp": created,
+                "annotations": {"gpuqueue.io/admitted-at-creation": "t-1"}}}))
+            .unwrap()
+        };
+        let original = with_token("a", "2026-12-01T11:59:01Z");
+        let copy = with_token("b", "2026-12-01T11:59:02Z");
+        for order in [[&copy, &original], [&original, &copy]] {
+            let mut tokens = TokenHolders::default();
+            for pod in order {
+                tokens.note(pod);
+                tokens.note(pod); // a pod met again (a new object) is still itself
+            }
+            assert_eq!(tokens.copied(&original), None);
+            assert_eq!(
+                tokens.copied(&copy).as_deref(),
+                Some("its reservation token t-1 is pod a's, created before it")
+            );
+        }
+    }
+
+    #[test]
     fn a_pass_reads_admissions_the_seal_does_not_vouch_for_as_unadmitted() {
         use crate::{
             admission::at_creation::AtCreation,
@@ -759,15 +773,13 @@ mod tests {
             };
             pass(&mut models, now)
         };
-        // A term's first pass looks at every pod, however old; later passes look at the young
-        // ones, and remember the copies found.
+        // Later passes of the term read the copy as such too, from what the first noted.
         let mut models = Models {
             seal: Some(seal.clone()),
             ..Models::default()
         };
-        let later = now + SignedDuration::from_hours(1);
-        assert_eq!(pass(&mut models, later).0, ["b", "c"]);
-        assert_eq!(pass(&mut models, later).0, ["b", "c"], "b stays a copy");
+        assert_eq!(pass(&mut models, now).0, ["b", "c"]);
+        assert_eq!(pass(&mut models, now).0, ["b", "c"], "b stays a copy");
         let (names, problems) = unadmitted(Some(seal));
         assert_eq!(names, ["b", "c"]);
         assert!(
@@ -869,7 +881,6 @@ mod tests {
             &[],
             &Assumed::default(),
             &mut Models::default(),
-            Timestamp::UNIX_EPOCH,
         );
         let node = &observed.nodes[0];
         assert_eq!(node.pools.len(), 1);
@@ -899,7 +910,6 @@ mod tests {
             &stores.stores.pods.state(),
             &Assumed::default(),
             &mut Models::default(),
-            Timestamp::UNIX_EPOCH,
         );
         assert_eq!(observed.nodes.len(), 1);
         assert_eq!(observed.queues.len(), 3);
