@@ -278,22 +278,22 @@ impl Observed {
             ..
         } = models;
         let seal = seal.as_ref();
-        // Every pod is read before any is judged a copy: the first pass of a term may meet a
-        // copy before its original.
-        let readings: Vec<(&Arc<Pod>, &Pod, PodReading)> = pods
-            .iter()
-            .map(|stored| {
-                let view = assumed.view(stored);
-                let reading = conversions.read(stored, view, |pod| {
-                    if seal.is_some() {
-                        tokens.note(pod);
-                    }
-                    read_pod(pod, seal)
-                });
-                (stored, view, reading)
-            })
-            .collect();
-        for (stored, view, (mut model, mut claims)) in readings {
+        // A term's first pass notes every token before it judges any pod: it may meet a copy
+        // before its original. Later passes note the pods they convert (new objects).
+        if seal.is_some() && !tokens.primed {
+            for stored in pods {
+                tokens.note(assumed.view(stored));
+            }
+            tokens.primed = true;
+        }
+        for stored in pods {
+            let view = assumed.view(stored);
+            let (mut model, mut claims) = conversions.read(stored, view, |pod| {
+                if seal.is_some() {
+                    tokens.note(pod);
+                }
+                read_pod(pod, seal)
+            });
             if let Some(why) = tokens.copied(view) {
                 (model, claims) = read_forged(view, &why);
             }
@@ -376,6 +376,8 @@ struct TokenHolders {
     holders: HashMap<String, Holder, foldhash::fast::RandomState>,
     /// The copies: uid to the token they carry.
     copies: HashMap<String, String>,
+    /// Whether every pod of the term's first pass was noted.
+    primed: bool,
 }
 
 /// A pod carrying a token: when it was created, its name and uid (ordered so).
