@@ -280,6 +280,7 @@ impl Observed {
         let seal = seal.as_ref();
         // A term's first pass notes every token before it judges any pod: it may meet a copy
         // before its original. Later passes note the pods they convert (new objects).
+        tokens.forget_the_gone(pods.len());
         if seal.is_some() && !tokens.primed {
             for stored in pods {
                 tokens.note(assumed.view(stored));
@@ -407,6 +408,14 @@ impl TokenHolders {
                 };
                 self.copies.insert(copy.2, token.to_owned());
             }
+        }
+    }
+
+    /// Starts afresh (the next notes prime it again) once it keeps far more tokens than pods
+    /// exist: the tokens of deleted pods are not dropped one by one.
+    fn forget_the_gone(&mut self, pods: usize) {
+        if self.holders.len() > 2 * pods + 1024 {
+            *self = Self::default();
         }
     }
 
@@ -699,7 +708,21 @@ mod tests {
                 tokens.copied(&copy).as_deref(),
                 Some("its reservation token t-1 is pod a's, created before it")
             );
+            tokens.forget_the_gone(0);
+            assert_eq!(tokens.holders.len(), 1, "kept while few");
         }
+        // Far more tokens than pods: forgotten, to be noted afresh.
+        let mut tokens = TokenHolders::default();
+        for i in 0..1100 {
+            let pod: Pod = serde_json::from_value(json!({"metadata": {
+                "name": format!("p{i}"), "uid": format!("u-{i}"),
+                "annotations": {"gpuqueue.io/admitted-at-creation": format!("t-{i}")}}}))
+            .unwrap();
+            tokens.note(&pod);
+        }
+        tokens.primed = true;
+        tokens.forget_the_gone(10);
+        assert!(tokens.holders.is_empty() && !tokens.primed);
     }
 
     #[test]
