@@ -20,8 +20,8 @@
 //!   `gpuqueue_watch_errors_total` and logged; the stores keep their last state meanwhile.
 //!   Meanwhile the stores the snapshot is read from (all but the budgets) are not
 //!   [`live`](Stores::live): no reclaim is planned, and a reclaim's re-check of its victims
-//!   waits ([`crate::reclaim`]). Their watches list afresh after an error ([`relisting`]), so
-//!   that they are known live again once the API server answers.
+//!   waits ([`crate::reclaim`]). Every watch lists afresh after an error ([`relisting`]), so
+//!   that those stores are known live again once the API server answers.
 
 use std::{
     fmt,
@@ -409,7 +409,7 @@ fn budget_watch(
     reflect(
         "poddisruptionbudgets",
         writer,
-        all_events::<PodDisruptionBudget>(client),
+        relisting_all::<PodDisruptionBudget>(client),
         (Signals::new().0, |_: &_| false),
         metrics,
         || {},
@@ -471,19 +471,6 @@ where
     K::DynamicType: Default,
 {
     relisting(Api::<K>::all(client.clone()), watcher::Config::default()).modify(strip_metadata)
-}
-
-/// The watch of every object of one kind, in every namespace.
-fn all_events<K>(
-    client: &Client,
-) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K>
-where
-    K: Resource + Clone + fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    K::DynamicType: Default,
-{
-    watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(strip_metadata)
 }
 
 /// After each queue change: sets the gauge of queue objects the operator cannot read.
