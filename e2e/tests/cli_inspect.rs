@@ -6,9 +6,7 @@
 
 mod common;
 
-use std::ffi::OsString;
 use std::net::{Ipv4Addr, TcpListener};
-use std::path::Path;
 use std::process::Output;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
@@ -31,17 +29,8 @@ fn free_port() -> u16 {
 }
 
 /// `kubectl <args>` with the plugin's folder first on the PATH, as a user who installed it.
-fn kubectl(cluster: &ControlPlane, plugin_dir: &Path, args: &[&str]) -> Output {
-    let mut path = OsString::from(plugin_dir);
-    path.push(":");
-    path.push(cluster.bin_dir());
-    if let Some(rest) = std::env::var_os("PATH") {
-        path.push(":");
-        path.push(rest);
-    }
-    cluster
-        .kubectl()
-        .env("PATH", path)
+fn kubectl(cluster: &ControlPlane, args: &[&str]) -> Output {
+    common::kubectl_with_plugin(cluster)
         .args(args)
         .output()
         .unwrap()
@@ -226,7 +215,6 @@ async fn create_pods(
 /// The cluster, the plugin and the namespaces the stages of the test share.
 struct Ctx<'a> {
     cluster: &'a ControlPlane,
-    bin: &'a Path,
     batch: &'a TempNamespace,
     online: &'a TempNamespace,
     web: &'a TempNamespace,
@@ -234,13 +222,14 @@ struct Ctx<'a> {
 
 impl Ctx<'_> {
     fn run(&self, args: &[&str]) -> Output {
-        kubectl(self.cluster, self.bin, args)
+        kubectl(self.cluster, args)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
-    let bin = common::cli_binaries().to_path_buf();
+    // Built before the cluster starts, so that its clock does not run meanwhile.
+    common::cli_binaries();
     let mut config = ControlPlaneConfig::new("cli_inspect").with_nodes(vec![
         GpuNode::whole_gpus("gpu-a", 4),
         GpuNode::whole_gpus("gpu-b", 4),
@@ -249,7 +238,7 @@ async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
     config.controller_manager = false;
     let cluster = ControlPlane::start(config).await.unwrap();
     let client = cluster.client();
-    let run = |args: &[&str]| kubectl(&cluster, &bin, args);
+    let run = |args: &[&str]| kubectl(&cluster, args);
 
     // Before the CRD exists, the CLI says how to install it.
     let stderr = fails(&run(&["gpuqueue", "queues"]));
@@ -303,7 +292,6 @@ async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
 
     let ctx = Ctx {
         cluster: &cluster,
-        bin: &bin,
         batch: &batch,
         online: &online,
         web: &web,

@@ -6,9 +6,6 @@
 
 mod common;
 
-use std::ffi::OsString;
-use std::path::PathBuf;
-
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, gpu_pod, wait_for,
 };
@@ -16,14 +13,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
 /// `kubectl gpuqueue top <args>` with the plugin's folder first on the PATH.
-fn top(cluster: &ControlPlane, plugin_dir: &PathBuf, args: &[&str]) -> String {
-    let mut path = OsString::from(plugin_dir);
-    path.push(":");
-    path.push(cluster.bin_dir());
+fn top(cluster: &ControlPlane, args: &[&str]) -> String {
     let output = common::run_ok(
-        cluster
-            .kubectl()
-            .env("PATH", path)
+        common::kubectl_with_plugin(cluster)
             .args(["gpuqueue", "top"])
             .args(args),
     );
@@ -37,7 +29,8 @@ fn bound_node(pod: &Pod) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_shows_each_nodes_allocation_fragmentation_and_holders() {
-    let plugin = common::cli_binaries().to_path_buf();
+    // Built before the cluster starts, so that its clock does not run meanwhile.
+    common::cli_binaries();
     let mut config = ControlPlaneConfig::new("cli_top").with_nodes(vec![
         GpuNode::whole_gpus("gpu-a", 4),
         GpuNode::whole_gpus("gpu-b", 4),
@@ -57,10 +50,10 @@ async fn top_shows_each_nodes_allocation_fragmentation_and_holders() {
 
     let (full, shared) = create_pods(&cluster, &batch, &web).await;
 
-    check_json(&cluster, &plugin, &full, &shared);
+    check_json(&cluster, &full, &shared);
 
     // The same, for people.
-    let text = top(&cluster, &plugin, &[]);
+    let text = top(&cluster, &[]);
     let cells = |name: &str| -> Vec<String> {
         text.lines()
             .find(|l| l.starts_with(&format!("{name} ")))
@@ -135,11 +128,10 @@ async fn create_pods(
 }
 
 /// `-o json`: the numbers, node by node, and the cluster's.
-fn check_json(cluster: &ControlPlane, plugin: &PathBuf, full: &str, shared: &str) {
+fn check_json(cluster: &ControlPlane, full: &str, shared: &str) {
     // The mix is two 1-GPU and two 4-GPU pods: the shared node's 2 free GPUs serve half of it
     // (1 GPU fragmented); no pod asks for a MIG instance, so all 9 of mig-0's are.
-    let report: serde_json::Value =
-        serde_json::from_str(&top(cluster, plugin, &["-o", "json"])).unwrap();
+    let report: serde_json::Value = serde_json::from_str(&top(cluster, &["-o", "json"])).unwrap();
     let node = |name: &str| {
         report["nodes"]
             .as_array()

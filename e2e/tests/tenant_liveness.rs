@@ -283,12 +283,46 @@ async fn admissions_a_tenant_writes_itself_during_an_outage_are_not_believed() {
         r#"gpuqueue_queue_unadmitted_pods{queue="batch"} 1"#,
     )
     .await;
-    let log = world.operator.process.log();
+    // It says so where the tenant looks: an event on the pod, which `explain` reads.
+    let note = event(
+        &world.client,
+        &namespace,
+        "copied-0",
+        "AdmissionNotBelieved",
+    )
+    .await;
     assert!(
-        log.contains(&format!(
-            "pod {namespace}/copied-0: its admission annotations are not the operator's"
-        )),
-        "the operator says why it does not believe the copy"
+        note.starts_with(
+            "its admission annotations are not the operator's (its reservation token "
+        ) && note.contains(
+            "is pod admitted-0's, created before it): it is charged to its queue as unadmitted"
+        ),
+        "{note}"
+    );
+    let explained = common::run_ok(
+        common::kubectl_with_plugin(&world.cluster)
+            .args(["gpuqueue", "explain", "copied-0", "-n", &namespace]),
+    );
+    let explained = String::from_utf8_lossy(&explained.stdout);
+    assert!(
+        explained.contains(
+            "not admitted: its admission annotations are not the operator's, and it is charged to its queue as unadmitted"
+        ) && explained.contains("(not the operator's: charged as unadmitted)"),
+        "{explained}"
+    );
+    // The original keeps its admission.
+    let explained = common::run_ok(common::kubectl_with_plugin(&world.cluster).args([
+        "gpuqueue",
+        "explain",
+        "admitted-0",
+        "-n",
+        &namespace,
+    ]));
+    let explained = String::from_utf8_lossy(&explained.stdout);
+    assert!(
+        explained.contains("admitted as borrowed by queue batch")
+            || explained.contains("admitted as guaranteed by queue batch"),
+        "{explained}"
     );
 }
 

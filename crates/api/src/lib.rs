@@ -56,6 +56,13 @@ pub mod annotations {
     pub const QUOTA_RESOURCE: &str = "gpuqueue.io/quota-resource";
 }
 
+/// Reasons of the operator's events that `kubectl gpuqueue` reads back.
+pub mod events {
+    /// On a pod whose admission annotations the operator does not believe (no seal, or one
+    /// that does not verify): the pod is charged to its queue as unadmitted.
+    pub const ADMISSION_NOT_BELIEVED: &str = "AdmissionNotBelieved";
+}
+
 /// Node labels written by NVIDIA GPU feature discovery, which placement reads.
 pub mod node_labels {
     /// GPU model, such as `NVIDIA-H100-80GB-HBM3`.

@@ -6,6 +6,7 @@
 
 #![allow(dead_code)] // each test file uses its own part of these helpers
 
+use std::ffi::OsString;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -106,6 +107,21 @@ pub fn run_ok(command: &mut Command) -> Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
+}
+
+/// `kubectl` as a user who installed the plugin runs it: the folder of `kubectl-gpuqueue`
+/// ([`cli_binaries`]) first on the PATH, then the cluster's binaries, then the rest.
+pub fn kubectl_with_plugin(cluster: &ControlPlane) -> Command {
+    let mut path = OsString::from(cli_binaries());
+    path.push(":");
+    path.push(cluster.bin_dir());
+    if let Some(rest) = std::env::var_os("PATH") {
+        path.push(":");
+        path.push(rest);
+    }
+    let mut kubectl = cluster.kubectl();
+    kubectl.env("PATH", path);
+    kubectl
 }
 
 /// Waits until the operator whose metrics listen on `metrics` answers 200 on `/readyz`; `log`

@@ -68,6 +68,10 @@ pub struct Admission {
     pub admitted_at: Option<String>,
     /// Admitted by the webhook as it was created, never gated.
     pub at_creation: bool,
+    /// Why the operator does not believe these annotations (its `AdmissionNotBelieved` event):
+    /// somebody else wrote them, and the pod is charged to its queue as unadmitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_believed: Option<String>,
 }
 
 /// Where the pod runs or will run.

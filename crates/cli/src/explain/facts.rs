@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use gpuqueue_api::v1alpha1::GpuQueue;
-use gpuqueue_api::{ADMISSION_GATE, FIELD_MANAGER, annotations};
+use gpuqueue_api::{ADMISSION_GATE, FIELD_MANAGER, annotations, events::ADMISSION_NOT_BELIEVED};
 use gpuqueue_core::model::{self, HOSTNAME_LABEL};
 use k8s_openapi::api::core::v1::{Event, Pod};
 
@@ -47,14 +47,15 @@ pub fn explain(observed: &Observed, max_events: usize) -> Explanation {
     let held = model::is_held_owner(pod);
     let other_gates = other_gates(pod);
     let waiting_reason = annotation(pod, annotations::WAITING_REASON).map(str::to_owned);
-    let admission = admission(pod);
+    let mut events = operator_events(pod, &observed.events);
+    let admission = admission(pod, &events);
     let node = node_of(pod);
     let QueueNumbers {
         resources: queue_resources,
         pods: queue_pods,
     } = queue_numbers(queue, &requests, &mut notes);
     let reclaim = reclaim(pod, &observed.queues);
-    let events = operator_events(pod, &observed.events, max_events);
+    let events = events.split_off(events.len().saturating_sub(max_events));
     if let Some(error) = &observed.events_error {
         notes.push(format!("cannot list events: {error}"));
     }
@@ -186,8 +187,9 @@ fn other_gates(pod: &Pod) -> Vec<String> {
         .collect()
 }
 
-/// The operator's record of the pod's admission, if it wrote one.
-fn admission(pod: &Pod) -> Option<Admission> {
+/// The pod's admission annotations, if it carries any, with the operator's word on them when
+/// it does not believe them (the newest of its `events` saying so).
+fn admission(pod: &Pod, events: &[EventView]) -> Option<Admission> {
     (annotation(pod, annotations::ADMITTED_AT).is_some()
         || annotation(pod, annotations::ADMITTED_AS).is_some())
     .then(|| Admission {
@@ -195,6 +197,11 @@ fn admission(pod: &Pod) -> Option<Admission> {
         admitted_as: annotation(pod, annotations::ADMITTED_AS).map(str::to_owned),
         admitted_at: annotation(pod, annotations::ADMITTED_AT).map(str::to_owned),
         at_creation: annotation(pod, annotations::ADMITTED_AT_CREATION).is_some(),
+        not_believed: events
+            .iter()
+            .rev()
+            .find(|e| e.reason == ADMISSION_NOT_BELIEVED)
+            .map(|e| e.message.clone()),
     })
 }
 
@@ -282,9 +289,9 @@ fn node_of(pod: &Pod) -> Option<NodeView> {
     })
 }
 
-/// The operator's events about this very pod (not an older pod of the same name), the newest
-/// `max` of them, oldest first.
-fn operator_events(pod: &Pod, events: &[Event], max: usize) -> Vec<EventView> {
+/// The operator's events about this very pod (not an older pod of the same name), oldest
+/// first.
+fn operator_events(pod: &Pod, events: &[Event]) -> Vec<EventView> {
     let uid = pod.metadata.uid.as_deref();
     let mut views: Vec<EventView> = events
         .iter()
@@ -320,8 +327,7 @@ fn operator_events(pod: &Pod, events: &[Event], max: usize) -> Vec<EventView> {
         })
         .collect();
     views.sort_by_key(|e| e.last_seen);
-    let skip = views.len().saturating_sub(max);
-    views.split_off(skip)
+    views
 }
 
 /// The facts the one-line summary is told from.
@@ -393,6 +399,12 @@ fn summary(facts: &Facts<'_>) -> String {
         );
     }
     match facts.admission {
+        Some(Admission {
+            not_believed: Some(_),
+            ..
+        }) => format!(
+            "not admitted: its admission annotations are not the operator's, and it is charged to its queue as unadmitted (event {ADMISSION_NOT_BELIEVED} says why); {place}"
+        ),
         Some(admission) => format!(
             "admitted{}{}; {place}",
             admission
@@ -560,6 +572,51 @@ mod tests {
         for (name, observed, expected) in cases {
             assert_eq!(explain(&observed, 10).summary, expected, "{name}");
         }
+    }
+
+    #[test]
+    fn an_admission_the_operator_does_not_believe_is_told_as_such() {
+        let forged = "  annotations:\n    gpuqueue.io/queue: batch\n    gpuqueue.io/admitted-as: guaranteed\n    gpuqueue.io/admitted-at: '2026-01-10T11:58:00Z'";
+        let event = |reason: &str, uid: &str, component: &str| -> Event {
+            yaml(&format!(
+                "metadata: {{name: e-{reason}-{uid}, namespace: batch, creationTimestamp: '2026-01-10T11:59:00Z'}}\ninvolvedObject: {{kind: Pod, namespace: batch, name: p, uid: {uid}}}\nreason: {reason}\ntype: Warning\nmessage: its admission annotations are not the operator's (no admission seal)\nreportingComponent: {component}"
+            ))
+        };
+        let mut seen = observed(
+            pod(
+                "batch",
+                "p",
+                forged,
+                "  nodeName: gpu-node-1",
+                "  phase: Running",
+            ),
+            vec![batch_queue(true)],
+        );
+        // Believed: no such event of the operator's about this very pod.
+        seen.events = vec![
+            event("AdmissionNotBelieved", "uid-older-p", FIELD_MANAGER),
+            event("AdmissionNotBelieved", "uid-p", "someone-else"),
+        ];
+        let believed = explain(&seen, 10);
+        assert_eq!(
+            believed.summary,
+            "admitted as guaranteed by queue batch; bound to node gpu-node-1"
+        );
+        assert_eq!(believed.admission.unwrap().not_believed, None);
+
+        // The operator said it does not believe it: told even when no event is shown.
+        seen.events
+            .push(event("AdmissionNotBelieved", "uid-p", FIELD_MANAGER));
+        let told = explain(&seen, 0);
+        assert_eq!(
+            told.summary,
+            "not admitted: its admission annotations are not the operator's, and it is charged to its queue as unadmitted (event AdmissionNotBelieved says why); bound to node gpu-node-1"
+        );
+        assert!(told.events.is_empty());
+        assert_eq!(
+            told.admission.unwrap().not_believed.as_deref(),
+            Some("its admission annotations are not the operator's (no admission seal)")
+        );
     }
 
     #[test]

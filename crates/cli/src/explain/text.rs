@@ -97,6 +97,9 @@ fn admission_line(a: &Admission, now: Timestamp) -> String {
     if a.at_creation {
         line.push_str(", at its creation (never gated)");
     }
+    if a.not_believed.is_some() {
+        line.push_str(" (not the operator's: charged as unadmitted)");
+    }
     line
 }
 

@@ -10,17 +10,19 @@
 //! client, which never retries by itself, so a refusal does not hold a write slot for minutes.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex},
     time::Duration,
 };
 
+use gpuqueue_api::events::ADMISSION_NOT_BELIEVED;
 use gpuqueue_core::{
     Snapshot,
     admission::Decision,
     enforcement::{Enforcement, enforce},
     pins::StuckPin,
 };
+use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Resource;
 use tokio::task::JoinSet;
@@ -28,6 +30,7 @@ use tokio::task::JoinSet;
 use super::{
     apply::stored_pod,
     context::{Shared, WriteResult},
+    observe::Unbelieved,
 };
 use crate::{
     reclaim::{Eviction, EvictionTarget, try_evict},
@@ -40,6 +43,9 @@ const QUOTA_BYPASS: &str = "QuotaBypass";
 const PIN_RELEASED: &str = "PinReleased";
 /// Grace period of an evicted pod that sets none (the Kubernetes default).
 const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// How often an admission still not believed is announced again: events expire (an hour by
+/// default, kube-apiserver's `--event-ttl`), and `explain` tells the pod's story from them.
+const ANNOUNCE_AGAIN_AFTER: SignedDuration = SignedDuration::from_mins(30);
 
 /// What enforcement remembers from pass to pass (this term's only).
 #[derive(Debug, Default)]
@@ -49,6 +55,8 @@ pub(super) struct EnforceMemory {
     evicted: Arc<Mutex<HashSet<String>>>,
     /// Pods whose released pin was announced, for as long as it stays released.
     announced_pins: HashSet<String>,
+    /// Pods whose admission was announced as not believed, and when, for as long as it is not.
+    announced_unbelieved: HashMap<String, Timestamp>,
 }
 
 impl EnforceMemory {
@@ -64,6 +72,40 @@ impl EnforceMemory {
     ) {
         evict(shared, tasks, enforce(snapshot, decisions), self);
         announce_pins(shared, stuck, self);
+    }
+
+    /// Announces each pod whose admission is newly not believed, and again every
+    /// [`ANNOUNCE_AGAIN_AFTER`] while it stays so: a warning in the log and an event on the pod.
+    pub(super) fn announce_unbelieved(
+        &mut self,
+        shared: &Shared,
+        unbelieved: &[Unbelieved],
+        now: Timestamp,
+    ) {
+        let mut announced = HashMap::with_capacity(unbelieved.len());
+        for pod in unbelieved {
+            let Some(stored) = stored_pod(&shared.context.stores, &pod.pod) else {
+                continue;
+            };
+            let Some(uid) = stored.metadata.uid.clone() else {
+                continue;
+            };
+            let last = self.announced_unbelieved.get(&uid).copied();
+            let at = match last {
+                Some(at) if now.duration_since(at) < ANNOUNCE_AGAIN_AFTER => at,
+                _ => {
+                    tracing::warn!(pod = %pod.pod, why = %pod.why,
+                        "its admission annotations are not the operator's; it is read as unadmitted");
+                    shared
+                        .context
+                        .events
+                        .send(stored.object_ref(&()), unbelieved_notice(pod));
+                    now
+                }
+            };
+            announced.insert(uid, at);
+        }
+        self.announced_unbelieved = announced;
     }
 }
 
@@ -149,6 +191,20 @@ fn bypass_notice(enforcement: &Enforcement) -> Notice {
         reason: QUOTA_BYPASS,
         action: "Evict",
         note: format!("evicted: {enforcement}"),
+    }
+}
+
+/// The `AdmissionNotBelieved` event of a pod whose admission annotations are not the
+/// operator's.
+fn unbelieved_notice(pod: &Unbelieved) -> Notice {
+    Notice {
+        warning: true,
+        reason: ADMISSION_NOT_BELIEVED,
+        action: "Charge",
+        note: format!(
+            "its admission annotations are not the operator's ({}): it is charged to its queue as unadmitted, the first victim of any reclaim, and evicted (QuotaBypass) while the queue is over its ceiling, or above its guarantee while another queue waits within its own; only pods the gpuqueue webhook or gate admits are admitted",
+            pod.why
+        ),
     }
 }
 
@@ -240,6 +296,23 @@ mod tests {
         let mut kept: Vec<&str> = evicted.iter().map(String::as_str).collect();
         kept.sort_unstable();
         assert_eq!(kept, ["a", "b"]);
+    }
+
+    #[test]
+    fn the_unbelieved_admission_event_says_why_and_what_follows() {
+        let notice = unbelieved_notice(&Unbelieved {
+            pod: PodKey::new("batch", "p"),
+            why: "no admission seal".into(),
+        });
+        assert!(notice.warning);
+        assert_eq!(notice.reason, "AdmissionNotBelieved");
+        assert!(
+            notice.note.starts_with(
+                "its admission annotations are not the operator's (no admission seal): it is charged to its queue as unadmitted"
+            ),
+            "{}",
+            notice.note
+        );
     }
 
     #[test]

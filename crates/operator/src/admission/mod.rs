@@ -339,6 +339,7 @@ fn run_pass(
         unreadable_pods,
         invalid_queues,
         stuck_pins,
+        unbelieved,
     } = observe_pass(shared, handovers, &mut creation, carried, now);
 
     // 2. decide (pure, in the core)
@@ -353,9 +354,9 @@ fn run_pass(
 
     // 3. apply: the writes the decisions call for start in the background, evictions too
     let waiting = metrics::waiting_pods(&decisions);
-    carried
-        .enforce
-        .start(shared, tasks, &snapshot, &decisions, &stuck_pins.pins);
+    let enforce = &mut carried.enforce;
+    enforce.start(shared, tasks, &snapshot, &decisions, &stuck_pins.pins);
+    enforce.announce_unbelieved(shared, &unbelieved, now);
     device_claims::guard(shared, tasks);
     let applied = apply(
         shared,

@@ -53,14 +53,31 @@ pub struct Observed {
     pub problems: Vec<String>,
     /// Pinned pods kube-scheduler cannot bind, whose room is released (see [`pins`]).
     pub stuck_pins: Released,
+    /// Pods carrying admission annotations the operator does not believe: read as unadmitted.
+    pub unbelieved: Vec<Unbelieved>,
+}
+
+/// A pod whose admission annotations the term's seal does not vouch for (written by somebody
+/// else, or copied from another pod), and why: the core reads it as unadmitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unbelieved {
+    pub pod: PodKey,
+    pub why: String,
 }
 
 /// What reading one pod gave: the model shared, so that a pass copies a pointer per pod.
 type PodModel = Result<Option<Converted<Arc<model::Pod>>>, PodError>;
 
-/// A pod's model, and whether it claims devices through DRA (kept with the model: a pass
-/// would otherwise read every pod's spec again).
-type PodReading = (PodModel, bool);
+/// What reading one pod gave, kept with its conversion.
+#[derive(Clone, Debug, PartialEq)]
+struct PodReading {
+    model: PodModel,
+    /// Whether it claims devices through DRA (kept with the model: a pass would otherwise read
+    /// every pod's spec again).
+    claims: bool,
+    /// Why its admission annotations are not believed, when they are not.
+    unbelieved: Option<String>,
+}
 
 /// What reading one node gave, shared like a pod's.
 type NodeModel = Result<Converted<Arc<model::Node>>, NodeError>;
@@ -289,18 +306,29 @@ impl Observed {
         }
         for stored in pods {
             let view = assumed.view(stored);
-            let (mut model, mut claims) = conversions.read(stored, view, |pod| {
+            let mut reading = conversions.read(stored, view, |pod| {
                 if seal.is_some() {
                     tokens.note(pod);
                 }
                 read_pod(pod, seal)
             });
             if let Some(why) = tokens.copied(view) {
-                (model, claims) = read_forged(view, &why);
+                reading = read_forged(view, why);
             }
+            let PodReading {
+                model,
+                claims,
+                unbelieved,
+            } = reading;
             match model {
                 Ok(Some(converted)) => {
                     self.problems.extend(converted.warnings);
+                    if let Some(why) = unbelieved {
+                        self.unbelieved.push(Unbelieved {
+                            pod: converted.value.key.clone(),
+                            why,
+                        });
+                    }
                     if claims {
                         claiming.push((self.pods.len(), stored.clone()));
                     }
@@ -328,22 +356,22 @@ fn shared_node(node: &Node) -> NodeModel {
 /// `seal` does not vouch for.
 fn read_pod(pod: &Pod, seal: Option<&Seal>) -> PodReading {
     if let Some(Verdict::Forged(why)) = seal.map(|seal| seal.verdict(pod)) {
-        return read_forged(pod, &why);
+        return read_forged(pod, why);
     }
-    (convert_pod(pod), claims_devices(pod))
+    PodReading {
+        model: convert_pod(pod),
+        claims: claims_devices(pod),
+        unbelieved: None,
+    }
 }
 
 /// Reads a pod whose admission is not the operator's as unadmitted, saying why.
-fn read_forged(pod: &Pod, why: &str) -> PodReading {
-    let mut model = convert_pod(&seal::unadmitted(pod));
-    if let Ok(Some(converted)) = model.as_mut() {
-        converted.warnings.push(format!(
-            "pod {}/{}: its admission annotations are not the operator's ({why}); it is read as unadmitted",
-            pod.namespace().unwrap_or_default(),
-            pod.name_any()
-        ));
+fn read_forged(pod: &Pod, why: String) -> PodReading {
+    PodReading {
+        model: convert_pod(&seal::unadmitted(pod)),
+        claims: claims_devices(pod),
+        unbelieved: Some(why),
     }
-    (model, claims_devices(pod))
 }
 
 fn convert_pod(pod: &Pod) -> PodModel {
@@ -462,6 +490,7 @@ pub struct Observation {
     pub unreadable_pods: Vec<(Arc<Pod>, String)>,
     pub invalid_queues: Vec<InvalidQueue>,
     pub stuck_pins: Released,
+    pub unbelieved: Vec<Unbelieved>,
 }
 
 /// Phase 1 of a pass, first half (under the lock of `assumed`): reads the stores as `assumed`
@@ -524,6 +553,7 @@ pub fn snapshot(
         unreadable_pods: observed.unreadable_pods,
         invalid_queues: observed.invalid_queues,
         stuck_pins: observed.stuck_pins,
+        unbelieved: observed.unbelieved,
     }
 }
 
@@ -789,7 +819,7 @@ mod tests {
                 .map(|p| p.key.name.clone())
                 .collect();
             names.sort();
-            (names, observed.problems)
+            (names, observed.unbelieved)
         };
         let unadmitted = |seal: Option<Seal>| {
             let mut models = Models {
@@ -805,19 +835,22 @@ mod tests {
         };
         assert_eq!(pass(&mut models, now).0, ["b", "c"]);
         assert_eq!(pass(&mut models, now).0, ["b", "c"], "b stays a copy");
-        let (names, problems) = unadmitted(Some(seal));
+        let (names, mut unbelieved) = unadmitted(Some(seal));
         assert_eq!(names, ["b", "c"]);
-        assert!(
-            problems.iter().any(|p| p.contains(
-                "pod batch/b: its admission annotations are not the operator's (its reservation token t-1 is pod a's"
-            )),
-            "{problems:?}"
-        );
-        assert!(
-            problems.iter().any(|p| p.contains(
-                "pod batch/c: its admission annotations are not the operator's (no admission seal)"
-            )),
-            "{problems:?}"
+        unbelieved.sort_by(|x, y| x.pod.name.cmp(&y.pod.name));
+        let said: Vec<(&str, &str)> = unbelieved
+            .iter()
+            .map(|u| (u.pod.name.as_str(), u.why.as_str()))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (
+                    "b",
+                    "its reservation token t-1 is pod a's, created before it"
+                ),
+                ("c", "no admission seal"),
+            ]
         );
         // Without a key (the term could not load it), every admission is believed.
         assert!(unadmitted(None).0.is_empty());
@@ -826,7 +859,7 @@ mod tests {
     #[test]
     fn a_pod_is_converted_again_only_when_the_store_holds_a_new_object() {
         let gpus = |pod: &PodReading| {
-            pod.0
+            pod.model
                 .as_ref()
                 .unwrap()
                 .as_ref()
@@ -869,7 +902,7 @@ mod tests {
 
         // A pod the pass does not read (deleted) is dropped at its end.
         models.start_pass();
-        assert!(models.read(&first, &first, convert).0.is_ok());
+        assert!(models.read(&first, &first, convert).model.is_ok());
         models.end_pass();
         models.start_pass();
         models.end_pass();
