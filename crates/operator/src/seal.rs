@@ -11,11 +11,11 @@
 //! it), of what the admission says and of the pod it is for. A pod whose admission does not
 //! verify is read as *unadmitted* (charged to its queue, corrected like any pod that bypassed
 //! admission). A seal binds the namespace, queue, `admitted-as`, `admitted-at`, the node pin,
-//! the pod's accelerator requests (every container resource but `cpu` and `memory`, which may
-//! be resized in place, and its resource claims), and the pod itself: its uid when the gate is
-//! released, or, at creation, where no uid exists yet, the reservation token, which must be
-//! unique among the pods and the pod created within [`WINDOW`] of its admission. A copied seal
-//! is then good for one pod, with the same requests, for that minute.
+//! what the pod is charged for (each container's requests of the resources the core charges,
+//! and whether it is a sidecar; its resource claims), and the pod itself: its uid when the
+//! gate is released, or, at creation, where no uid exists yet, the reservation token, which
+//! must be unique among the pods and the pod created within [`WINDOW`] of its admission. A
+//! copied seal is then good for one pod, charged the same, for that minute.
 //!
 //! Pods created before the key existed keep the admissions they carry: a version without seals
 //! wrote them, and the first leader with seals makes the key only once it leads.
@@ -30,7 +30,7 @@ use gpuqueue_api::annotations;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::{
     ByteString,
-    api::core::v1::{Container, Pod, Secret},
+    api::core::v1::{Container, Pod, PodSpec, Secret},
 };
 use kube::{
     Api, Client,
@@ -38,7 +38,11 @@ use kube::{
 };
 use ring::{hmac, rand::SecureRandom};
 
-use gpuqueue_core::model::HOSTNAME_LABEL as PIN_LABEL;
+use gpuqueue_core::{
+    model::HOSTNAME_LABEL as PIN_LABEL,
+    quantity::{is_device_part, is_gpu_resource},
+};
+use serde::Serialize;
 
 /// The Secret holding the key, in the operator's namespace.
 pub const SECRET: &str = "gpuqueue-admission-seal";
@@ -199,71 +203,101 @@ fn node_pin(pod: &Pod) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// What a seal signs, one field a line.
+/// What a seal signs, as JSON: each field escaped, so no two admissions read alike (a value
+/// cannot end one field and begin the next, as a line break in a token could in lines).
+#[derive(Serialize)]
+struct Message<'a> {
+    seal: &'static str,
+    namespace: &'a str,
+    queue: &'a str,
+    admitted_as: &'a str,
+    admitted_at: &'a str,
+    node_pin: &'a str,
+    uid: Option<&'a str>,
+    token: Option<&'a str>,
+    /// `(container kind, container, side, resource, amount)`, in the spec's order.
+    requests: Vec<(&'static str, &'a str, &'static str, &'a str, &'a str)>,
+    /// `(name, resourceClaimName, resourceClaimTemplateName)`, in the spec's order.
+    claims: Vec<(&'a str, Option<&'a str>, Option<&'a str>)>,
+}
+
 fn message(pod: &Pod, admitted: &Admitted<'_>) -> String {
-    let binding = match admitted.token {
-        Some(token) => format!("token {token}"),
-        None => format!("uid {}", pod.metadata.uid.as_deref().unwrap_or_default()),
-    };
-    let mut lines = vec![
-        "gpuqueue.io/admission-seal v1".to_owned(),
-        pod.metadata.namespace.clone().unwrap_or_default(),
-        admitted.queue.to_owned(),
-        admitted.admitted_as.to_owned(),
-        admitted.admitted_at.to_owned(),
-        admitted.node_pin.to_owned(),
-        binding,
-    ];
-    lines.extend(accelerator_requests(pod));
-    lines.join("\n")
-}
-
-/// The pod's requests that a seal binds: every container resource but `cpu` and `memory`
-/// (resized in place by the kubelet), and its resource claims.
-fn accelerator_requests(pod: &Pod) -> Vec<String> {
-    let Some(spec) = pod.spec.as_ref() else {
-        return Vec::new();
-    };
-    let containers = spec
-        .containers
-        .iter()
-        .map(|c| ("container", c))
-        .chain(spec.init_containers.iter().flatten().map(|c| ("init", c)));
-    let mut lines: Vec<String> = containers
-        .flat_map(|(kind, container)| resource_lines(kind, container))
-        .collect();
-    for claim in spec.resource_claims.iter().flatten() {
-        lines.push(format!(
-            "claim {} {} {}",
-            claim.name,
-            claim.resource_claim_name.as_deref().unwrap_or_default(),
-            claim
-                .resource_claim_template_name
-                .as_deref()
-                .unwrap_or_default()
-        ));
-    }
-    lines
-}
-
-fn resource_lines<'a>(
-    kind: &'a str,
-    container: &'a Container,
-) -> impl Iterator<Item = String> + 'a {
-    let resources = container.resources.as_ref();
-    let sides = [
-        ("requests", resources.and_then(|r| r.requests.as_ref())),
-        ("limits", resources.and_then(|r| r.limits.as_ref())),
-    ];
-    sides.into_iter().flat_map(move |(side, amounts)| {
-        amounts
+    let spec = pod.spec.as_ref();
+    let message = Message {
+        seal: "gpuqueue.io/admission-seal v2",
+        namespace: pod.metadata.namespace.as_deref().unwrap_or_default(),
+        queue: admitted.queue,
+        admitted_as: admitted.admitted_as,
+        admitted_at: admitted.admitted_at,
+        node_pin: admitted.node_pin,
+        uid: match admitted.token {
+            Some(_) => None,
+            None => Some(pod.metadata.uid.as_deref().unwrap_or_default()),
+        },
+        token: admitted.token,
+        requests: spec.map(charged_requests).unwrap_or_default(),
+        claims: spec
+            .and_then(|spec| spec.resource_claims.as_ref())
             .into_iter()
-            .flat_map(BTreeMap::iter)
-            .filter(|(name, _)| !matches!(name.as_str(), "cpu" | "memory"))
-            .map(move |(name, amount)| {
-                format!("{kind} {} {side} {name}={}", container.name, amount.0)
+            .flatten()
+            .map(|claim| {
+                (
+                    claim.name.as_str(),
+                    claim.resource_claim_name.as_deref(),
+                    claim.resource_claim_template_name.as_deref(),
+                )
             })
-    })
+            .collect(),
+    };
+    // Strings and tuples of them always serialise.
+    serde_json::to_string(&message).unwrap_or_default()
+}
+
+/// The requests a seal binds: those of every resource the core charges to a queue (GPUs, MIG
+/// profiles, HAMi's memory and compute parts) in every container, and of what kind each
+/// container is, since the core charges a sidecar (an init container that restarts `Always`)
+/// for the pod's life and another init container only while it runs. Other resources are
+/// not: a mutating webhook after gpuqueue's may add some (an RDMA device, an
+/// `ephemeral-storage` default) to what was admitted, and the kubelet resizes CPU and memory
+/// in place.
+fn charged_requests(spec: &PodSpec) -> Vec<(&'static str, &str, &'static str, &str, &str)> {
+    let init_kind = |container: &Container| {
+        if container.restart_policy.as_deref() == Some("Always") {
+            "sidecar"
+        } else {
+            "init"
+        }
+    };
+    let containers = spec.containers.iter().map(|c| ("container", c)).chain(
+        spec.init_containers
+            .iter()
+            .flatten()
+            .map(|c| (init_kind(c), c)),
+    );
+    containers
+        .flat_map(|(kind, container)| {
+            let resources = container.resources.as_ref();
+            let sides = [
+                ("requests", resources.and_then(|r| r.requests.as_ref())),
+                ("limits", resources.and_then(|r| r.limits.as_ref())),
+            ];
+            sides.into_iter().flat_map(move |(side, amounts)| {
+                amounts
+                    .into_iter()
+                    .flat_map(BTreeMap::iter)
+                    .filter(|(name, _)| is_gpu_resource(name) || is_device_part(name))
+                    .map(move |(name, amount)| {
+                        (
+                            kind,
+                            container.name.as_str(),
+                            side,
+                            name.as_str(),
+                            amount.0.as_str(),
+                        )
+                    })
+            })
+        })
+        .collect()
 }
 
 /// Why the key could not be had.
@@ -539,6 +573,96 @@ mod tests {
         let mut late = sealed;
         late.metadata.creation_timestamp = Some(Time(at(created + 120)));
         assert!(forged(&seal.verdict(&late)));
+    }
+
+    /// `pod` with `container` appended to its containers (or init containers).
+    fn with_container(mut pod: Pod, container: serde_json::Value, init: bool) -> Pod {
+        let container: Container = serde_json::from_value(container).unwrap();
+        let spec = pod.spec.as_mut().unwrap();
+        if init {
+            spec.init_containers.get_or_insert_default().push(container);
+        } else {
+            spec.containers.push(container);
+        }
+        pod
+    }
+
+    #[test]
+    fn a_token_cannot_carry_the_start_of_what_it_binds() {
+        // The webhook sealed a pod whose first container, before `main`, asks for a GPU. A
+        // copy leaves that container out and carries it in its token instead: joined in lines,
+        // both read the same, and each pod would hold a token of its own.
+        let seal = seal();
+        let admitted = Admitted {
+            token: Some("00c0ffee00c0ffee"),
+            ..ADMITTED
+        };
+        let first = json!({"name": "z1", "resources": {"limits": {"nvidia.com/gpu": "1"}}});
+        let mut original = pod(10, None);
+        let containers = &mut original.spec.as_mut().unwrap().containers;
+        containers.insert(0, serde_json::from_value(first).unwrap());
+        let sealed = admit(original, &admitted, Some(&seal));
+        let tag =
+            sealed.metadata.annotations.as_ref().unwrap()[annotations::ADMISSION_SEAL].clone();
+        let shifted = format!(
+            "{}\ncontainer z1 limits nvidia.com/gpu=1",
+            admitted.token.unwrap()
+        );
+        let mut copy = admit(
+            pod(10, Some("u-2")),
+            &Admitted {
+                token: Some(&shifted),
+                ..admitted
+            },
+            None,
+        );
+        copy.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(annotations::ADMISSION_SEAL.into(), tag);
+        assert!(forged(&seal.verdict(&copy)));
+    }
+
+    #[test]
+    fn a_seal_binds_what_the_core_charges_and_nothing_else() {
+        let seal = seal();
+        let init = json!({"name": "warmup", "resources": {"limits": {"nvidia.com/gpu": "1"}}});
+        let sealed = admit(
+            with_container(pod(10, Some("u-1")), init, true),
+            &ADMITTED,
+            Some(&seal),
+        );
+        assert_eq!(seal.verdict(&sealed), Verdict::Sealed);
+        // The same init container restarting `Always` is a sidecar, charged for the pod's life.
+        let mut sidecar = sealed.clone();
+        sidecar
+            .spec
+            .as_mut()
+            .unwrap()
+            .init_containers
+            .as_mut()
+            .unwrap()[0]
+            .restart_policy = Some("Always".into());
+        assert!(forged(&seal.verdict(&sidecar)));
+        // A container with a GPU, or a HAMi memory part, added after the admission.
+        for added in [
+            json!({"name": "more", "resources": {"limits": {"nvidia.com/gpu": "1"}}}),
+            json!({"name": "main", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}),
+        ] {
+            let grown = with_container(sealed.clone(), added.clone(), false);
+            assert!(forged(&seal.verdict(&grown)), "{added}");
+        }
+        // What a later mutating webhook adds, and the core does not charge, keeps it.
+        let injected = with_container(
+            sealed,
+            json!({"name": "rdma", "resources": {
+                "requests": {"rdma/rdma_shared_device_a": "1", "ephemeral-storage": "1Gi",
+                             "cpu": "100m", "memory": "64Mi"},
+            }}),
+            false,
+        );
+        assert_eq!(seal.verdict(&injected), Verdict::Sealed);
     }
 
     #[test]
