@@ -148,7 +148,21 @@ fn admission_operations(pod: &Pod, admission: &Admission<'_>) -> Vec<Value> {
         };
         notes.insert(annotations::ADMISSION_SEAL, seal.sign(pod, &admitted));
     }
-    pin_and_annotate(pod, admission.node_pin, notes)
+    let mut operations = pin_and_annotate(pod, admission.node_pin, notes);
+    // A reservation token nobody reserved (a tenant's, on a pod it gated itself) would make
+    // the seal read as one made at creation, and fail.
+    if pod
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|notes| notes.contains_key(annotations::ADMITTED_AT_CREATION))
+    {
+        operations.push(json!({
+            "op": "remove",
+            "path": format!("/metadata/annotations/{}", escape(annotations::ADMITTED_AT_CREATION)),
+        }));
+    }
+    operations
 }
 
 fn encode_operations(pod: &Pod, operations: Vec<Value>) -> Result<json_patch::Patch, PatchError> {
@@ -362,6 +376,24 @@ mod tests {
         assert_eq!(notes[annotations::ADMITTED_AT], "2026-01-01T00:00:00Z");
         assert_eq!(notes["team"], "a");
         assert!(!notes.contains_key(annotations::WAITING_REASON));
+    }
+
+    #[test]
+    fn a_sealed_admission_drops_a_reservation_token_the_pod_came_with() {
+        let seal = crate::seal::Seal::new(&[7; 32], "2026-01-01T00:00:00Z".parse().unwrap());
+        let pod = gated_pod(
+            &[ADMISSION_GATE],
+            Some(json!({"gpuqueue.io/admitted-at-creation": "0123456789abcdef"})),
+            None,
+        );
+        let sealed = Admission {
+            seal: Some(&seal),
+            ..admission()
+        };
+        let admitted = apply(&pod, &admission_patch(&pod, &sealed).unwrap()).unwrap();
+        let notes = admitted.metadata.annotations.as_ref().unwrap();
+        assert!(!notes.contains_key(annotations::ADMITTED_AT_CREATION));
+        assert_eq!(seal.verdict(&admitted), crate::seal::Verdict::Sealed);
     }
 
     #[test]
