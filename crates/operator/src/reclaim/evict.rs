@@ -47,6 +47,7 @@ use kube::{
 use serde_json::json;
 use tokio::time::Instant;
 
+use super::intent::disrupted_by_another;
 use crate::{clock, leader::Term};
 
 /// The `DisruptionTarget` reason on a victim deleted without the Eviction API (the scheduler's
@@ -278,7 +279,8 @@ async fn delete_unbudgeted(
     let gone = |error: &kube::Error| matches!(error, kube::Error::Api(status) if status.code == 404 || status.code == 409);
     if !marked {
         match mark(client, target.namespace, target.name, target.uid).await {
-            Ok(_) => {}
+            Ok(Marking::Marked | Marking::MarkedByAnother) => {}
+            Ok(Marking::Gone) => return Some(Eviction::AlreadyGone),
             Err(error) if gone(&error) => return Some(Eviction::AlreadyGone),
             Err(error) => {
                 tracing::warn!(pod = target.name, %error, "marking a reclaim victim DisruptionTarget failed; using the Eviction API");
@@ -300,16 +302,42 @@ async fn delete_unbudgeted(
     }
 }
 
+/// What [`mark`] found.
+enum Marking {
+    Marked,
+    /// Somebody else's live `DisruptionTarget` is there, and stays.
+    MarkedByAnother,
+    /// The pod is gone, or a namesake stands in its place.
+    Gone,
+}
+
 /// Adds the `DisruptionTarget` condition the Eviction API would add to pod `namespace/name`
-/// (uid `uid` only); the pod as the API server returned it.
-async fn mark(client: &Client, namespace: &str, name: &str, uid: &str) -> Result<Pod, kube::Error> {
+/// (uid `uid` only), unless somebody else's live mark is there (a taint eviction or a
+/// preemption under way; a victim resumed by a new leader, or one whose intent went alone):
+/// the patch merges conditions by type, so ours would replace theirs, and a take-back of ours
+/// (the reclaim abandoned) would then lose it for good. Theirs says as much to the pod's
+/// controller (a Job's `podFailurePolicy`).
+async fn mark(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Result<Marking, kube::Error> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let current = api.get(name).await?;
+    if current.metadata.uid.as_deref() != Some(uid) {
+        return Ok(Marking::Gone);
+    }
+    if disrupted_by_another(&current, DISRUPTION_REASON) {
+        return Ok(Marking::MarkedByAnother);
+    }
     api.patch_status(
         name,
         &PatchParams::default(),
         &Patch::Strategic(disruption_condition(uid)),
     )
-    .await
+    .await?;
+    Ok(Marking::Marked)
 }
 
 /// The strategic merge patch adding the `DisruptionTarget` condition, for this uid only (a
@@ -398,9 +426,24 @@ mod tests {
     /// Method, path and body of each request the mock API server saw.
     type Seen = Arc<Mutex<Vec<(String, String, serde_json::Value)>>>;
 
+    /// The victim as a read shows it: uid `uid-1`, no conditions.
+    fn victim() -> serde_json::Value {
+        json!({"kind": "Pod", "apiVersion": "v1",
+            "metadata": {"name": "victim", "namespace": "batch", "uid": "uid-1"}})
+    }
+
     /// A client whose API server answers each request by its method: the next of `answers`
-    /// for evictions and status patches (the last one repeats), 200 for deletes.
+    /// for evictions and status patches (the last one repeats), 200 for deletes, and the
+    /// [`victim`] for reads.
     fn api(answers: Vec<(u16, &'static str)>) -> (Client, Seen) {
+        api_reading(answers, Some(victim()))
+    }
+
+    /// [`api`], whose reads show `stored` (404 for `None`).
+    fn api_reading(
+        answers: Vec<(u16, &'static str)>,
+        stored: Option<serde_json::Value>,
+    ) -> (Client, Seen) {
         let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let seen: Seen = Arc::default();
         let log = seen.clone();
@@ -414,13 +457,21 @@ mod tests {
                 log.lock().unwrap().push((method.clone(), path, body));
                 let (code, reason) = if method == "DELETE" {
                     (200, "Success")
+                } else if method == "GET" {
+                    if stored.is_some() {
+                        (200, "OK")
+                    } else {
+                        (404, "NotFound")
+                    }
                 } else if answers.len() > 1 {
                     answers.next().unwrap()
                 } else {
                     *answers.peek().unwrap()
                 };
                 // A patch that lands answers with the pod; anything else with a Status.
-                let status = if method == "PATCH" && code < 300 {
+                let status = if let (Some(stored), "GET") = (&stored, method.as_str()) {
+                    stored.clone()
+                } else if method == "PATCH" && code < 300 {
                     json!({"kind": "Pod", "apiVersion": "v1",
                         "metadata": {"name": "victim", "namespace": "batch"}})
                 } else {
@@ -589,19 +640,33 @@ mod tests {
         assert_eq!(
             calls,
             [
+                ("GET", "/api/v1/namespaces/batch/pods/victim"),
                 ("PATCH", "/api/v1/namespaces/batch/pods/victim/status"),
                 ("DELETE", "/api/v1/namespaces/batch/pods/victim"),
             ]
         );
-        let marked = &seen[0].2;
+        let marked = &seen[1].2;
         assert_eq!(marked["metadata"]["uid"], "uid-1");
         let condition = &marked["status"]["conditions"][0];
         assert_eq!(condition["type"], "DisruptionTarget");
         assert_eq!(condition["status"], "True");
         assert_eq!(condition["reason"], DISRUPTION_REASON);
-        let deleted = &seen[1].2;
+        let deleted = &seen[2].2;
         assert_eq!(deleted["preconditions"]["uid"], "uid-1");
         assert_eq!(deleted["gracePeriodSeconds"], 1);
+    }
+
+    #[tokio::test]
+    async fn somebody_elses_disruption_mark_is_kept_and_the_victim_deleted() {
+        let mut stored = victim();
+        stored["status"] = json!({"conditions": [{"type": "DisruptionTarget", "status": "True",
+            "reason": "DeletionByTaintManager"}]});
+        let (api, seen) = api_reading(vec![(200, "OK")], Some(stored));
+        let outcome = evict_now(&api, Guard::Unbudgeted).await;
+        assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
+        let seen = seen.lock().unwrap();
+        let calls: Vec<&str> = seen.iter().map(|(method, _, _)| method.as_str()).collect();
+        assert_eq!(calls, ["GET", "DELETE"]);
     }
 
     #[tokio::test]
@@ -632,22 +697,31 @@ mod tests {
 
     #[tokio::test]
     async fn an_unguarded_victim_already_gone_or_replaced_is_not_deleted() {
-        // Gone: the mark finds no pod.
-        let (client, seen) = api(vec![(404, "NotFound")]);
+        // Gone: the read before the mark finds no pod.
+        let (client, seen) = api_reading(vec![(200, "OK")], None);
         assert_eq!(
             evict_now(&client, Guard::Unbudgeted).await,
             Eviction::AlreadyGone
         );
         assert_eq!(seen.lock().unwrap().len(), 1);
-        // Replaced by a namesake: the API server refuses the mark (its uid is immutable), and
-        // the Eviction API's uid precondition finds the victim gone; nothing is deleted.
+        // Replaced by a namesake: the read shows another uid; nothing is marked or deleted.
+        let mut namesake = victim();
+        namesake["metadata"]["uid"] = json!("uid-2");
+        let (client, seen) = api_reading(vec![(200, "OK")], Some(namesake));
+        assert_eq!(
+            evict_now(&client, Guard::Unbudgeted).await,
+            Eviction::AlreadyGone
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1);
+        // Replaced between the read and the mark: the API server refuses the mark (its uid is
+        // immutable), and the Eviction API's uid precondition finds the victim gone.
         let (client, seen) = api(vec![(422, "Invalid"), (409, "Conflict")]);
         assert_eq!(
             evict_now(&client, Guard::Unbudgeted).await,
             Eviction::AlreadyGone
         );
         let seen = seen.lock().unwrap();
-        assert_eq!(seen.len(), 2);
+        assert_eq!(seen.len(), 3);
         assert!(seen.iter().all(|(method, _, _)| method != "DELETE"));
     }
 }
