@@ -209,37 +209,41 @@ impl Stores {
             reflect(
                 "gpuqueues",
                 queue_writer,
-                queues_live.track(queue_events(client.clone())),
+                queue_events(client.clone()),
                 (signals.clone(), |_: &_| true),
                 metrics,
                 count_invalid_queues(queues.clone(), metrics.clone()),
+                queues_live,
             ),
             reflect(
                 "pods",
                 pod_writer,
-                pods_live.track(pod_events(client.clone(), keep_pod)),
+                pod_events(client.clone(), keep_pod),
                 (signals.clone(), {
                     let pods = pods.clone();
                     move |event: &_| is_urgent(event, &pods)
                 }),
                 metrics,
                 || {},
+                pods_live,
             ),
             reflect(
                 "nodes",
                 node_writer,
-                nodes_live.track(node_events(client.clone())),
+                node_events(client.clone()),
                 (signals.clone(), |_: &_| true),
                 metrics,
                 || {},
+                nodes_live,
             ),
             reflect(
                 "namespaces",
                 namespace_writer,
-                namespaces_live.track(namespace_events(client.clone())),
+                namespace_events(client.clone()),
                 (signals, |_: &_| true),
                 metrics,
                 || {},
+                namespaces_live,
             ),
             budget_watch(client, budget_writer, metrics),
         ];
@@ -413,6 +417,8 @@ fn budget_watch(
         (Signals::new().0, |_: &_| false),
         metrics,
         || {},
+        // Followed by nobody: no pass waits for the budgets (see `Stores::budgets_synced`).
+        Liveness::default(),
     )
 }
 
@@ -431,26 +437,29 @@ fn device_stores(
         reflect(
             "resourceclaims",
             claim_writer,
-            claims_live.track(relisting_all::<ResourceClaim>(client)),
+            relisting_all::<ResourceClaim>(client),
             (signals.clone(), |_: &_| true),
             metrics,
             || {},
+            claims_live,
         ),
         reflect(
             "deviceclasses",
             class_writer,
-            classes_live.track(relisting_all::<DeviceClass>(client)),
+            relisting_all::<DeviceClass>(client),
             (signals.clone(), |_: &_| true),
             metrics,
             || {},
+            classes_live,
         ),
         reflect(
             "resourceslices",
             slice_writer,
-            slices_live.track(relisting_all::<ResourceSlice>(client)),
+            relisting_all::<ResourceSlice>(client),
             (signals.clone(), |_: &_| true),
             metrics,
             || {},
+            slices_live,
         ),
     ];
     let stores = DeviceStores {
@@ -497,6 +506,7 @@ fn reflect<K, S, U>(
     (signals, urgent): (Signals, U),
     metrics: &WatchMetrics,
     after_change: impl Fn() + Send + 'static,
+    live: Liveness,
 ) -> Task
 where
     K: Resource + Clone + Send + Sync + 'static,
@@ -513,7 +523,8 @@ where
         move |event| pending.store(urgent(event), Ordering::Relaxed)
     });
     let task = async move {
-        let mut events = std::pin::pin!(reflector::reflector(writer, events));
+        // Followed once applied: a pass that finds the watch live finds the store caught up.
+        let mut events = std::pin::pin!(live.track(reflector::reflector(writer, events)));
         while let Some(event) = events.next().await {
             match event {
                 // The initial list is applied as a whole at `InitDone`.
@@ -752,7 +763,16 @@ mod tests {
             let store = store.clone();
             move |event: &_| is_urgent(event, &store)
         };
-        reflect("pods", writer, events, (signals, urgent), &metrics, || {}).await;
+        reflect(
+            "pods",
+            writer,
+            events,
+            (signals, urgent),
+            &metrics,
+            || {},
+            Liveness::default(),
+        )
+        .await;
         assert_eq!(
             *changes.borrow(),
             2,
@@ -810,6 +830,7 @@ mod tests {
             (signals, |_: &_| true),
             &metrics,
             count,
+            Liveness::default(),
         )
         .await;
         assert_eq!(store.len(), 2, "the bad queue did not stop the list");
