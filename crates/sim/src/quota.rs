@@ -417,6 +417,9 @@ struct Run<'a> {
     rng: ChaCha8Rng,
     metrics: QuotaMetrics,
     counts: Counts,
+    /// Per handover (its owner's job and attempt): the evictions of its victims not answered
+    /// yet, sent or spared.
+    evictions_left: HashMap<(usize, u32), usize>,
 }
 
 /// Runs one policy on the input.
@@ -446,6 +449,7 @@ pub fn run(input: &QuotaInput, policy: QuotaPolicy) -> QuotaRun {
         rng,
         metrics: QuotaMetrics::new(input.warmup, capacity_milli, input.queues.len()),
         counts: Counts::default(),
+        evictions_left: HashMap::new(),
     };
     for job in &input.jobs {
         run.queue.schedule_at(job.arrival, Event::Arrive(job.id));
@@ -507,21 +511,16 @@ impl Run<'_> {
                 }
             }
             Event::Bound { job, attempt } => self.bound(now, job, attempt, None),
+            // An owner requeued (a victim spared) is no longer current: it is not bound.
             Event::OwnerBound {
                 job,
                 attempt,
                 planned,
-            } => {
-                if self.live[job]
-                    .as_ref()
-                    .is_some_and(|l| l.attempt == attempt && l.part == Part::SparedOwner)
-                {
-                    self.requeue(now, job);
-                } else {
-                    self.bound(now, job, attempt, Some(planned));
-                }
+            } => self.bound(now, job, attempt, Some(planned)),
+            Event::Evict(eviction) => {
+                self.evict(now, eviction);
+                self.eviction_answered(now, eviction.owner, eviction.owner_attempt);
             }
-            Event::Evict(eviction) => self.evict(now, eviction),
             Event::VictimGone {
                 job,
                 attempt,
@@ -704,6 +703,7 @@ impl Run<'_> {
         };
         self.metrics.reclaim_started(now);
         let handover = sample_handover(plan, &self.input.handover, &mut self.rng);
+        let mut evictions = 0;
         for (victim, timeline) in plan.victims.iter().zip(&handover.victims) {
             if !timeline.saved {
                 self.metrics.checkpoint_failed(now);
@@ -720,6 +720,7 @@ impl Run<'_> {
             };
             live.part = Part::Victim;
             let attempt = live.attempt;
+            evictions += 1;
             self.queue.schedule_at(
                 now.after(timeline.evicted),
                 Event::Evict(Eviction {
@@ -736,6 +737,10 @@ impl Run<'_> {
                     },
                 }),
             );
+        }
+        if evictions > 0 {
+            self.evictions_left
+                .insert((owner, self.attempts[owner]), evictions);
         }
         let attempt = self.attempts[owner];
         self.queue.schedule_at(
@@ -777,6 +782,27 @@ impl Run<'_> {
                 departure,
             },
         );
+    }
+
+    /// Counts one of a handover's evictions as answered. Once all are, an owner one of whose
+    /// victims was spared is requeued, as the operator does once every eviction call of the
+    /// handover returned, not when the victims it did evict are gone.
+    fn eviction_answered(&mut self, now: SimTime, owner: usize, owner_attempt: u32) {
+        let handover = (owner, owner_attempt);
+        let Some(left) = self.evictions_left.get_mut(&handover) else {
+            return;
+        };
+        *left -= 1;
+        if *left > 0 {
+            return;
+        }
+        self.evictions_left.remove(&handover);
+        if self.live[owner]
+            .as_ref()
+            .is_some_and(|l| l.attempt == owner_attempt && l.part == Part::SparedOwner)
+        {
+            self.requeue(now, owner);
+        }
     }
 
     /// The operator's question before an eviction; a victim it does not name is not vouched

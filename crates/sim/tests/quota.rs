@@ -421,6 +421,11 @@ fn a_victim_whose_queue_shrank_during_its_checkpoint_is_spared_and_its_owner_req
         online.owner_requests, 1,
         "the requeued owner is one request"
     );
+    // Requeued once its victim's eviction is answered (spared), as the operator does: it
+    // waits the checkpoint and a few API calls, not a victim's termination and the kubelet's
+    // relist besides (2.46 s when the simulator requeued it at its planned bind).
+    assert_eq!(online.waits.len(), 1);
+    assert!(online.waits[0] < 1.4, "{:?}", online.waits);
     assert!(
         online
             .over_budget_causes
