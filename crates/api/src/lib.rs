@@ -36,6 +36,10 @@ pub mod annotations {
     pub const WAITING_REASON: &str = "gpuqueue.io/waiting-reason";
     /// A user's hint of how much work a checkpoint of this pod saves (bigger: evict later).
     pub const CHECKPOINT_COST: &str = "gpuqueue.io/checkpoint-cost";
+    /// The largest `gpuqueue.io/checkpoint-cost` believed, so that no tenant claims more than
+    /// the documented maximum: the webhook lowers a bigger one at creation, and the core reads
+    /// one that came another way (an unclaimed namespace, the webhook down) as this.
+    pub const CHECKPOINT_COST_MAX: u64 = 1000;
     /// The id of the reclaim this pod takes part in, written before any action.
     pub const RECLAIM_ID: &str = "gpuqueue.io/reclaim-id";
     /// `owner` or `victim`: this pod's part in the reclaim.

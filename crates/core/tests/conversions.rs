@@ -278,6 +278,28 @@ fn an_admitted_pod_knows_its_node_and_reclaim_part() {
 }
 
 #[test]
+fn a_checkpoint_cost_above_the_maximum_is_read_as_the_maximum() {
+    // Written where the webhook did not lower it (an unclaimed namespace, the webhook down):
+    // two such victims would overflow the sum a plan ranks by.
+    let p = Pod::from_k8s(&pod(json!({
+        "metadata": {
+            "name": "p", "namespace": "a", "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {"gpuqueue.io/checkpoint-cost": "18446744073709551615"}
+        },
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    })))
+    .unwrap()
+    .unwrap();
+    assert_eq!(p.value.checkpoint_cost, 1000);
+    assert_eq!(
+        p.warnings,
+        [
+            "pod a/p: annotation gpuqueue.io/checkpoint-cost=\"18446744073709551615\" is above 1000; read as 1000"
+        ]
+    );
+}
+
+#[test]
 fn an_owner_held_at_the_gate_holds_its_room_and_a_gated_pod_without_all_its_marks_waits() {
     let held = |annotations: serde_json::Value, node_selector: serde_json::Value| {
         pod(json!({

@@ -496,15 +496,25 @@ impl Hints {
                     None
                 }
             });
-        let checkpoint_cost = note(annotations::CHECKPOINT_COST).map_or(0, |v| {
-            v.parse::<u64>().unwrap_or_else(|_| {
-                warnings.push(format!(
-                    "pod {key}: annotation {}={v:?} is not a whole number; treated as 0",
-                    annotations::CHECKPOINT_COST
-                ));
-                0
-            })
-        });
+        let checkpoint_cost =
+            note(annotations::CHECKPOINT_COST).map_or(0, |v| match v.parse::<u64>() {
+                Ok(cost) if cost > annotations::CHECKPOINT_COST_MAX => {
+                    warnings.push(format!(
+                        "pod {key}: annotation {}={v:?} is above {}; read as {1}",
+                        annotations::CHECKPOINT_COST,
+                        annotations::CHECKPOINT_COST_MAX
+                    ));
+                    annotations::CHECKPOINT_COST_MAX
+                }
+                Ok(cost) => cost,
+                Err(_) => {
+                    warnings.push(format!(
+                        "pod {key}: annotation {}={v:?} is not a whole number; treated as 0",
+                        annotations::CHECKPOINT_COST
+                    ));
+                    0
+                }
+            });
         let role = match note(annotations::RECLAIM_ROLE) {
             Some("owner") => Some(ReclaimRole::Owner),
             Some("victim") => Some(ReclaimRole::Victim),

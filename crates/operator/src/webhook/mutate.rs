@@ -28,7 +28,10 @@
 
 use std::collections::BTreeMap;
 
-use gpuqueue_api::{ADMISSION_GATE, annotations};
+use gpuqueue_api::{
+    ADMISSION_GATE,
+    annotations::{self, CHECKPOINT_COST_MAX},
+};
 use gpuqueue_core::model::{is_gated, is_gpu_pod, uses_resource_claims};
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::{
@@ -49,10 +52,6 @@ const OPERATOR_PREFIX: &str = "gpuqueue.io/";
 /// The `gpuqueue.io/*` annotations a pod's creator may write: documented knobs, kept at
 /// creation (capped) while every other `gpuqueue.io/*` annotation is removed.
 pub const USER_KNOBS: &[&str] = &[annotations::CHECKPOINT_COST];
-
-/// The largest `gpuqueue.io/checkpoint-cost` kept; a bigger value is lowered to it, so that no
-/// tenant can claim more than the documented maximum.
-pub const CHECKPOINT_COST_MAX: u64 = 1000;
 
 /// Answers, for one pod, which queue manages it (and so whether it gets the gate).
 pub trait GatePolicy: Send + Sync + 'static {
