@@ -193,12 +193,15 @@ impl Term {
 }
 
 /// Starts the election. The returned [`Leadership`] reports terms until `shutdown`, when the
-/// lease is released so that a standby takes over at once instead of after the lease expires.
+/// lease is released so that a standby takes over at once instead of after the lease expires:
+/// once the last term has ended and `handed_on` resolved (what the term started that the next
+/// leader must see has landed).
 pub async fn elect(
     client: Client,
     config: LeaderConfig,
     metrics: LeaderMetrics,
     shutdown: CancellationToken,
+    handed_on: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(Leadership, tokio::task::JoinHandle<()>), LeaderError> {
     if config.grace >= config.duration {
         return Err(LeaderError::Timings {
@@ -223,7 +226,9 @@ pub async fn elect(
     let (state, receiver) = watch::channel(LeaderState::default());
     let lease_api: Api<Lease> = Api::namespaced(client, &config.namespace);
     let task = tokio::spawn(async move {
-        track(lease_api, config, held, state, metrics, shutdown).await;
+        track(lease_api, config, held.clone(), state, metrics, shutdown).await;
+        handed_on.await;
+        drop(held);
         // `held` is dropped: the manager releases the lease and returns.
         match tokio::time::timeout(RELEASE_TIMEOUT, manager_task).await {
             Ok(Ok(Ok(_))) => tracing::info!("released the leader lease"),

@@ -13,7 +13,7 @@
 //! SIGTERM or SIGINT stops everything: the leader's work is aborted, the Lease is released
 //! so a standby takes over at once, and the servers stop accepting connections.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use gpuqueue_api::v1alpha1::GpuQueue;
 use kube::{
@@ -34,6 +34,7 @@ use crate::{
         metrics::{AdmissionMetrics, FragmentationGauges, QueueGauges},
     },
     checkpoint::CheckpointClient,
+    clock,
     cluster::{debounce::Debounce, metrics::WatchMetrics, stores::Stores},
     http::{self, Readiness},
     leader::{self, LeaderConfig, LeaderMetrics},
@@ -186,6 +187,7 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         lease_config(&args, &identity),
         metrics.leader.clone(),
         shutdown.clone(),
+        creates_landed(stores.clone(), at_creation.clone()),
     )
     .await?;
     let context = admission_context(
@@ -212,6 +214,14 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let _ = election.await;
     tracing::info!("stopped");
     result
+}
+
+/// Resolves once every pod this process admitted at its creation has reached the store, or
+/// its reservation expired: a leader stepping down releases its lease only then.
+async fn creates_landed(stores: Stores, at_creation: AtCreation) {
+    while at_creation.awaits_pods(&stores.pods.state(), clock::now()) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The API clients the operator uses.

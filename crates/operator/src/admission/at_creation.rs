@@ -228,6 +228,24 @@ impl AtCreation {
         self.lock().live = None;
     }
 
+    /// Whether a pod admitted at creation has neither reached the store (`stored`) nor had its
+    /// reservation expire. A leader stepping down keeps its lease until none has: the next
+    /// leader counts only what its store shows, and would hand such a pod's room out again.
+    pub fn awaits_pods(&self, stored: &[Arc<Pod>], now: Timestamp) -> bool {
+        let state = self.lock();
+        if state.reservations.is_empty() {
+            return false;
+        }
+        let arrived: HashSet<&str> = stored
+            .iter()
+            .filter_map(|pod| creation_token(pod))
+            .collect();
+        state.reservations.iter().any(|reservation| {
+            now.duration_since(reservation.made_at) < RESERVATION_TTL
+                && !arrived.contains(reservation.token.as_str())
+        })
+    }
+
     /// Decides a managed pod about to be created: `Ok` admits it (the webhook pins it), `Err`
     /// sends it to the gate, saying why. Never waits for a pass: `Busy` changes nothing, and
     /// the caller may ask again, or gate the pod and say so with [`Self::gated_busy`].
@@ -347,14 +365,7 @@ impl Pass<'_> {
         }
         let mut by_token: std::collections::HashMap<&str, &Arc<Pod>> = stored
             .iter()
-            .filter_map(|pod| {
-                let token = pod
-                    .metadata
-                    .annotations
-                    .as_ref()?
-                    .get(annotations::ADMITTED_AT_CREATION)?;
-                Some((token.as_str(), pod))
-            })
+            .filter_map(|pod| Some((creation_token(pod)?, pod)))
             .collect();
         let mut settled = Vec::new();
         let mut kept = Vec::new();
@@ -439,6 +450,15 @@ fn drop_later<T: Send + 'static>(value: T) {
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         runtime.spawn_blocking(move || drop(value));
     }
+}
+
+/// The reservation token of a pod admitted at its creation.
+pub(crate) fn creation_token(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get(annotations::ADMITTED_AT_CREATION)
+        .map(String::as_str)
 }
 
 #[cfg(test)]
@@ -586,6 +606,19 @@ mod tests {
         assert_eq!(pass.reserved_pods().count(), 1, "still within the timeout");
         pass.settle(&[], at(1) + RESERVATION_TTL);
         assert_eq!(pass.reserved_pods().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_leader_stepping_down_awaits_its_creates_until_the_store_shows_them_or_they_expire() {
+        let (term, _state) = test_term().await;
+        let at_creation = AtCreation::new(true);
+        assert!(!at_creation.awaits_pods(&[], at(0)), "nothing admitted");
+        at_creation.pass().publish(term, snapshot(), false, at(0));
+        let admitted = at_creation.admit(&new_pod(1), at(1)).unwrap();
+        at_creation.withdraw();
+        assert!(at_creation.awaits_pods(&[], at(2)));
+        assert!(!at_creation.awaits_pods(&[stored(&admitted.token)], at(2)));
+        assert!(!at_creation.awaits_pods(&[], at(1) + RESERVATION_TTL));
     }
 
     #[tokio::test]

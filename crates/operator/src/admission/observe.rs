@@ -7,7 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use gpuqueue_api::{annotations, v1alpha1::GpuQueueStatus};
+use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
     Snapshot,
     fragmentation::DEFAULT_POPULARITY,
@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
 
 use super::{
-    at_creation::{Arrival, Pass},
+    at_creation::{Arrival, Pass, creation_token},
     device_claims,
 };
 use crate::{
@@ -387,14 +387,6 @@ fn claims_devices(pod: &Pod) -> bool {
     pod.spec.as_ref().is_some_and(model::uses_resource_claims)
 }
 
-fn token(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .annotations
-        .as_ref()?
-        .get(annotations::ADMITTED_AT_CREATION)
-        .map(String::as_str)
-}
-
 /// Who holds each reservation token of an admission at creation, kept through a term and
 /// told of each pod as it is converted (a changed pod is a new object): a token is one
 /// admission, good for one pod, so of the pods carrying it the first created (then the first
@@ -415,7 +407,9 @@ type Holder = (Option<Timestamp>, String, String);
 impl TokenHolders {
     /// Takes note of `pod`'s token, if it carries one.
     fn note(&mut self, pod: &Pod) {
-        let Some(token) = token(pod) else { return };
+        let Some(token) = creation_token(pod) else {
+            return;
+        };
         let candidate: Holder = (
             pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
             pod.metadata.name.clone().unwrap_or_default(),
