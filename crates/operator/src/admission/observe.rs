@@ -296,21 +296,29 @@ impl Observed {
         } = models;
         let seal = seal.as_ref();
         // A term's first pass notes every token before it judges any pod: it may meet a copy
-        // before its original. Later passes note the pods they convert (new objects).
+        // before its original. Later passes note the pods they convert (new objects). Only
+        // admissions the seal vouches for hold a token: anybody may write one on a pod of
+        // their own, created first.
         tokens.forget_the_gone(pods.len());
-        if seal.is_some() && !tokens.primed {
+        if let Some(seal) = seal
+            && !tokens.primed
+        {
             for stored in pods {
-                tokens.note(assumed.view(stored));
+                let view = assumed.view(stored);
+                if !matches!(seal.verdict(view), Verdict::Forged(_)) {
+                    tokens.note(view);
+                }
             }
             tokens.primed = true;
         }
         for stored in pods {
             let view = assumed.view(stored);
             let mut reading = conversions.read(stored, view, |pod| {
-                if seal.is_some() {
+                let reading = read_pod(pod, seal);
+                if seal.is_some() && reading.unbelieved.is_none() {
                     tokens.note(pod);
                 }
-                read_pod(pod, seal)
+                reading
             });
             if let Some(why) = tokens.copied(view) {
                 reading = read_forged(view, why);
@@ -789,6 +797,14 @@ mod tests {
         stores.add_pod(pod_json("a", "2026-12-01T11:59:01Z", notes.clone()));
         // Its annotations copied onto a pod created a second later: the token is a's.
         stores.add_pod(pod_json("b", "2026-12-01T11:59:02Z", notes.clone()));
+        // a's token on an unsealed pod created the same second, named to sort first: it does
+        // not take the token from a.
+        let mut unsealed = notes.clone();
+        unsealed
+            .as_object_mut()
+            .unwrap()
+            .remove("gpuqueue.io/admission-seal");
+        stores.add_pod(pod_json("0", "2026-12-01T11:59:01Z", unsealed));
         // Written by a tenant, without a seal.
         let mut forged = notes;
         forged
@@ -827,10 +843,10 @@ mod tests {
             seal: Some(seal.clone()),
             ..Models::default()
         };
-        assert_eq!(pass(&mut models, now).0, ["b", "c"]);
-        assert_eq!(pass(&mut models, now).0, ["b", "c"], "b stays a copy");
+        assert_eq!(pass(&mut models, now).0, ["0", "b", "c"]);
+        assert_eq!(pass(&mut models, now).0, ["0", "b", "c"], "b stays a copy");
         let (names, mut unbelieved) = unadmitted(Some(seal));
-        assert_eq!(names, ["b", "c"]);
+        assert_eq!(names, ["0", "b", "c"]);
         unbelieved.sort_by(|x, y| x.pod.name.cmp(&y.pod.name));
         let said: Vec<(&str, &str)> = unbelieved
             .iter()
@@ -839,6 +855,7 @@ mod tests {
         assert_eq!(
             said,
             [
+                ("0", "no admission seal"),
                 (
                     "b",
                     "its reservation token t-1 is pod a's, created before it"
