@@ -78,9 +78,10 @@ pub struct AtCreation {
     enabled: bool,
     per_namespace: usize,
     state: Arc<Mutex<State>>,
-    /// When (Unix milliseconds) the webhook last gated a pod because a pass held the lock: kept
-    /// outside the lock, which the webhook could not take.
-    busy_gated: Arc<AtomicI64>,
+    /// When (Unix milliseconds) the webhook last gated a pod without deciding it here (a pass
+    /// held the lock, or the pod is never admitted at creation): kept outside the lock, which
+    /// the webhook may not be able to take.
+    undecided_gated: Arc<AtomicI64>,
     /// Told when a reservation is made while none is held, so that the loop wakes at its
     /// expiry even if nothing else changes (its pod may never appear).
     first_reservation: Arc<Notify>,
@@ -107,12 +108,12 @@ struct State {
 }
 
 impl State {
-    /// Takes in the last pod gated while the lock was busy (Unix milliseconds, 0: none): a pass
-    /// that read the stores before it cannot have decided it.
-    fn note_busy_gated(&mut self, busy_gated: i64) {
-        let Some(gated) = Timestamp::from_millisecond(busy_gated)
+    /// Takes in the last pod gated without being decided here (Unix milliseconds, 0: none): a
+    /// pass that read the stores before it cannot have decided it.
+    fn note_undecided_gated(&mut self, undecided_gated: i64) {
+        let Some(gated) = Timestamp::from_millisecond(undecided_gated)
             .ok()
-            .filter(|_| busy_gated > 0)
+            .filter(|_| undecided_gated > 0)
         else {
             return;
         };
@@ -166,7 +167,7 @@ impl AtCreation {
             enabled,
             per_namespace: DEFAULT_RESERVATIONS_PER_NAMESPACE,
             state: Arc::default(),
-            busy_gated: Arc::default(),
+            undecided_gated: Arc::default(),
             first_reservation: Arc::default(),
             seals: Seals::default(),
         }
@@ -199,11 +200,12 @@ impl AtCreation {
         }
     }
 
-    /// A pod went to the gate at `now` because passes kept the lock: the pass running then read
-    /// the stores before the pod existed, so admission at creation stays closed until one has
-    /// seen it (kept outside the lock, which the webhook could not take).
-    pub fn gated_busy(&self, now: Timestamp) {
-        self.busy_gated
+    /// A pod went to the gate at `now` without being decided here: passes kept the lock, or it
+    /// is never admitted at creation (it claims devices through DRA, or its creator gated it).
+    /// The pass running then read the stores before the pod existed, so admission at creation
+    /// stays closed until one has seen it: a pod created after it must not overtake it.
+    pub fn gated_undecided(&self, now: Timestamp) {
+        self.undecided_gated
             .fetch_max(now.as_millisecond(), Ordering::Relaxed);
     }
 
@@ -219,7 +221,7 @@ impl AtCreation {
         Pass {
             state: self.lock(),
             enabled: self.enabled,
-            busy_gated: &self.busy_gated,
+            undecided_gated: &self.undecided_gated,
         }
     }
 
@@ -248,12 +250,12 @@ impl AtCreation {
 
     /// Decides a managed pod about to be created: `Ok` admits it (the webhook pins it), `Err`
     /// sends it to the gate, saying why. Never waits for a pass: `Busy` changes nothing, and
-    /// the caller may ask again, or gate the pod and say so with [`Self::gated_busy`].
+    /// the caller may ask again, or gate the pod and say so with [`Self::gated_undecided`].
     pub fn admit(&self, pod: &Pod, now: Timestamp) -> Result<CreationAdmission, Gate> {
         let Some(mut state) = self.try_lock() else {
             return Err(Gate::Busy);
         };
-        state.note_busy_gated(self.busy_gated.load(Ordering::Relaxed));
+        state.note_undecided_gated(self.undecided_gated.load(Ordering::Relaxed));
         let was_empty = state.reservations.is_empty();
         let Some(admitted) = self.try_admit(&mut state, pod, now) else {
             state.last_gated = Some(now);
@@ -346,7 +348,7 @@ impl AtCreation {
 pub struct Pass<'a> {
     state: MutexGuard<'a, State>,
     enabled: bool,
-    busy_gated: &'a AtomicI64,
+    undecided_gated: &'a AtomicI64,
 }
 
 /// A reservation whose pod the store now shows.
@@ -426,7 +428,7 @@ impl Pass<'_> {
             return None;
         }
         self.state
-            .note_busy_gated(self.busy_gated.load(Ordering::Relaxed));
+            .note_undecided_gated(self.undecided_gated.load(Ordering::Relaxed));
         let reopen = self
             .state
             .last_gated
@@ -634,7 +636,7 @@ mod tests {
             Err(Gate::Busy),
             "the pass holds the lock"
         );
-        at_creation.gated_busy(at(1));
+        at_creation.gated_undecided(at(1));
         // The pass read the stores before that pod was gated: it cannot have decided it.
         let reopen = pass.publish(term.clone(), snapshot(), false, at(0));
         assert_eq!(reopen, Some(at(2)));

@@ -72,8 +72,9 @@ pub trait GatePolicy: Send + Sync + 'static {
         Err(Gate::Declined)
     }
 
-    /// The webhook gave up waiting for a busy admission pass and gated a pod.
-    fn gated_busy(&self) {}
+    /// The webhook gated a managed pod that [`Self::admit_at_creation`] did not decide: it
+    /// gave up waiting for a busy admission pass, or the pod is never admitted at creation.
+    fn gated_undecided(&self) {}
 }
 
 /// The answer to one admission review: the response body, and what was done for metrics.
@@ -130,34 +131,7 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
         return allow(WebhookResult::NotManaged);
     };
     let mut operations = tenant_proofing(&mut pod);
-    let result = if is_gated(&pod) {
-        WebhookResult::AlreadyGated
-    } else {
-        // A dry run creates nothing, so it must reserve nothing: it sees the gate.
-        let claims_devices = pod.spec.as_ref().is_some_and(uses_resource_claims);
-        let at_creation = if request.dry_run || claims_devices {
-            Err(Gate::Declined)
-        } else {
-            policy.admit_at_creation(&pod)
-        };
-        let has_gates = pod
-            .spec
-            .as_ref()
-            .is_some_and(|spec| spec.scheduling_gates.is_some());
-        match at_creation {
-            Ok(admitted) => {
-                operations.extend(admission_operations(&pod, &admitted));
-                WebhookResult::Admitted
-            }
-            Err(gate) => {
-                operations.push(gate_operation(has_gates));
-                match gate {
-                    Gate::Declined => WebhookResult::Gated,
-                    Gate::Busy => WebhookResult::Busy,
-                }
-            }
-        }
-    };
+    let result = gate_or_admit(request.dry_run, &pod, policy, &mut operations);
     if operations.is_empty() {
         return allow(result);
     }
@@ -178,6 +152,48 @@ fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
         Err(error) => {
             tracing::error!(%error, "building the patch failed; pod admitted ungated");
             allow(WebhookResult::Invalid)
+        }
+    }
+}
+
+/// Admits managed `pod` at its creation when the leader decides so at once, else gates it
+/// (unless gated already); the patch operations go to `operations`.
+fn gate_or_admit(
+    dry_run: bool,
+    pod: &Pod,
+    policy: &dyn GatePolicy,
+    operations: &mut Vec<serde_json::Value>,
+) -> WebhookResult {
+    if is_gated(pod) {
+        if !dry_run {
+            policy.gated_undecided();
+        }
+        return WebhookResult::AlreadyGated;
+    }
+    // A dry run creates nothing, so it must reserve nothing: it sees the gate.
+    let at_creation = if dry_run {
+        Err(Gate::Declined)
+    } else if pod.spec.as_ref().is_some_and(uses_resource_claims) {
+        policy.gated_undecided();
+        Err(Gate::Declined)
+    } else {
+        policy.admit_at_creation(pod)
+    };
+    match at_creation {
+        Ok(admitted) => {
+            operations.extend(admission_operations(pod, &admitted));
+            WebhookResult::Admitted
+        }
+        Err(gate) => {
+            let has_gates = pod
+                .spec
+                .as_ref()
+                .is_some_and(|spec| spec.scheduling_gates.is_some());
+            operations.push(gate_operation(has_gates));
+            match gate {
+                Gate::Declined => WebhookResult::Gated,
+                Gate::Busy => WebhookResult::Busy,
+            }
         }
     }
 }
@@ -532,6 +548,46 @@ mod tests {
         }
         let answer = review(&review_body("CREATE", "other", &cpu), &TenantPolicy).unwrap();
         assert_eq!(answer.result, WebhookResult::NotManaged);
+    }
+
+    /// Like [`AdmittingPolicy`], counting the pods gated without being asked about.
+    #[derive(Default)]
+    struct CountingPolicy(std::sync::atomic::AtomicU32);
+
+    impl GatePolicy for CountingPolicy {
+        fn managing_queue(&self, pod: &Pod) -> Option<String> {
+            TenantPolicy.managing_queue(pod)
+        }
+
+        fn admit_at_creation(&self, pod: &Pod) -> Result<CreationAdmission, Gate> {
+            AdmittingPolicy.admit_at_creation(pod)
+        }
+
+        fn gated_undecided(&self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_pod_gated_without_asking_the_leader_closes_admission_at_creation() {
+        // Pods created after it must not be admitted at creation ahead of it: the leader is
+        // told, as when the webhook gave up on a busy pass.
+        let policy = CountingPolicy::default();
+        let told = || policy.0.load(std::sync::atomic::Ordering::Relaxed);
+        let mut claiming = gpu_spec(None);
+        claiming["resourceClaims"] = json!([{"name": "gpu", "resourceClaimTemplateName": "one"}]);
+        let gated = gpu_spec(Some(json!([{"name": "gpuqueue.io/admission"}])));
+        for spec in [&claiming, &gated] {
+            review(&review_body("CREATE", "tenant", spec), &policy).unwrap();
+        }
+        assert_eq!(told(), 2);
+        // Neither a dry run (nothing is created), nor a pod the leader decided.
+        let mut dry: serde_json::Value =
+            serde_json::from_slice(&review_body("CREATE", "tenant", &claiming)).unwrap();
+        dry["request"]["dryRun"] = json!(true);
+        review(&serde_json::to_vec(&dry).unwrap(), &policy).unwrap();
+        review(&review_body("CREATE", "tenant", &gpu_spec(None)), &policy).unwrap();
+        assert_eq!(told(), 2);
     }
 
     #[test]

@@ -78,8 +78,8 @@ impl GatePolicy for StoreGatePolicy {
         Ok(admitted)
     }
 
-    fn gated_busy(&self) {
-        self.at_creation.gated_busy(clock::now());
+    fn gated_undecided(&self) {
+        self.at_creation.gated_undecided(clock::now());
     }
 }
 

@@ -145,7 +145,7 @@ async fn mutate_pods(State(state): State<AppState>, body: Bytes) -> Response {
     match reviewed {
         Ok(answer) => {
             if answer.result == WebhookResult::Busy {
-                state.policy.gated_busy();
+                state.policy.gated_undecided();
             }
             state.metrics.answered(answer.result);
             if let Some(queue) = &answer.queue {
@@ -243,7 +243,7 @@ mod tests {
     struct BusyPasses {
         busy_for: u32,
         calls: std::sync::atomic::AtomicU32,
-        gated_busy: Arc<std::sync::atomic::AtomicU32>,
+        gated_undecided: Arc<std::sync::atomic::AtomicU32>,
     }
 
     impl GatePolicy for BusyPasses {
@@ -262,8 +262,8 @@ mod tests {
             })
         }
 
-        fn gated_busy(&self) {
-            self.gated_busy
+        fn gated_undecided(&self) {
+            self.gated_undecided
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
@@ -416,12 +416,12 @@ mod tests {
 
     #[tokio::test]
     async fn while_a_pass_holds_the_lock_the_webhook_asks_again_then_gates_the_pod_as_busy() {
-        let gated_busy = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let gated_undecided = Arc::new(std::sync::atomic::AtomicU32::new(0));
         for (busy_for, result) in [(3, "gated"), (u32::MAX, "busy")] {
             let policy = BusyPasses {
                 busy_for,
                 calls: std::sync::atomic::AtomicU32::new(0),
-                gated_busy: gated_busy.clone(),
+                gated_undecided: gated_undecided.clone(),
             };
             let running = start_serving(&ClientAuth::Anyone, Arc::new(policy)).await;
             let (status, body, _) = call(&running, &running.ca, pod_review()).await.unwrap();
@@ -436,7 +436,7 @@ mod tests {
             running.shutdown.cancel();
         }
         assert_eq!(
-            gated_busy.load(std::sync::atomic::Ordering::Relaxed),
+            gated_undecided.load(std::sync::atomic::Ordering::Relaxed),
             1,
             "only the pod it gave up on"
         );
