@@ -420,6 +420,17 @@ struct Run<'a> {
     /// Per handover (its owner's job and attempt): the evictions of its victims not answered
     /// yet, sent or spared.
     evictions_left: HashMap<(usize, u32), usize>,
+    /// The victims in flight, until gone, spared or otherwise forgotten.
+    leaving: HashMap<PodId, Leaving>,
+}
+
+/// A victim in flight: when it is planned to be gone, and the owners of other handovers that
+/// count on its room ([`ReclaimPlan::awaits`]: a burst's owners share the room their victims
+/// free), with their attempts.
+#[derive(Debug)]
+struct Leaving {
+    gone_at: SimTime,
+    awaited_by: Vec<(usize, u32)>,
 }
 
 /// Runs one policy on the input.
@@ -450,6 +461,7 @@ pub fn run(input: &QuotaInput, policy: QuotaPolicy) -> QuotaRun {
         metrics: QuotaMetrics::new(input.warmup, capacity_milli, input.queues.len()),
         counts: Counts::default(),
         evictions_left: HashMap::new(),
+        leaving: HashMap::new(),
     };
     for job in &input.jobs {
         run.queue.schedule_at(job.arrival, Event::Arrive(job.id));
@@ -511,12 +523,25 @@ impl Run<'_> {
                 }
             }
             Event::Bound { job, attempt } => self.bound(now, job, attempt, None),
-            // An owner requeued (a victim spared) is no longer current: it is not bound.
+            // An owner whose own victim was spared was requeued when its handover's evictions
+            // were answered, and is no longer current. One that counted on the room of another
+            // handover's victim, spared, is requeued at its planned bind (the operator holds
+            // it at the gate until its handover ends, then leaves it to kube-scheduler, which
+            // finds no room: a requeue is the short of it).
             Event::OwnerBound {
                 job,
                 attempt,
                 planned,
-            } => self.bound(now, job, attempt, Some(planned)),
+            } => {
+                if self.live[job]
+                    .as_ref()
+                    .is_some_and(|l| l.attempt == attempt && l.part == Part::SparedOwner)
+                {
+                    self.requeue(now, job);
+                } else {
+                    self.bound(now, job, attempt, Some(planned));
+                }
+            }
             Event::Evict(eviction) => {
                 self.evict(now, eviction);
                 self.eviction_answered(now, eviction.owner, eviction.owner_attempt);
@@ -598,6 +623,7 @@ impl Run<'_> {
     fn forget(&mut self, job: usize) -> Option<Live> {
         let live = self.live[job].take()?;
         self.by_pod.remove(&live.pod);
+        self.leaving.remove(&live.pod);
         self.snapshot.remove_pod(live.pod);
         let tenant = self.job(job).tenant;
         if live.stage == Stage::Waiting {
@@ -721,6 +747,13 @@ impl Run<'_> {
             live.part = Part::Victim;
             let attempt = live.attempt;
             evictions += 1;
+            self.leaving.insert(
+                victim.pod,
+                Leaving {
+                    gone_at: now.after(timeline.gone),
+                    awaited_by: Vec::new(),
+                },
+            );
             self.queue.schedule_at(
                 now.after(timeline.evicted),
                 Event::Evict(Eviction {
@@ -743,8 +776,22 @@ impl Run<'_> {
                 .insert((owner, self.attempts[owner]), evictions);
         }
         let attempt = self.attempts[owner];
+        // Released from the gate once the victims it awaits are gone too, then bound.
+        let release = self.latency(self.input.handover.api) + self.latency(self.input.handover.api);
+        let mut bound_at = now.after(handover.owner_bound);
+        for key in &plan.awaits {
+            let Some(leaving) = self
+                .snapshot
+                .pod_id(key)
+                .and_then(|pod| self.leaving.get_mut(&pod))
+            else {
+                continue;
+            };
+            leaving.awaited_by.push((owner, attempt));
+            bound_at = bound_at.max(leaving.gone_at.after(release));
+        }
         self.queue.schedule_at(
-            now.after(handover.owner_bound),
+            bound_at,
             Event::OwnerBound {
                 job: owner,
                 attempt,
@@ -821,11 +868,17 @@ impl Run<'_> {
     fn spare(&mut self, now: SimTime, eviction: Eviction, pod: PodId) {
         self.snapshot.unmark_victim(pod);
         self.metrics.victim_spared(now);
-        if let Some(owner) = self.live[eviction.owner]
-            .as_mut()
-            .filter(|l| l.attempt == eviction.owner_attempt)
+        let awaited_by = self
+            .leaving
+            .remove(&pod)
+            .map(|leaving| leaving.awaited_by)
+            .unwrap_or_default();
+        for (owner, attempt) in
+            std::iter::once((eviction.owner, eviction.owner_attempt)).chain(awaited_by)
         {
-            owner.part = Part::SparedOwner;
+            if let Some(owner) = self.live[owner].as_mut().filter(|l| l.attempt == attempt) {
+                owner.part = Part::SparedOwner;
+            }
         }
         let job = eviction.job;
         let Some(live) = self.live[job].as_mut() else {

@@ -332,15 +332,35 @@ fn victims_on_one_node_share_its_kubelet_relist() {
 /// (guarantee 1) arrives at 10 s, and a reclaim takes the newer batch pod, whose 1.2 s
 /// checkpoint starts at once. The older batch pod's work ends at `older_ends_after` of run.
 fn spare_input(older_ends_after: Duration) -> QuotaInput {
+    let jobs = vec![
+        (1, JobKind::Batch, 0.0, Some(older_ends_after), 1),
+        (1, JobKind::Batch, 1.0, Some(Duration::from_hours(1)), 1),
+        (0, JobKind::Online, 10.0, None, 1),
+    ];
+    two_gpu_world([1, 1], [0, 1], &jobs)
+}
+
+/// One 2-GPU node with queues `online` and `batch` (their `guaranteed` and `burstable` GPUs),
+/// running `jobs` (tenant, kind, arrival in seconds, work, GPUs), with fixed latencies: API
+/// calls 20 ms, checkpoints 1.2 s, victims' exit 0.3 s, the kubelet's relist every second.
+fn two_gpu_world(
+    guaranteed: [u64; 2],
+    burstable: [u64; 2],
+    jobs: &[(usize, JobKind, f64, Option<Duration>, u32)],
+) -> QuotaInput {
     let gpu = convert::gpu_resource();
     let fixed = |ms| Latency {
         median: Duration::from_millis(ms).into(),
         p99: Duration::from_millis(ms).into(),
     };
-    let queue = |name: &str, burstable| {
+    let queue = |name: &str, tenant: usize| {
         Queue::new(name)
             .namespace(name)
-            .quota(ResourceQuota::devices(gpu.clone(), 1, burstable))
+            .quota(ResourceQuota::devices(
+                gpu.clone(),
+                guaranteed[tenant],
+                burstable[tenant],
+            ))
             .reclaim(ReclaimSettings {
                 budget: Duration::from_secs(3),
                 checkpoint: CheckpointSettings {
@@ -353,28 +373,26 @@ fn spare_input(older_ends_after: Duration) -> QuotaInput {
                 min_borrow: None,
             })
     };
-    let shape = Shape {
-        gpus: 1,
-        gpu_milli: 1000,
-        cpu_milli: 1000,
-        gpu_models: Vec::new(),
-    };
-    let job = |id, tenant, kind, arrival, work| Job {
-        id,
-        tenant,
-        kind,
-        arrival: SimTime::from_secs_f64(arrival),
-        shape: shape.clone(),
-        work,
-        removed_at: None,
-    };
-    let jobs = vec![
-        job(0, 1, JobKind::Batch, 0.0, Some(older_ends_after)),
-        job(1, 1, JobKind::Batch, 1.0, Some(Duration::from_hours(1))),
-        job(2, 0, JobKind::Online, 10.0, None),
-    ];
+    let jobs: Vec<Job> = jobs
+        .iter()
+        .enumerate()
+        .map(|(id, &(tenant, kind, arrival, work, gpus))| Job {
+            id,
+            tenant,
+            kind,
+            arrival: SimTime::from_secs_f64(arrival),
+            shape: Shape {
+                gpus,
+                gpu_milli: 1000 * gpus,
+                cpu_milli: 1000,
+                gpu_models: Vec::new(),
+            },
+            work,
+            removed_at: None,
+        })
+        .collect();
     QuotaInput {
-        name: "spare".into(),
+        name: "two-gpus".into(),
         nodes: vec![Node::new("n1").cpu_milli(64_000).gpus(gpu.clone(), 2)],
         queues: vec![queue("online", 0), queue("batch", 1)],
         priorities: vec![0, 0],
@@ -392,6 +410,27 @@ fn spare_input(older_ends_after: Duration) -> QuotaInput {
         warmup: SimTime::ZERO,
         sample_every: Duration::from_secs(1),
     }
+}
+
+#[test]
+fn a_burst_owner_that_counts_on_another_handovers_victim_binds_once_it_is_gone() {
+    // `batch` borrows the whole node with one 2-GPU pod; two owners of `online` (guarantee 2)
+    // arrive together. One handover evicts that pod; the other owner needs no victim of its
+    // own, but its room is that same pod's: neither binds before the pod is gone.
+    let jobs = [
+        (1, JobKind::Batch, 0.0, Some(Duration::from_hours(1)), 2),
+        (0, JobKind::Online, 10.0, None, 1),
+        (0, JobKind::Online, 10.0, None, 1),
+    ];
+    let run = quota::run(&two_gpu_world([2, 0], [0, 2], &jobs), QuotaPolicy::Borrow);
+    let c = &run.counts;
+    assert!(c.balanced(), "{c:?}");
+    assert_eq!(run.metrics.reclaims, 2, "one handover per owner");
+    assert_eq!(c.evicted, 1);
+    let waits = &run.metrics.tenants[0].waits;
+    assert_eq!(waits.len(), 2);
+    // The victim's 1.2 s checkpoint and its termination come before either bind.
+    assert!(waits.iter().all(|w| *w > 1.5), "{waits:?}");
 }
 
 #[test]
