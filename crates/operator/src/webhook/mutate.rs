@@ -95,16 +95,16 @@ pub enum ReviewError {
     NoRequest,
 }
 
-/// Reads an AdmissionReview and answers it.
-pub fn review(body: &[u8], policy: &dyn GatePolicy) -> Result<Answer, ReviewError> {
+/// Reads an AdmissionReview's request.
+pub fn read(body: &[u8]) -> Result<AdmissionRequest<Pod>, ReviewError> {
     let review: AdmissionReview<Pod> = serde_json::from_slice(body)?;
-    let request: AdmissionRequest<Pod> = review
+    review
         .try_into()
-        .map_err(|_: kube::core::admission::ConvertAdmissionReviewError| ReviewError::NoRequest)?;
-    Ok(answer(&request, policy))
+        .map_err(|_: kube::core::admission::ConvertAdmissionReviewError| ReviewError::NoRequest)
 }
 
-fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
+/// Answers a request: the pod gated, admitted at its creation, refused or left alone.
+pub fn answer(request: &AdmissionRequest<Pod>, policy: &dyn GatePolicy) -> Answer {
     let allow = |result| Answer {
         review: AdmissionResponse::from(request).into_review(),
         result,
@@ -281,6 +281,11 @@ fn admission_operations(pod: &Pod, admitted: &CreationAdmission) -> Vec<serde_js
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads an AdmissionReview and answers it, as the server does.
+    fn review(body: &[u8], policy: &dyn GatePolicy) -> Result<Answer, ReviewError> {
+        Ok(answer(&read(body)?, policy))
+    }
 
     /// Manages GPU pods of namespace `tenant` in queue `tenant-queue`.
     struct TenantPolicy;

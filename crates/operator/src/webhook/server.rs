@@ -129,36 +129,31 @@ pub fn router(policy: Arc<dyn GatePolicy>, metrics: WebhookMetrics) -> Router {
 }
 
 async fn mutate_pods(State(state): State<AppState>, body: Bytes) -> Response {
-    let patience = tokio::time::Instant::now() + BUSY_PATIENCE;
-    let reviewed = loop {
-        let reviewed = mutate::review(&body, state.policy.as_ref());
-        match &reviewed {
-            Ok(answer)
-                if answer.result == WebhookResult::Busy
-                    && tokio::time::Instant::now() < patience =>
-            {
-                tokio::time::sleep(BUSY_RETRY).await;
-            }
-            _ => break reviewed,
-        }
-    };
-    match reviewed {
-        Ok(answer) => {
-            if answer.result == WebhookResult::Busy {
-                state.policy.gated_undecided();
-            }
-            state.metrics.answered(answer.result);
-            if let Some(queue) = &answer.queue {
-                tracing::debug!(%queue, "gated a new pod");
-            }
-            Json(answer.review).into_response()
-        }
+    let request = match mutate::read(&body) {
+        Ok(request) => request,
         Err(error) => {
             state.metrics.answered(WebhookResult::Invalid);
             tracing::warn!(%error, "unreadable admission request");
-            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+            return (StatusCode::BAD_REQUEST, error.to_string()).into_response();
         }
+    };
+    // Read once; while a pass holds the lock, only the decision is asked again.
+    let patience = tokio::time::Instant::now() + BUSY_PATIENCE;
+    let answer = loop {
+        let answer = mutate::answer(&request, state.policy.as_ref());
+        if answer.result != WebhookResult::Busy || tokio::time::Instant::now() >= patience {
+            break answer;
+        }
+        tokio::time::sleep(BUSY_RETRY).await;
+    };
+    if answer.result == WebhookResult::Busy {
+        state.policy.gated_undecided();
     }
+    state.metrics.answered(answer.result);
+    if let Some(queue) = &answer.queue {
+        tracing::debug!(%queue, "gated a new pod");
+    }
+    Json(answer.review).into_response()
 }
 
 /// Accepts connections until `shutdown` is cancelled. Each connection is served on its own
