@@ -776,9 +776,14 @@ impl Run<'_> {
                 .insert((owner, self.attempts[owner]), evictions);
         }
         let attempt = self.attempts[owner];
-        // Released from the gate once the victims it awaits are gone too, then bound.
-        let release = self.latency(self.input.handover.api) + self.latency(self.input.handover.api);
+        // Released from the gate once the victims it awaits are gone too, then bound. Drawn only
+        // for such an owner: a draw for every plan would move every later one.
         let mut bound_at = now.after(handover.owner_bound);
+        let release = if plan.awaits.is_empty() {
+            Duration::ZERO
+        } else {
+            self.latency(self.input.handover.api) + self.latency(self.input.handover.api)
+        };
         for key in &plan.awaits {
             let Some(leaving) = self
                 .snapshot
