@@ -62,7 +62,7 @@ pub use pods::{
 pub use process::ManagedProcess;
 pub use prometheus::{Alert, Prometheus, PrometheusConfig, RuleHealth};
 pub use sightings::Sightings;
-pub use slot::SLOTS;
+pub use slot::{SLOTS, free_port, free_ports};
 pub use stages::{
     IGNORES_SIGTERM_ANNOTATION, KubeletTiming, NodeBehaviour, READY_AFTER_ANNOTATION,
 };

@@ -257,7 +257,7 @@ fn reap_if_orphaned(dir: &Path) {
 /// Loopback ports that are free now. Ports handed out earlier in this process are never
 /// handed out again, so concurrent start-ups in one test binary cannot collide; another
 /// process can still take one before the component binds it, which start-up retries.
-pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
+pub fn free_ports<const N: usize>() -> Result<[u16; N]> {
     static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     let mut handed_out = HANDED_OUT
         .lock()
@@ -283,10 +283,28 @@ pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
     Ok(ports)
 }
 
+/// One loopback port that is free now and was never handed out before in this process: a test
+/// that asks for two (an operator's webhook and metrics) never gets the same one twice.
+pub fn free_port() -> Result<u16> {
+    let [port] = free_ports()?;
+    Ok(port)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // tests fail loudly
     use super::*;
+
+    /// The kernel reuses a port once its listener closes (the operator's metrics and webhook
+    /// once got the same one); a thousand asked one at a time would repeat many times over.
+    #[test]
+    fn a_port_is_never_handed_out_twice() {
+        let mut seen = HashSet::new();
+        for _ in 0..1_000 {
+            let port = free_port().unwrap();
+            assert!(seen.insert(port), "port {port} handed out twice");
+        }
+    }
 
     #[test]
     fn a_slot_just_released_is_claimed_last() {

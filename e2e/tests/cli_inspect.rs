@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::process::Output;
 
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
@@ -20,13 +19,6 @@ use kube::{
     api::{Api, ListParams, Patch, PatchParams, PostParams},
 };
 use serde_json::json;
-
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
 
 /// `kubectl <args>` with the plugin's folder first on the PATH, as a user who installed it.
 fn kubectl(cluster: &ControlPlane, args: &[&str]) -> Output {
@@ -247,7 +239,7 @@ async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
         "{stderr}"
     );
 
-    let webhook_port = free_port();
+    let webhook_port = common::free_port();
     common::install(&cluster, webhook_port).await;
     let batch = cluster.namespace("batch").await.unwrap();
     let online = cluster.namespace("online").await.unwrap();

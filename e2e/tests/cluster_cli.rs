@@ -161,7 +161,7 @@ impl Drop for DemoDown<'_> {
 fn make_demo_runs_twice_and_shows_why_a_pod_waits() {
     let dir = std::env::temp_dir().join(format!("gpuqueue-e2e-demo-{}", std::process::id()));
     let _down = DemoDown(&dir);
-    let ports = [free_port(), free_port(), free_port()];
+    let ports: [u16; 3] = gpuqueue_e2e::free_ports().unwrap();
     let vars = [
         format!("DEMO_METRICS_PORT={}", ports[0]),
         format!("DEMO_WEBHOOK_PORT={}", ports[1]),
@@ -192,11 +192,4 @@ fn make_demo_runs_twice_and_shows_why_a_pod_waits() {
             );
         }
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
 }

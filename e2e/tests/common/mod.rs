@@ -7,7 +7,7 @@
 #![allow(dead_code)] // each test file uses its own part of these helpers
 
 use std::ffi::OsString;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -142,12 +142,9 @@ pub async fn wait_readyz(what: &str, metrics: impl std::fmt::Display, log: &Path
     .unwrap();
 }
 
-/// A free port on the loopback interface.
+/// A free loopback port, never one handed out before in this test binary.
 pub fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("no free port")
+    gpuqueue_e2e::free_port().expect("no free port")
 }
 
 /// The operator's ServiceAccount, as `config/rbac/` creates it; the operator runs as it.
