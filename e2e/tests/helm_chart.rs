@@ -24,7 +24,7 @@ use serde_json::Value;
 use common::run_ok;
 
 const CHART: &str = "config/helm/gpuqueue";
-/// The Kubernetes version `helm template` and `helm lint` assume (the chart needs 1.33 or newer).
+/// The Kubernetes version `helm template` and `helm lint` assume (the chart needs 1.34 or newer).
 const KUBE_VERSION: &str = "1.36.3";
 
 /// Helm's own bookkeeping on top of config/'s objects: the only differences allowed.
@@ -245,16 +245,30 @@ fn values_reach_the_objects_they_name() {
         "resources.limits.memory=1Gi",
         "--set",
         "crd.keep=false",
+        "--set-json",
+        r#"extraVolumes=[{"name":"client-ca","configMap":{"name":"webhook-client-ca"}}]"#,
+        "--set-json",
+        r#"extraVolumeMounts=[{"name":"client-ca","mountPath":"/etc/gpuqueue/client-ca","readOnly":true}]"#,
     ]));
     let deployment = &rendered["Deployment platform/gpuqueue-operator"];
     assert_eq!(deployment["spec"]["replicas"], 3.0);
-    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let pod = &deployment["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
     assert_eq!(container["image"], "registry.example/gq:v9");
     assert_eq!(
         container["args"],
         serde_json::json!(["--log-format=text", "--admit-at-creation=false"])
     );
     assert_eq!(container["resources"]["limits"]["memory"], "1Gi");
+    assert_eq!(
+        pod["volumes"],
+        serde_json::json!([{"name": "client-ca", "configMap": {"name": "webhook-client-ca"}}])
+    );
+    assert_eq!(
+        container["volumeMounts"],
+        serde_json::json!([{"name": "client-ca", "mountPath": "/etc/gpuqueue/client-ca", "readOnly": true}])
+    );
+    assert!(rendered.contains_key("PodDisruptionBudget platform/gpuqueue-operator"));
 
     let excluded = serde_json::json!(["kube-system", "monitoring", "platform"]);
     let webhook = &rendered["MutatingWebhookConfiguration /gpuqueue-operator"]["webhooks"][0];
@@ -269,7 +283,11 @@ fn values_reach_the_objects_they_name() {
         excluded
     );
     // The one identity the policies exempt follows the release's namespace.
-    for policy in ["gpuqueue-pod-creations", "gpuqueue-pod-updates"] {
+    for policy in [
+        "gpuqueue-pod-creations",
+        "gpuqueue-pod-updates",
+        "gpuqueue-claim-updates",
+    ] {
         let condition = &rendered[&format!("ValidatingAdmissionPolicy /{policy}")]["spec"]["matchConditions"]
             [0]["expression"];
         assert_eq!(
@@ -300,6 +318,11 @@ fn values_reach_the_objects_they_name() {
         std::fs::read_to_string(repo_root().join(file)).unwrap(),
         "{file}"
     );
+
+    // One replica gets no budget: one available of one would block every drain of its node.
+    let single = objects(&template(&["--set", "replicas=1"]));
+    assert!(single.contains_key("Deployment default/gpuqueue-operator"));
+    assert!(!single.contains_key("PodDisruptionBudget default/gpuqueue-operator"));
 
     let digest = objects(&template(&["--set", "image.digest=sha256:0123"]));
     assert_eq!(
