@@ -133,6 +133,11 @@ impl ManagedProcess {
         let _ = self.child.wait();
     }
 
+    /// Sends SIGTERM and returns at once: the process shuts down while the test goes on.
+    pub fn stop(&self) -> Result<()> {
+        self.signal_live(nix::sys::signal::Signal::SIGTERM, "stopping")
+    }
+
     /// Sends SIGTERM and waits up to `grace` for the process to exit, then kills it. Returns
     /// the exit status, so a test can check that the process shut down cleanly.
     pub async fn terminate(&mut self, grace: Duration) -> Result<ExitStatus> {

@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use common::{
     OPERATOR_NAMESPACE, Operator, Options, annotation, apply_queue, bound, condition, create,
@@ -14,8 +15,8 @@ use common::{
 };
 use gpuqueue_api::{NVIDIA_GPU, annotations, conditions, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, gpu_pod, node_of,
-    repo_root, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, apply_yaml, describe_pod, gpu_pod,
+    node_of, repo_root, wait_for,
 };
 use k8s_openapi::api::{
     admissionregistration::v1::MutatingWebhookConfiguration,
@@ -740,6 +741,69 @@ async fn a_standby_takes_over_when_the_leader_stops_and_never_acts_before() {
         lease.spec.unwrap().holder_identity.as_deref(),
         Some(standby.identity.as_str())
     );
+}
+
+/// A rolling update stops a replica with SIGTERM. It hands its lease on at once, but answers
+/// the webhook through its drain, not ready: the API server learns that it left the Service
+/// only a moment later, and a call that found the port closed would create its pod ungated
+/// (`failurePolicy: Ignore`). Here the webhook configuration names the stopping replica only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_hands_on_its_lease_and_gates_pods_through_its_drain() {
+    let cluster = start("operator_drain", None).await;
+    let client = cluster.client();
+    let webhook_port = free_port();
+    install(&cluster, webhook_port).await;
+    let mut options = Options::new("stopping", webhook_port);
+    options.args.push("--webhook-drain=20s".to_owned());
+    let mut stopping = Operator::start(&cluster, options).await;
+    wait_for("the first replica to lead", DEFAULT_TIMEOUT, || async {
+        stopping
+            .is_leader()
+            .await
+            .then_some(())
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await
+    .unwrap();
+    let successor = Operator::start(&cluster, Options::new("successor", free_port())).await;
+    let team = cluster.namespace("team").await.unwrap();
+    apply_queue(&client, &queue_yaml("team", &[team.name()], 8, 0)).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
+
+    stopping.process.stop().unwrap();
+    wait_for("the successor to lead", DEFAULT_TIMEOUT, || async {
+        successor
+            .is_leader()
+            .await
+            .then_some(())
+            .ok_or_else(|| "not yet".to_owned())
+    })
+    .await
+    .unwrap();
+    let readyz = reqwest::get(format!("http://{}/readyz", stopping.metrics))
+        .await
+        .unwrap();
+    assert_eq!(readyz.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(readyz.text().await.unwrap(), "not ready: stopping\n");
+
+    // Created while the stopping replica drains: its webhook gates the pod (it no longer
+    // leads, so it admits nothing at creation), and the successor admits it.
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &gpu_pod("during-drain", NVIDIA_GPU, 1),
+        )
+        .await
+        .unwrap();
+    assert!(is_gated(&created), "{}", describe_pod(&created));
+    bound(&pods, "during-drain").await;
+
+    let exit = stopping
+        .process
+        .terminate(Duration::from_secs(90))
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -98,6 +98,13 @@ pub struct WebhookArgs {
     /// Without it, anyone who reaches the port may call the webhook.
     #[arg(long, env = "GPUQUEUE_WEBHOOK_CLIENT_CA", value_name = "FILE")]
     pub webhook_client_ca: Option<PathBuf>,
+
+    /// After SIGTERM the webhook goes on answering this long, with `/readyz` failing: the API
+    /// server learns that a stopping replica left the Service only a moment later, and a call
+    /// that finds the port closed creates its pod ungated (`failurePolicy: Ignore`). The
+    /// leader's lease is released at once all the same.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub webhook_drain: Duration,
 }
 
 /// Leader election on a coordination.k8s.io Lease: one replica acts, the others stand by.

@@ -35,6 +35,7 @@ pub struct Readiness {
 struct ReadinessFlags {
     stores_synced: AtomicBool,
     webhook_serving: AtomicBool,
+    stopping: AtomicBool,
 }
 
 impl Readiness {
@@ -48,9 +49,17 @@ impl Readiness {
         self.inner.webhook_serving.store(serving, Ordering::Release);
     }
 
+    /// The process is stopping: it serves out its drain, but takes no new traffic.
+    pub fn set_stopping(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+    }
+
     /// `Ok` when ready, or the list of what is missing.
     pub fn check(&self) -> Result<(), Vec<&'static str>> {
         let mut missing = Vec::new();
+        if self.inner.stopping.load(Ordering::Acquire) {
+            missing.push("stopping");
+        }
         if !self.inner.stores_synced.load(Ordering::Acquire) {
             missing.push("stores have not synced");
         }
@@ -190,6 +199,13 @@ mod tests {
             get(&router, "/readyz").await.0,
             StatusCode::SERVICE_UNAVAILABLE
         );
+
+        // A replica that drains after SIGTERM still serves, but is not ready.
+        readiness.set_webhook_serving(true);
+        readiness.set_stopping();
+        let (status, body, _) = get(&router, "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "not ready: stopping\n");
     }
 
     #[tokio::test]

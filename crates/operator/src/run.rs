@@ -21,6 +21,7 @@ use kube::{
     api::ListParams,
     config::{KubeConfigOptions, Kubeconfig},
 };
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use gpuqueue_core::model::is_gpu_pod;
@@ -150,13 +151,14 @@ pub async fn run(args: Args) -> Result<(), RunError> {
     let mut registry = metrics::registry();
     let metrics = Metrics::register(&mut registry);
     let readiness = Readiness::default();
+    let drained = drain_after(&shutdown, args.webhook.webhook_drain, &readiness);
     let (stores, watches) = Stores::new(&client, Arc::new(is_gpu_pod), &metrics.watches);
     tokio::spawn(watches.run());
     let http = tokio::spawn(http::serve(
         args.http.metrics_addr,
         Arc::new(registry),
         readiness.clone(),
-        shutdown.clone(),
+        drained.clone(),
     ));
 
     let seals = Seals::default();
@@ -169,17 +171,18 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         },
         () = shutdown.cancelled() => return Ok(()),
     }
+    let policy = StoreGatePolicy::new(
+        stores.clone(),
+        at_creation.clone(),
+        metrics.admission.clone(),
+    );
     let webhook = tokio::spawn(webhook::run(
         webhook_config,
         client.clone(),
-        Arc::new(StoreGatePolicy::new(
-            stores.clone(),
-            at_creation.clone(),
-            metrics.admission.clone(),
-        )),
+        Arc::new(policy),
         metrics.webhook.clone(),
         readiness.clone(),
-        shutdown.clone(),
+        drained.clone(),
     ));
 
     let (leadership, election) = leader::elect(
@@ -203,17 +206,69 @@ pub async fn run(args: Args) -> Result<(), RunError> {
         admission::run(context.clone(), term)
     });
 
-    // Runs until shutdown, or until a server fails (then everything stops).
-    let result = tokio::select! {
-        () = leading => Ok(()),
-        served = http => flatten(served, "http", RunError::Http),
-        served = webhook => flatten(served, "webhook", RunError::Webhook),
+    let servers = Servers {
+        http,
+        webhook,
+        drained,
     };
-    shutdown.cancel();
-    // Waits for the Lease to be released.
-    let _ = election.await;
+    let result = servers.run_with(leading, &shutdown, election).await;
     tracing::info!("stopped");
     result
+}
+
+/// What serves whether this replica leads or not: `/metrics` and `/readyz`, and the webhook,
+/// both until `drained`.
+struct Servers {
+    http: JoinHandle<std::io::Result<()>>,
+    webhook: JoinHandle<Result<(), webhook::WebhookError>>,
+    drained: CancellationToken,
+}
+
+impl Servers {
+    /// Runs until shutdown, or until a server fails (then everything stops). Waits for the
+    /// Lease to be released (`election`), then, after a signal, for the webhook's drain and
+    /// the requests it has in flight.
+    async fn run_with(
+        mut self,
+        leading: impl Future<Output = ()>,
+        shutdown: &CancellationToken,
+        election: JoinHandle<()>,
+    ) -> Result<(), RunError> {
+        let result = tokio::select! {
+            () = leading => Ok(()),
+            served = &mut self.http => flatten(served, "http", RunError::Http),
+            served = &mut self.webhook => flatten(served, "webhook", RunError::Webhook),
+        };
+        shutdown.cancel();
+        let _ = election.await;
+        if result.is_ok() {
+            let _ = self.webhook.await;
+            self.drained.cancel();
+            let _ = self.http.await;
+        }
+        result
+    }
+}
+
+/// A token cancelled `period` after `shutdown`: the webhook and `/readyz` serve until then,
+/// the process marked not ready from `shutdown` on.
+fn drain_after(
+    shutdown: &CancellationToken,
+    period: Duration,
+    readiness: &Readiness,
+) -> CancellationToken {
+    let drained = CancellationToken::new();
+    let (shutdown, readiness, done) = (shutdown.clone(), readiness.clone(), drained.clone());
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        readiness.set_stopping();
+        if !period.is_zero() {
+            tracing::info!(?period, "the webhook answers for its drain period");
+        }
+        tokio::time::sleep(period).await;
+        done.cancel();
+    });
+    drained
 }
 
 /// Resolves once every pod this process admitted at its creation has reached the store, or

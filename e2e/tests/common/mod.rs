@@ -317,6 +317,8 @@ pub struct Options {
     /// `--lease-duration` and `--lease-grace`: short by default, so that failover tests
     /// finish quickly.
     pub lease: (&'static str, &'static str),
+    /// More flags, after the harness's own.
+    pub args: Vec<String>,
 }
 
 impl Options {
@@ -329,6 +331,7 @@ impl Options {
             log_filter: "info,gpuqueue_operator=debug".to_owned(),
             env: Vec::new(),
             lease: (LEASE_DURATION, LEASE_GRACE),
+            args: Vec::new(),
         }
     }
 }
@@ -364,6 +367,7 @@ impl Operator {
             .arg(format!("--lease-duration={}", options.lease.0))
             .arg(format!("--lease-grace={}", options.lease.1))
             .arg(format!("--log-filter={}", options.log_filter))
+            .args(&options.args)
             .env_remove("KUBECONFIG")
             .env_remove("POD_NAMESPACE")
             .env_remove("POD_NAME")

@@ -52,7 +52,7 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use rustls::pki_types::CertificateDer;
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use self::{
@@ -109,7 +109,8 @@ impl WebhookError {
     }
 }
 
-/// Serves the webhook until `shutdown`: binds, publishes the CA, renews certificates.
+/// Serves the webhook until `shutdown`: binds, publishes the CA, renews certificates; then
+/// answers the requests in flight.
 pub async fn run(
     config: WebhookConfig,
     client: Client,
@@ -130,7 +131,7 @@ pub async fn run(
         .issue(&config.names, now, config.rotation.cert_validity)?;
     metrics.certificate_issued(serving.not_after.as_second());
     let resolver = Arc::new(CertResolver::new(&serving));
-    serve(&config, resolver.clone(), policy, &metrics, &shutdown).await?;
+    let server = serve(&config, resolver.clone(), policy, &metrics, &shutdown).await?;
 
     let publisher = Arc::new(Publisher::new(
         Api::all(client),
@@ -175,18 +176,19 @@ pub async fn run(
     }
     set_serving(&readiness, &metrics, false);
     republisher.abort();
+    let _ = server.await;
     Ok(())
 }
 
 /// Binds the webhook's address and serves it over TLS (with the certificate `resolver` holds)
-/// in a task of its own, until `shutdown`.
+/// in a task of its own, until `shutdown` and the requests then in flight are answered.
 async fn serve(
     config: &WebhookConfig,
     resolver: Arc<CertResolver>,
     policy: Arc<dyn GatePolicy>,
     metrics: &WebhookMetrics,
     shutdown: &CancellationToken,
-) -> Result<(), WebhookError> {
+) -> Result<JoinHandle<()>, WebhookError> {
     let listener = TcpListener::bind(config.addr)
         .await
         .map_err(|source| WebhookError::Bind {
@@ -194,13 +196,12 @@ async fn serve(
             source,
         })?;
     tracing::info!(addr = %config.addr, names = ?config.names, "serving the webhook over TLS");
-    tokio::spawn(server::serve(
+    Ok(tokio::spawn(server::serve(
         listener,
         server::tls_config(resolver, &config.client_auth)?,
         server::router(policy, metrics.clone()),
         shutdown.clone(),
-    ));
-    Ok(())
+    )))
 }
 
 /// The CA that issues the serving certificates, and the successor it hands over to.

@@ -7,7 +7,7 @@
 //! client whose certificate that CA signed, so a forged review from inside the cluster is
 //! refused in the handshake, before any reservation is made.
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{net::SocketAddr, path::Path, sync::Arc, time::Duration};
 
 use axum::{
     Json, Router,
@@ -27,7 +27,10 @@ use rustls::{
     pki_types::{CertificateDer, pem::PemObject},
     server::WebPkiClientVerifier,
 };
-use tokio::net::TcpListener;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    task::JoinSet,
+};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -42,6 +45,10 @@ pub const MUTATE_PODS_PATH: &str = "/mutate-pods";
 
 /// A client that does not finish its handshake in this time is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Once the webhook stops, requests in flight get this long to be answered: a review takes
+/// milliseconds, so only a client that stalls a request is cut off.
+const FINISH_LIMIT: Duration = Duration::from_secs(5);
 
 /// While an admission pass holds the lock, the webhook asks again this often, for at most
 /// [`BUSY_PATIENCE`], then gates the pod. A pass takes milliseconds, and one pod gated this way
@@ -156,18 +163,22 @@ async fn mutate_pods(State(state): State<AppState>, body: Bytes) -> Response {
     Json(answer.review).into_response()
 }
 
-/// Accepts connections until `shutdown` is cancelled. Each connection is served on its own
+/// Accepts connections until `stop` is cancelled, then answers the requests in flight (for up
+/// to [`FINISH_LIMIT`]) and closes every connection. Each connection is served on its own
 /// task; a failed handshake or connection affects only itself.
 pub async fn serve(
     listener: TcpListener,
     tls: Arc<ServerConfig>,
     router: Router,
-    shutdown: CancellationToken,
+    stop: CancellationToken,
 ) {
     let acceptor = TlsAcceptor::from(tls);
+    let mut connections = JoinSet::new();
     loop {
         let (tcp, peer) = tokio::select! {
-            () = shutdown.cancelled() => return,
+            () = stop.cancelled() => break,
+            // Reaps connections that ended, so the set holds only open ones.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -176,30 +187,55 @@ pub async fn serve(
                 }
             },
         };
-        let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => stream,
-                Ok(Err(error)) => {
-                    tracing::debug!(%peer, %error, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                result = connection => if let Err(error) = result {
-                    tracing::debug!(%peer, %error, "webhook connection ended with an error");
-                },
-                () = shutdown.cancelled() => {}
-            }
-        });
+        connections.spawn(serve_connection(
+            acceptor.clone(),
+            (tcp, peer),
+            service,
+            stop.clone(),
+        ));
+    }
+    drop(listener);
+    let finished = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(FINISH_LIMIT, finished).await.is_err() {
+        tracing::warn!(
+            open = connections.len(),
+            "webhook connections still open after the stop; closing them"
+        );
+    }
+}
+
+/// Serves one connection until it ends or `stop`, then shuts it down gracefully: a request in
+/// flight is answered, an idle connection closed (HTTP/2: GOAWAY).
+async fn serve_connection(
+    acceptor: TlsAcceptor,
+    (tcp, peer): (TcpStream, SocketAddr),
+    service: TowerToHyperService<Router>,
+    stop: CancellationToken,
+) {
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            tracing::debug!(%peer, %error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let result = tokio::select! {
+        result = connection.as_mut() => result,
+        () = stop.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(error) = result {
+        tracing::debug!(%peer, %error, "webhook connection ended with an error");
     }
 }
 
@@ -271,6 +307,7 @@ mod tests {
         ca: CertificateAuthority,
         registry: prometheus_client::registry::Registry,
         shutdown: CancellationToken,
+        served: tokio::task::JoinHandle<()>,
     }
 
     async fn start() -> Running {
@@ -291,7 +328,7 @@ mod tests {
         let mut registry = metrics::registry();
         let metrics = WebhookMetrics::register(&mut registry);
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve(
+        let served = tokio::spawn(serve(
             listener,
             tls_config(resolver.clone(), client_auth).unwrap(),
             router(policy, metrics),
@@ -303,6 +340,7 @@ mod tests {
             ca,
             registry,
             shutdown,
+            served,
         }
     }
 
@@ -407,6 +445,33 @@ mod tests {
         let error = call(&running, &stranger, pod_review()).await.unwrap_err();
         assert!(error.contains("certificate"), "{error}");
         running.shutdown.cancel();
+    }
+
+    /// A replica stopping during a rollout answers what the API server already sent it: the
+    /// request in flight (held here by a busy pass) is answered, then no connection is taken.
+    #[tokio::test]
+    async fn a_request_in_flight_when_the_webhook_stops_is_answered() {
+        let policy = Arc::new(BusyPasses {
+            busy_for: u32::MAX,
+            calls: std::sync::atomic::AtomicU32::new(0),
+            gated_undecided: Arc::default(),
+        });
+        let running = start_serving(&ClientAuth::Anyone, policy.clone()).await;
+        let stop_once_in_flight = async {
+            while policy.calls.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            running.shutdown.cancel();
+        };
+        let (answer, ()) = tokio::join!(
+            call(&running, &running.ca, pod_review()),
+            stop_once_in_flight
+        );
+        let (status, body, _) = answer.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(body["response"]["patchType"], "JSONPatch");
+        running.served.await.unwrap();
+        assert!(TcpStream::connect(running.addr).await.is_err());
     }
 
     #[tokio::test]
