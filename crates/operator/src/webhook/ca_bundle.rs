@@ -38,12 +38,29 @@ pub enum BundleError {
     Missing { name: String },
     #[error("MutatingWebhookConfiguration {name} has no webhooks to trust the operator's CA")]
     NoWebhooks { name: String },
+    /// `trusted`: whether every webhook trusted this process's CAs as last read.
     #[error("patching the caBundle of MutatingWebhookConfiguration {name}: {source}")]
-    Write { name: String, source: kube::Error },
+    Write {
+        name: String,
+        source: kube::Error,
+        trusted: bool,
+    },
     #[error("building the caBundle patch: {0}")]
     Encode(#[from] serde_json::Error),
     #[error("MutatingWebhookConfiguration {name} kept changing under {WRITE_ATTEMPTS} writes")]
-    Contended { name: String },
+    Contended { name: String, trusted: bool },
+}
+
+impl BundleError {
+    /// Whether the API server, as far as this failed publication read the configuration,
+    /// trusts this process's CAs in every webhook; `None` when it could not read it.
+    pub fn trusted(&self) -> Option<bool> {
+        match self {
+            Self::Missing { .. } | Self::NoWebhooks { .. } => Some(false),
+            Self::Write { trusted, .. } | Self::Contended { trusted, .. } => Some(*trusted),
+            Self::Read { .. } | Self::Encode(_) => None,
+        }
+    }
 }
 
 /// The CAs this process wants trusted, and the ones it no longer uses.
@@ -194,6 +211,7 @@ impl Publisher {
     /// Makes every webhook of the configuration trust this process's CAs.
     pub async fn publish(&self, now: Timestamp) -> Result<Published, BundleError> {
         let trust = self.trust();
+        let mut trusted = false;
         for _ in 0..WRITE_ATTEMPTS {
             let config = self
                 .api
@@ -217,12 +235,14 @@ impl Publisher {
                 "path": "/metadata/resourceVersion",
                 "value": config.metadata.resource_version,
             })];
+            trusted = true;
             for (index, webhook) in webhooks.iter().enumerate() {
                 let current = webhook
                     .client_config
                     .ca_bundle
                     .as_ref()
                     .map_or(&[][..], |bundle| bundle.0.as_slice());
+                trusted &= trusts(current, &trust);
                 if let Some(merged) = merged_bundle(current, &trust, now) {
                     // `add` replaces an existing member, and creates a missing one.
                     operations.push(json!({
@@ -254,12 +274,14 @@ impl Publisher {
                     return Err(BundleError::Write {
                         name: self.name.clone(),
                         source,
+                        trusted,
                     });
                 }
             }
         }
         Err(BundleError::Contended {
             name: self.name.clone(),
+            trusted,
         })
     }
 }

@@ -56,7 +56,7 @@ use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use self::{
-    ca_bundle::{BundleError, Publisher, TrustSet},
+    ca_bundle::{Publisher, TrustSet},
     certs::{CaStep, CertError, CertResolver, CertificateAuthority, RotationPolicy},
     metrics::WebhookMetrics,
     mutate::GatePolicy,
@@ -298,13 +298,11 @@ async fn publish_once(
             true
         }
         Err(error) => {
-            // Without the configuration nothing calls us; an API error says nothing new about
-            // a bundle that was already published, so readiness stays as it was.
-            if matches!(
-                error,
-                BundleError::Missing { .. } | BundleError::NoWebhooks { .. }
-            ) {
-                set_serving(readiness, metrics, false);
+            // Ready only while the API server trusts this replica's CA: a bundle reset by
+            // someone else, or a new CA, that could not be written is not. A configuration
+            // that could not even be read says nothing new, so readiness stays as it was.
+            if let Some(trusted) = error.trusted() {
+                set_serving(readiness, metrics, trusted);
             }
             tracing::warn!(%error, "publishing the webhook CA failed; retrying");
             false
@@ -347,5 +345,80 @@ async fn keep_published(
             },
         }
         retry_pending = !publish_once(&publisher, &metrics, &readiness).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly
+    use std::time::Duration;
+
+    use http_body_util::BodyExt;
+    use hyper::{Request, Response};
+    use kube::client::Body;
+    use serde_json::json;
+    use tower_test::mock;
+
+    use super::*;
+    use crate::{http::Readiness, metrics, webhook::certs::CertificateAuthority};
+
+    /// A client whose API server shows one webhook with `bundle` and answers every patch with
+    /// `patch_code` (a read with `read_code`).
+    fn api(bundle: &str, read_code: u16, patch_code: u16) -> Api<MutatingWebhookConfiguration> {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let config = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "gpuqueue-operator", "resourceVersion": "7"},
+            "webhooks": [{"name": "gate.gpuqueue.io", "admissionReviewVersions": ["v1"],
+                "sideEffects": "None", "clientConfig": {"caBundle": bundle}}],
+        });
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let code = if request.method() == "GET" {
+                    read_code
+                } else {
+                    patch_code
+                };
+                let _ = request.into_body().collect().await;
+                let body = if code == 200 {
+                    config.clone()
+                } else {
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "refused (test)", "reason": "Forbidden", "code": code})
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        Api::all(kube::Client::new(service, "default"))
+    }
+
+    /// Publishes this process's new CA through `api`, from a replica that was ready.
+    async fn ready_after_publishing(api: Api<MutatingWebhookConfiguration>) -> bool {
+        let now = clock::now();
+        let ca = CertificateAuthority::generate("ours", now, Duration::from_hours(720)).unwrap();
+        let trust = TrustSet {
+            trust: vec![ca.certificate().clone()],
+            retire: vec![],
+        };
+        let publisher = Publisher::new(api, "gpuqueue-operator".to_owned(), trust);
+        let metrics = WebhookMetrics::register(&mut metrics::registry());
+        let readiness = Readiness::default();
+        readiness.set_stores_synced();
+        readiness.set_webhook_serving(true);
+        publish_once(&publisher, &metrics, &readiness).await;
+        readiness.check().is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_replica_whose_ca_could_not_be_written_is_not_ready() {
+        // Someone reset the bundle, and the operator may no longer write it (RBAC removed).
+        assert!(!ready_after_publishing(api("", 200, 403)).await);
+        // A configuration that could not even be read says nothing new.
+        assert!(ready_after_publishing(api("", 500, 403)).await);
     }
 }
