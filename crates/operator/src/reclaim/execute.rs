@@ -10,7 +10,7 @@ use futures::future::join_all;
 use gpuqueue_api::v1alpha1::{CheckpointDriver, CheckpointResult, GpuQueue, HandoverRecord};
 use gpuqueue_core::{model::PodKey, reclaim::checkpoint_allowance};
 use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::Time};
-use kube::{Api, api::Patch};
+use kube::Api;
 use tokio::time::Instant;
 
 use super::{
@@ -18,6 +18,7 @@ use super::{
     evict::{self, Eviction},
     handover::{COMPLETED, Handover, Progress, Victim},
     intent::{self, Role},
+    progress::{self, CallRecord},
     reclaimer::Reclaimer,
     release::PendingRelease,
     requeue::Cause,
@@ -295,18 +296,19 @@ impl Reclaimer {
                 return None;
             }
             let pods: Api<Pod> = Api::namespaced(self.client.clone(), &victim.target.key.namespace);
-            let marked = match intent::progress_patch(&stub(victim), &handover.id) {
-                Ok(patch) => pods
-                    .patch(
-                        &victim.target.key.name,
-                        &Self::params(),
-                        &Patch::Json::<()>(patch),
-                    )
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string()),
-                Err(error) => Err(error.to_string()),
-            };
+            let (name, uid) = (&victim.target.key.name, &victim.target.uid);
+            let marked = progress::record_call(&pods, name, uid, &handover.id).await;
+            if marked == Ok(CallRecord::MadeBefore) {
+                let made_before = Victim {
+                    progress: Progress::Checkpointed,
+                    ..victim.clone()
+                };
+                return Some(Checkpointed {
+                    result: skipped_checkpoint(handover, &made_before),
+                    at: Instant::now(),
+                    called: true,
+                });
+            }
             if let Err(error) = marked {
                 tracing::warn!(reclaim = %handover.id, victim = %victim.target.key, %error,
                     "could not record the checkpoint before making it; evicting without one");
@@ -713,14 +715,6 @@ fn checkpoint_result(victim: &Victim, report: &CheckpointReport) -> CheckpointRe
 }
 
 /// Enough of a victim for the progress patch's tests (uid and reclaim id).
-fn stub(victim: &Victim) -> Pod {
-    let mut pod = Pod::default();
-    pod.metadata.name = Some(victim.target.key.name.clone());
-    pod.metadata.namespace = Some(victim.target.key.namespace.clone());
-    pod.metadata.uid = Some(victim.target.uid.clone());
-    pod
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

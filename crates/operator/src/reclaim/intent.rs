@@ -212,13 +212,14 @@ pub fn victim_intent_and_disruption_patch(
 /// The condition type a pod about to be disrupted carries.
 const DISRUPTION_TARGET: &str = "DisruptionTarget";
 
-/// The patch that records, before the call, that a victim's checkpoint is being made.
+/// The patch that records, before the call, that a victim's checkpoint is being made: refused
+/// unless the pod is still `pod` as read (uid and `resourceVersion`), of reclaim `id`.
 pub fn progress_patch(pod: &Pod, id: &str) -> Result<json_patch::Patch, PatchError> {
-    let operations = vec![
-        json!({"op": "test", "path": "/metadata/uid", "value": pod.metadata.uid}),
+    let mut operations = preconditions(pod)?;
+    operations.extend([
         json!({"op": "test", "path": annotation_path(annotations::RECLAIM_ID), "value": id}),
         json!({"op": "add", "path": annotation_path(annotations::RECLAIM_PROGRESS), "value": CHECKPOINTING}),
-    ];
+    ]);
     encode(pod, operations)
 }
 
@@ -571,6 +572,11 @@ mod tests {
             apply(&marked, &progress_patch(&marked, "rc-2").unwrap()).is_err(),
             "another reclaim's victim"
         );
+        // A pod read before another process marked it (a new leader's stale view) is not
+        // marked again: the write tests the version read.
+        let mut marked_since = progressed.clone();
+        marked_since.metadata.resource_version = Some("43".into());
+        assert!(apply(&marked_since, &progress_patch(&marked, "rc-1").unwrap()).is_err());
         let cleared = apply(&progressed, &clear_patch(&progressed, "rc-1").unwrap()).unwrap();
         assert_eq!(Mark::read(&cleared), None);
         assert_eq!(

@@ -59,6 +59,7 @@ mod in_flight;
 mod intent;
 mod metrics;
 mod planned;
+mod progress;
 mod recheck;
 mod reclaimer;
 mod record;
@@ -247,11 +248,16 @@ impl Handovers {
 
     /// Finds the handovers no task of this process runs and resumes or abandons them (see
     /// [`resume`]). Only reclaims recorded in operator-owned state count ([`trust`]): a mark
-    /// nobody recorded is ignored. Runs at the start of every pass.
+    /// nobody recorded is ignored. Runs at the start of every pass, once every watch delivers:
+    /// a store still relisting after a failover may miss what the last leader did just before
+    /// it stopped (a checkpoint it called, which an abandon must resume).
     pub async fn recover(&mut self, term: &Term, now: Timestamp) -> RecoveryEffect {
         let instant = Instant::now();
         self.reap(instant);
         let stores = &self.reclaimer.stores;
+        if !stores.live() {
+            return RecoveryEffect::default();
+        }
         let trusted = Trusted::read(stores, self.mine.values().cloned(), now);
         let claims = Claims::read(stores);
         // With no reclaim in flight no mark can be vouched for: the pods are not read (every

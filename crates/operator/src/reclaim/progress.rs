@@ -1,0 +1,150 @@
+//! Recording, before the call, that a victim's checkpoint is being made, so that no process
+//! ever makes it twice. The pod is read from the API server, not the store: after a failover
+//! the new leader's store may still be relisting, and miss the mark the old leader wrote just
+//! before it stopped. The mark is then written with a test of the version read, so of two
+//! processes at most one writes it.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Api, api::Patch};
+
+use super::{
+    intent::{self, Mark},
+    reclaimer::Reclaimer,
+};
+
+/// How many times a mark is tried when the pod changes between the read and the write (its
+/// status, written by the kubelet, changes its version too).
+const ATTEMPTS: usize = 3;
+
+/// What recording a checkpoint call found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallRecord {
+    /// This process wrote the mark: it makes the call.
+    Written,
+    /// An earlier leader marked it before it stopped: the call was made, and is never repeated.
+    MadeBefore,
+}
+
+/// Marks pod `name` (uid `uid`) of reclaim `id` as being checkpointed; an error says why not.
+pub async fn record_call(
+    pods: &Api<Pod>,
+    name: &str,
+    uid: &str,
+    id: &str,
+) -> Result<CallRecord, String> {
+    for _ in 0..ATTEMPTS {
+        let pod = pods.get(name).await.map_err(|e| e.to_string())?;
+        if pod.metadata.uid.as_deref() != Some(uid) {
+            return Err(format!("pod {name} was replaced by another of its name"));
+        }
+        if Mark::read(&pod).is_some_and(|mark| mark.id == id && mark.checkpoint_started) {
+            return Ok(CallRecord::MadeBefore);
+        }
+        let patch = intent::progress_patch(&pod, id).map_err(|e| e.to_string())?;
+        match pods
+            .patch(name, &Reclaimer::params(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => return Ok(CallRecord::Written),
+            // 422: a `test` failed (the pod changed since the read); 409: the same, seen by
+            // the storage layer. Read again.
+            Err(kube::Error::Api(status)) if status.code == 422 || status.code == 409 => {}
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+    Err(format!("pod {name} kept changing under {ATTEMPTS} tries"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests fail loudly
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::BodyExt;
+    use hyper::{Request, Response};
+    use kube::{Client, client::Body};
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
+    use super::*;
+
+    /// Method and body of each request the mock API server saw.
+    type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+
+    /// The victim as the API server shows it: reclaim `rc-1`, version `version`, `progress`.
+    fn victim(version: &str, progress: Option<&str>) -> Value {
+        let mut annotations = json!({"gpuqueue.io/reclaim-id": "rc-1"});
+        if let Some(progress) = progress {
+            annotations["gpuqueue.io/reclaim-progress"] = json!(progress);
+        }
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "v", "namespace": "batch",
+            "uid": "uid-v", "resourceVersion": version, "annotations": annotations}})
+    }
+
+    /// Pods whose reads show `reads` in turn (the last repeats), and whose patches are
+    /// answered by `patches` in turn.
+    fn pods(reads: Vec<Value>, patches: Vec<u16>) -> (Api<Pod>, Seen) {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let seen: Seen = Arc::default();
+        let log = seen.clone();
+        tokio::spawn(async move {
+            let (mut reads, mut patches) = (reads.into_iter(), patches.into_iter());
+            let mut last = Value::Null;
+            while let Some((request, send)) = handle.next_request().await {
+                let method = request.method().to_string();
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                log.lock().unwrap().push((method.clone(), body));
+                let (code, answer) = if method == "GET" {
+                    last = reads.next().unwrap_or_else(|| last.clone());
+                    (200, last.clone())
+                } else {
+                    let code = patches.next().unwrap();
+                    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "the test failed", "reason": "Invalid", "code": code});
+                    (code, if code == 200 { last.clone() } else { status })
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        (
+            Api::namespaced(Client::new(service, "batch"), "batch"),
+            seen,
+        )
+    }
+
+    #[tokio::test]
+    async fn a_call_an_earlier_leader_recorded_is_never_made_again() {
+        let (pods, seen) = pods(vec![victim("7", Some("checkpointing"))], vec![]);
+        let recorded = record_call(&pods, "v", "uid-v", "rc-1").await;
+        assert_eq!(recorded, Ok(CallRecord::MadeBefore));
+        let seen = seen.lock().unwrap();
+        assert!(seen.iter().all(|(method, _)| method == "GET"), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn the_mark_tests_the_version_read_and_is_read_again_when_it_changed() {
+        let reads = vec![victim("7", None), victim("8", None)];
+        let (pods, seen) = pods(reads, vec![422, 200]);
+        let recorded = record_call(&pods, "v", "uid-v", "rc-1").await;
+        assert_eq!(recorded, Ok(CallRecord::Written));
+        let seen = seen.lock().unwrap();
+        let methods: Vec<&str> = seen.iter().map(|(method, _)| method.as_str()).collect();
+        assert_eq!(methods, ["GET", "PATCH", "GET", "PATCH"]);
+        let version = json!({"op": "test", "path": "/metadata/resourceVersion", "value": "8"});
+        assert!(seen[3].1.as_array().unwrap().contains(&version), "{seen:?}");
+    }
+
+    #[tokio::test]
+    async fn a_namesake_is_not_marked() {
+        let mut namesake = victim("9", None);
+        namesake["metadata"]["uid"] = json!("uid-other");
+        let (pods, _) = pods(vec![namesake], vec![]);
+        assert!(record_call(&pods, "v", "uid-v", "rc-1").await.is_err());
+    }
+}
