@@ -90,7 +90,7 @@ pub use metrics::ReclaimMetrics;
 pub use recheck::Rechecks;
 pub use reclaimer::Reclaimer;
 pub use resume::Recovery;
-use trust::{Claims, Recorded, Trusted};
+use trust::{Claims, Recorded, Trusted, Vouched};
 
 use crate::leader::Term;
 
@@ -305,7 +305,10 @@ impl Handovers {
                 term,
                 recovery,
                 recorded,
-                &claims,
+                Vouched {
+                    claims: &claims,
+                    pods: &pods,
+                },
                 &mut recovered,
                 instant,
                 now,
@@ -334,7 +337,7 @@ impl Handovers {
         term: &Term,
         recovery: Recovery,
         recorded: &Recorded,
-        claims: &Claims,
+        vouched: Vouched<'_>,
         recovered: &mut RecoveryEffect,
         instant: Instant,
         now: Timestamp,
@@ -343,7 +346,7 @@ impl Handovers {
             Recovery::Resume { id, owner, victims } => {
                 let mut handover = self
                     .reclaimer
-                    .rebuild(recorded, &owner, &victims, claims, instant, now);
+                    .rebuild(recorded, &owner, &victims, vouched, instant, now);
                 if self.counted.contains(&id) {
                     // This process ran it to the end; only its records are missing.
                     handover.counted = true;

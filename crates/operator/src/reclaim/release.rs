@@ -124,12 +124,6 @@ impl Reclaimer {
             })
             .collect()
     }
-
-    /// The pods on `node` marked as some reclaim's victims, but for `own`: what a resumed
-    /// owner, whose plan is gone, waits for besides its own victims.
-    pub(super) fn victims_on(&self, node: &str, own: &[HandoverPod]) -> Vec<HandoverPod> {
-        victims_on(&self.stores.pods.state(), node, own)
-    }
 }
 
 /// Whether a held owner's room is free: its own victims are `gone`, and none of the victims
@@ -142,8 +136,9 @@ fn room_is_free(
     gone && !awaits.iter().any(present)
 }
 
-/// The pods of `pods` on `node` marked as some reclaim's victims, but for `own`.
-fn victims_on(pods: &[Arc<Pod>], node: &str, own: &[HandoverPod]) -> Vec<HandoverPod> {
+/// The pods of `pods` on `node` marked as some reclaim's victims, but for `own`: what a
+/// resumed owner, whose plan is gone, waits for besides its own victims.
+pub(super) fn victims_on(pods: &[Arc<Pod>], node: &str, own: &[HandoverPod]) -> Vec<HandoverPod> {
     pods.iter()
         .filter(|pod| {
             pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)

@@ -40,8 +40,9 @@ use super::{
     },
     intent::{self, Mark, Role},
     reclaimer::Reclaimer,
+    release,
     timeline::Timeline,
-    trust::{Claims, Recorded},
+    trust::{Recorded, Vouched},
 };
 use crate::{
     checkpoint::{Checkpointer, Resumed, pod_address},
@@ -149,7 +150,7 @@ impl Reclaimer {
         recorded: &Recorded,
         owner: &Pod,
         victims: &[Arc<Pod>],
-        claims: &Claims,
+        vouched: Vouched<'_>,
         now: Instant,
         now_at: Timestamp,
     ) -> Handover {
@@ -157,7 +158,7 @@ impl Reclaimer {
         let budget = self.settings(&recorded.queue).budget;
         let mut rebuilt = Vec::with_capacity(entry.victims.len());
         for listed in &entry.victims {
-            if let Some(why) = claims.refuses_victim(&listed.pod, &listed.queue) {
+            if let Some(why) = vouched.claims.refuses_victim(&listed.pod, &listed.queue) {
                 let (policy, grace) = self.victim_settings(&listed.queue);
                 let refused = Victim::departed(listed, policy, grace).target;
                 tracing::warn!(reclaim = %entry.id, victim = %listed.pod, "not evicted: {why}");
@@ -179,10 +180,11 @@ impl Reclaimer {
         let timeline = Timeline::resumed(entry.started_at.0, budget, now, now_at);
         let grace = rebuilt.iter().map(|v| v.grace).max().unwrap_or_default();
         let eviction_reserve = self.terminations.reserve(&entry.node, grace);
-        // The plan is gone: the owner waits for every other victim on its node, and is
-        // assumed to be one kube-scheduler would preempt for.
+        // The plan is gone: the owner waits for every other victim on its node whose mark is
+        // recorded (a mark anyone else wrote holds nothing back), and is assumed to be one
+        // kube-scheduler would preempt for.
         let own: Vec<HandoverPod> = rebuilt.iter().map(|v| v.target.clone()).collect();
-        let awaits = self.victims_on(&entry.node, &own);
+        let awaits = release::victims_on(vouched.pods, &entry.node, &own);
         // Only victims still to be called checkpoint: the others' time is spent or not needed.
         let checkpoint = rebuilt
             .iter()

@@ -110,6 +110,14 @@ pub struct Recorded {
 #[derive(Debug, Default)]
 pub struct Trusted(HashMap<String, Recorded>);
 
+/// What recovery believes: which queue claims each namespace, and the pods whose marks an
+/// entry in flight vouches for ([`Trusted::vouches_for`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Vouched<'a> {
+    pub claims: &'a Claims,
+    pub pods: &'a [Arc<Pod>],
+}
+
 impl Trusted {
     /// The entries of every queue's status in the store, and `mine` (written by this process,
     /// perhaps not in the store yet), read at `now`.
