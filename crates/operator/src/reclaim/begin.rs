@@ -448,7 +448,6 @@ fn reserved_handover(
         victims,
         timeline,
         resumed: false,
-        counted: false,
         overrides_min_borrow: plan.overrides_min_borrow,
         eviction_reserve: plan.eviction_reserve,
         fit: plan.fit,

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::{
     disruption,
     evict::{self, Eviction},
-    handover::{COMPLETED, Handover, Progress, Victim},
+    handover::{COMPLETED, Handover, HandoverPod, Progress, Victim},
     intent::{self, Role},
     progress::{self, CallRecord},
     reclaimer::Reclaimer,
@@ -41,19 +41,30 @@ pub struct HandoverEnd {
     /// Recorded and cleared; `false` when it stopped early (leadership lost, a write failed)
     /// and a later pass or leader has to resume it.
     pub done: bool,
-    /// Its end is counted in the metrics and announced: a retry must not do it again.
-    pub counted: bool,
+    /// It ran to the end (counted in the metrics, announced), but writing its records or
+    /// clearing its owner's intent failed: what a retry writes, as it is.
+    pub unwritten: Option<Unwritten>,
 }
 
 impl HandoverEnd {
-    /// Stopped early, to be resumed; `counted` as it was.
-    fn stopped(id: String, counted: bool) -> Self {
+    /// Stopped early, to be resumed.
+    fn stopped(id: String) -> Self {
         Self {
             id,
             done: false,
-            counted,
+            unwritten: None,
         }
     }
+}
+
+/// What a handover that ran to the end still has to write: its records, then its owner's
+/// intent cleared. A retry writes them again as they are, never worked out anew: a handover
+/// rebuilt once its victims are gone would record none of its phases, over the good records
+/// that did land (one queue's write failing, another's not).
+#[derive(Debug, Clone)]
+pub struct Unwritten {
+    owner: HandoverPod,
+    writes: Vec<(String, HandoverRecord)>,
 }
 
 impl Reclaimer {
@@ -68,11 +79,7 @@ impl Reclaimer {
             victims = handover.victims.len(), resumed = handover.resumed, fit = ?handover.fit,
             "handover running");
         // Held until the task ends: the owner queue's condition says it while it runs.
-        let _beyond_budget = if handover.counted {
-            None
-        } else {
-            self.say_budget_up_front(&handover).await
-        };
+        let _beyond_budget = self.say_budget_up_front(&handover).await;
 
         // 3-4. Each victim: checkpoint, then evict; all victims at once.
         let outcomes = join_all(
@@ -87,7 +94,7 @@ impl Reclaimer {
             .any(|o| matches!(o.eviction, Eviction::NotLeader))
         {
             tracing::warn!(reclaim = %id, "leadership lost during the handover; the next leader resumes it");
-            return HandoverEnd::stopped(id, handover.counted);
+            return HandoverEnd::stopped(id);
         }
         if let Some(at) = outcomes.iter().filter_map(|o| o.checkpointed_at).max() {
             handover.timeline.end(Phase::Checkpoint, at);
@@ -116,7 +123,7 @@ impl Reclaimer {
             .unwrap_or_default();
         let settled = self.settle(&term, &mut handover, deadline + grace).await;
         let Some(settled) = settled else {
-            return HandoverEnd::stopped(id, handover.counted);
+            return HandoverEnd::stopped(id);
         };
         self.terminations.record(
             &id,
@@ -461,30 +468,40 @@ impl Reclaimer {
             handover.victims.iter().map(|v| v.queue.as_str()).collect();
         let writes = record_writes(handover, &victim_queues, removals, outcome);
         if !term.is_current() {
-            return HandoverEnd::stopped(id, handover.counted);
+            return HandoverEnd::stopped(id);
         }
-        let recorded = self.write_records(term, &writes).await;
-        if !handover.counted {
-            self.count_finish(handover, outcome, &victim_queues);
-        }
+        self.count_finish(handover, outcome, &victim_queues);
+        let unwritten = Unwritten {
+            owner: handover.owner.clone(),
+            writes: writes
+                .into_iter()
+                .map(|(queue, record)| (queue.to_owned(), record))
+                .collect(),
+        };
+        self.write_out(term, id, unwritten).await
+    }
 
-        // The owner's intent goes last: it is what makes the next leader finish this handover.
-        if !recorded || !term.is_current() {
-            return HandoverEnd {
-                id,
-                done: false,
-                counted: true,
-            };
-        }
+    /// Writes again what handover `id` left unwritten ([`Unwritten`]).
+    pub async fn write_again(self, term: Term, id: String, unwritten: Unwritten) -> HandoverEnd {
+        tracing::info!(reclaim = %id, "writing the records of a finished handover again");
+        self.write_out(&term, id, unwritten).await
+    }
+
+    /// Writes the records, then clears the owner's intent: it goes last, being what makes the
+    /// next leader finish this handover.
+    async fn write_out(&self, term: &Term, id: String, unwritten: Unwritten) -> HandoverEnd {
+        let done = self.write_records(term, &unwritten.writes).await
+            && term.is_current()
+            && self.clear_owner_intent(&unwritten.owner, &id).await;
         HandoverEnd {
-            done: self.clear_owner_intent(handover).await,
             id,
-            counted: true,
+            done,
+            unwritten: (!done).then_some(unwritten),
         }
     }
 
     /// Writes every record at once; whether all of them were written.
-    async fn write_records(&self, term: &Term, writes: &[(&str, HandoverRecord)]) -> bool {
+    async fn write_records(&self, term: &Term, writes: &[(String, HandoverRecord)]) -> bool {
         let queues: Api<GpuQueue> = Api::all(self.client.clone());
         let results = join_all(
             writes
@@ -522,18 +539,18 @@ impl Reclaimer {
 
     /// Clears the owner's intent, if the store still holds the owner; `false` when that
     /// failed and must be retried.
-    async fn clear_owner_intent(&self, handover: &Handover) -> bool {
-        let Some(owner) = self.stored(&handover.owner) else {
+    async fn clear_owner_intent(&self, owner: &HandoverPod, id: &str) -> bool {
+        let Some(owner) = self.stored(owner) else {
             return true;
         };
-        let cleared = match intent::clear_patch(&owner, &handover.id) {
+        let cleared = match intent::clear_patch(&owner, id) {
             Ok(patch) => self.patch_pod(&owner, patch).await.map(drop),
             Err(error) => Err(error),
         };
         if let Err(error) = cleared
             && !error.is_stale()
         {
-            tracing::warn!(reclaim = %handover.id, %error, "clearing the owner's intent failed; retried");
+            tracing::warn!(reclaim = %id, %error, "clearing the owner's intent failed; retried");
             return false;
         }
         true
@@ -717,7 +734,120 @@ fn checkpoint_result(victim: &Victim, report: &CheckpointReport) -> CheckpointRe
 /// Enough of a victim for the progress patch's tests (uid and reclaim id).
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::BodyExt;
+    use hyper::{Request, Response};
+    use kube::{Client, client::Body};
+    use serde_json::{Value, json};
+    use tower_test::mock;
+
     use super::*;
+    use crate::{cluster::testing::TestStores, leader::test_term};
+
+    /// Path and body of each patch the mock API server saw.
+    type Patches = Arc<Mutex<Vec<(String, Value)>>>;
+
+    /// An API server whose queues have an empty status and whose pods are `owner`, answering
+    /// the first `fail` status patches of queue `batch` with 500.
+    fn api(owner: Value, mut fail: usize) -> (Client, Patches) {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let patches: Patches = Arc::default();
+        let seen = patches.clone();
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+                let body = request.into_body().collect().await.unwrap().to_bytes();
+                let mut code = 200;
+                if method == hyper::Method::PATCH {
+                    seen.lock()
+                        .unwrap()
+                        .push((path.clone(), serde_json::from_slice(&body).unwrap()));
+                    if path.contains("/gpuqueues/batch/") && fail > 0 {
+                        fail -= 1;
+                        code = 500;
+                    }
+                }
+                let answer = if code == 500 {
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "InternalError", "code": 500, "message": "etcd restarting"})
+                } else if path.contains("/pods/") {
+                    owner.clone()
+                } else {
+                    let name = path.split('/').nth(5).unwrap_or_default();
+                    json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+                        "metadata": {"name": name, "resourceVersion": "7"},
+                        "spec": {"namespaces": [name], "resources": []},
+                        "status": {"lastHandovers": [], "reclaimsInFlight": []}})
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        (Client::new(service, "default"), patches)
+    }
+
+    /// Review finding: one queue's record landing and another's failing (an API server
+    /// restarting) made the retry rebuild the handover from its entry, after its victims were
+    /// gone, and record it anew without its phases over the good records.
+    #[tokio::test]
+    async fn records_that_failed_are_written_again_as_they_were_then_the_intent_cleared() {
+        let owner = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "o", "namespace": "online", "uid": "uid-o", "resourceVersion": "3",
+                "annotations": {"gpuqueue.io/reclaim-id": "rc-1", "gpuqueue.io/reclaim-role": "owner"}}});
+        let mut stores = TestStores::new();
+        stores.add_pod(owner.clone());
+        let (client, patches) = api(owner.clone(), 1);
+        let reclaimer = Reclaimer::for_tests(client, stores.stores.clone());
+        let (term, _state) = test_term().await;
+        let record = |role: &str| HandoverRecord {
+            id: "rc-1".into(),
+            role: role.into(),
+            outcome: COMPLETED.into(),
+            total_millis: 1_234,
+            ..HandoverRecord::default()
+        };
+        let unwritten = Unwritten {
+            owner: HandoverPod::of(&serde_json::from_value(owner).unwrap()),
+            writes: vec![
+                ("online".into(), record("owner")),
+                ("batch".into(), record("victim")),
+            ],
+        };
+        let first = reclaimer.write_out(&term, "rc-1".into(), unwritten).await;
+        assert!(!first.done);
+        let kept = first.unwritten.expect("the records to write again");
+        let owner_cleared = |patches: &Patches| {
+            patches
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(path, _)| path.contains("/pods/"))
+                .count()
+        };
+        assert_eq!(
+            owner_cleared(&patches),
+            0,
+            "the intent goes only after every record"
+        );
+
+        let again = reclaimer.write_again(term, "rc-1".into(), kept).await;
+        assert!(again.done && again.unwritten.is_none());
+        assert_eq!(owner_cleared(&patches), 1);
+        let patches = patches.lock().unwrap();
+        let batch: Vec<&Value> = patches
+            .iter()
+            .filter(|(path, _)| path.contains("/gpuqueues/batch/"))
+            .map(|(_, body)| &body["status"]["lastHandovers"][0])
+            .collect();
+        assert_eq!(batch.len(), 2);
+        assert_eq!(batch[0], batch[1], "written again as it was");
+        assert_eq!(batch[1]["totalMillis"], 1_234);
+    }
 
     fn removal(eviction: Eviction) -> VictimRemoval {
         VictimRemoval {

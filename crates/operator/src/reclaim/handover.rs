@@ -136,9 +136,6 @@ pub struct Handover {
     pub timeline: Timeline,
     /// PassTiming in intent annotations by a later process, not started by this one.
     pub resumed: bool,
-    /// This process already counted the handover's end in the metrics and announced it; only
-    /// writing its records (or clearing the intent) failed and is being retried.
-    pub counted: bool,
     /// A victim was younger than its queue's `minBorrowDuration`, but no plan spared it.
     pub overrides_min_borrow: bool,
     /// What the budget keeps back after the checkpoint: the slowest victim's expected

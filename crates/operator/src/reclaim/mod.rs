@@ -82,7 +82,7 @@ use tracing::Instrument;
 pub use begin::{BeginError, Prepared, Reservation};
 pub use crash::{BadCrashPoint, CrashPoint};
 pub use evict::{Eviction, EvictionTarget, try_evict};
-use execute::HandoverEnd;
+use execute::{HandoverEnd, Unwritten};
 pub use handover::{Handover, PassTiming};
 use intent::Mark;
 pub use intent::VICTIM;
@@ -112,8 +112,8 @@ pub struct Handovers {
     /// clearing write, or a victim is still terminating): never resumed a second time.
     finished: HashSet<String>,
     /// Reclaims this process ran to the end (counted in the metrics, announced) whose records
-    /// or intent clearing failed: the retry writes those only.
-    counted: HashSet<String>,
+    /// or intent clearing failed: the retry writes those only, as they were.
+    unwritten: HashMap<String, Unwritten>,
     /// Queues reclaimed from by this process, with the start of the newest reclaim: their
     /// borrowing cool-down holds before their `lastHandovers` show it.
     reclaimed_from: HashMap<String, Timestamp>,
@@ -149,7 +149,7 @@ impl Handovers {
             by_task: HashMap::new(),
             retry: HashMap::new(),
             finished: HashSet::new(),
-            counted: HashSet::new(),
+            unwritten: HashMap::new(),
             reclaimed_from: HashMap::new(),
             mine: HashMap::new(),
         }
@@ -218,22 +218,22 @@ impl Handovers {
     /// Forgets finished tasks; one that stopped early is looked at again after a while.
     fn reap(&mut self, now: Instant) {
         while let Some(joined) = self.tasks.try_join_next_with_id() {
-            let (task, done, counted) = match joined {
-                Ok((task, finished)) => (task, finished.done, finished.counted),
+            let (task, done, unwritten) = match joined {
+                Ok((task, finished)) => (task, finished.done, finished.unwritten),
                 Err(error) => {
                     tracing::error!(%error, "a handover task failed");
-                    (error.id(), false, false)
+                    (error.id(), false, None)
                 }
             };
             if let Some(id) = self.by_task.remove(&task) {
                 self.running.remove(&id);
                 if done {
                     self.retry.remove(&id);
-                    self.counted.remove(&id);
+                    self.unwritten.remove(&id);
                     self.finished.insert(id);
                 } else {
-                    if counted {
-                        self.counted.insert(id.clone());
+                    if let Some(unwritten) = unwritten {
+                        self.unwritten.insert(id.clone(), unwritten);
                     }
                     self.retry.insert(id, now + RETRY_AFTER);
                 }
@@ -241,9 +241,32 @@ impl Handovers {
         }
         self.retry.retain(|_, at| *at > now);
         // Past its task and its retry, a reclaim's entry is the store's to show.
-        let (running, retry) = (&self.running, &self.retry);
-        self.mine
-            .retain(|id, _| running.contains_key(id) || retry.contains_key(id));
+        let (running, retry, unwritten) = (&self.running, &self.retry, &self.unwritten);
+        self.mine.retain(|id, _| {
+            running.contains_key(id) || retry.contains_key(id) || unwritten.contains_key(id)
+        });
+    }
+
+    /// Starts writing again, in a task, what each finished handover left unwritten once its
+    /// retry is due: from what it kept, whatever the store shows of its reclaim by then.
+    fn write_unwritten(&mut self, term: &Term) {
+        let due: Vec<(String, Unwritten)> = self
+            .unwritten
+            .iter()
+            .filter(|(id, _)| !self.running.contains_key(*id) && !self.retry.contains_key(*id))
+            .map(|(id, unwritten)| (id.clone(), unwritten.clone()))
+            .collect();
+        for (id, unwritten) in due {
+            let span = tracing::info_span!("handover", reclaim = %id);
+            let task = self.tasks.spawn(
+                self.reclaimer
+                    .clone()
+                    .write_again(term.clone(), id.clone(), unwritten)
+                    .instrument(span),
+            );
+            self.by_task.insert(task.id(), id.clone());
+            self.running.insert(id, task.id());
+        }
     }
 
     /// Finds the handovers no task of this process runs and resumes or abandons them (see
@@ -254,6 +277,7 @@ impl Handovers {
     pub async fn recover(&mut self, term: &Term, now: Timestamp) -> RecoveryEffect {
         let instant = Instant::now();
         self.reap(instant);
+        self.write_unwritten(term);
         let stores = &self.reclaimer.stores;
         if !stores.live() {
             return RecoveryEffect::default();
@@ -277,11 +301,11 @@ impl Handovers {
             .filter_map(|pod| Mark::read(pod).map(|mark| mark.id))
             .collect();
         self.finished.retain(|id| marked.contains(id));
-        self.counted.retain(|id| marked.contains(id));
         let skip = |id: &str| {
             self.running.contains_key(id)
                 || self.retry.contains_key(id)
                 || self.finished.contains(id)
+                || self.unwritten.contains_key(id)
         };
         let found = resume::scan(
             &pods,
@@ -344,16 +368,9 @@ impl Handovers {
     ) {
         match recovery {
             Recovery::Resume { id, owner, victims } => {
-                let mut handover = self
+                let handover = self
                     .reclaimer
                     .rebuild(recorded, &owner, &victims, vouched, instant, now);
-                if self.counted.contains(&id) {
-                    // This process ran it to the end; only its records are missing.
-                    handover.counted = true;
-                    tracing::info!(reclaim = %id, "writing the records of a finished handover again");
-                    self.spawn(term, handover);
-                    return;
-                }
                 tracing::warn!(reclaim = %id, owner = %handover.owner.key, "resuming a handover an earlier leader started");
                 self.reclaimer.announce_resumed(&handover);
                 self.spawn(term, handover);

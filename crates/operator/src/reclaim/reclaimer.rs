@@ -102,6 +102,22 @@ impl Reclaimer {
         }
     }
 
+    /// A reclaimer on `client` and `stores`, for tests; its events go nowhere.
+    #[cfg(test)]
+    pub(super) fn for_tests(client: Client, stores: Stores) -> Self {
+        let mut registry = crate::metrics::registry();
+        let (events, _publisher) = Events::new(client.clone(), "test");
+        Self::new(
+            client,
+            CheckpointClient::new().unwrap(),
+            stores,
+            ReclaimMetrics::register(&mut registry),
+            events,
+            Seals::default(),
+            None,
+        )
+    }
+
     /// What the admission passes publish for the evictions to ask ([`super::recheck`]).
     pub fn rechecks(&self) -> &Rechecks {
         &self.rechecks

@@ -49,8 +49,9 @@ use crate::{leader::Term, sync::lock};
 /// are written one batch at a time ([`RecordWriter`]), but reclaims starting
 /// (`status.reclaimsInFlight`) and the admission loop's status apply still move its
 /// `resourceVersion`; each conflict means one of those landed. (With 5 tries and one write per
-/// record, a 22-owner burst ran out: the handover was retried 5 s later as a resumed one, whose
-/// record holds only its late phases.)
+/// record, a 22-owner burst ran out. A retry now writes the records kept from the run,
+/// [`super::execute::Unwritten`], where it once rebuilt the handover, whose record then held
+/// only its late phases.)
 const ATTEMPTS: usize = MAX_RECLAIMS_IN_FLIGHT + 1;
 
 /// How long a record waits for the records of other handovers of its queue before it is

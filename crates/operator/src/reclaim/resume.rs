@@ -203,7 +203,6 @@ impl Reclaimer {
             victims: rebuilt,
             timeline,
             resumed: true,
-            counted: false,
             overrides_min_borrow: false,
             eviction_reserve,
             fit,
