@@ -144,6 +144,26 @@ pub fn is_gpu_resource(name: &str) -> bool {
         || name == "amd.com/gpu"
 }
 
+/// The prefix of the extended-resource name every DeviceClass answers to (KEP-5004, beta and on
+/// by default in 1.36): `deviceclass.resource.kubernetes.io/<class>` asks kube-scheduler for
+/// that many devices of the class, allocated through a claim it creates itself.
+pub const DEVICE_CLASS_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// Whether a container may ask for devices of a DeviceClass under this name: the class's
+/// implicit name, or an extended resource outside the `kubernetes.io` domains (the names a
+/// class's `spec.extendedResourceName` may take). Names the core counts by themselves
+/// ([`is_gpu_resource`], [`is_device_part`]) are not.
+pub fn may_be_device_class(name: &str) -> bool {
+    if name.starts_with(DEVICE_CLASS_PREFIX) {
+        return true;
+    }
+    let Some((domain, _)) = name.split_once('/') else {
+        return false;
+    };
+    let native = domain == "kubernetes.io" || domain.ends_with(".kubernetes.io");
+    !native && !is_gpu_resource(name) && !is_device_part(name)
+}
+
 /// Whether this resource asks for a part of each `nvidia.com/gpu` device (HAMi's memory and
 /// compute): not a device of its own, but never to be ignored.
 pub fn is_device_part(name: &str) -> bool {
@@ -377,5 +397,26 @@ mod tests {
         assert_eq!(ResourceName::nvidia_gpu().profile_memory_mib(), None);
         assert!(is_gpu_resource("nvidia.com/mig-2g.20gb"));
         assert!(!is_gpu_resource("hugepages-2Mi"));
+    }
+
+    #[test]
+    fn device_classes_answer_to_their_implicit_name_and_to_extended_resources() {
+        assert!(may_be_device_class(
+            "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+        ));
+        assert!(may_be_device_class("example.com/gpu"));
+        for counted_or_native in [
+            "nvidia.com/gpu",
+            "nvidia.com/gpumem",
+            "cpu",
+            "hugepages-2Mi",
+            "kubernetes.io/batch-cpu",
+            "scheduling.kubernetes.io/x",
+        ] {
+            assert!(
+                !may_be_device_class(counted_or_native),
+                "{counted_or_native}"
+            );
+        }
     }
 }

@@ -362,6 +362,19 @@ fn an_owner_held_at_the_gate_holds_its_room_and_a_gated_pod_without_all_its_mark
 }
 
 #[test]
+fn a_pod_asking_for_a_device_class_by_name_is_a_gpu_pod() {
+    // kube-scheduler allocates 8 devices of the class through a claim it makes: the pod is
+    // read, and charged once the class store says for what.
+    let by_class = pod(json!({
+        "metadata": {"name": "by-class", "namespace": "a"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits":
+            {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "8"}}}]}
+    }));
+    assert!(Pod::from_k8s(&by_class).unwrap().is_some());
+    assert!(gpuqueue_core::model::is_gpu_pod(&by_class));
+}
+
+#[test]
 fn finished_and_cpu_only_pods_are_ignored_and_fractional_gpus_refused() {
     let done = pod(json!({
         "metadata": {"name": "done", "namespace": "a"},

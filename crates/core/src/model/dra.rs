@@ -26,8 +26,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpuqueue_api::annotations;
 use k8s_openapi::api::{core::v1 as core, resource::v1 as dra};
 
-use super::pod::{GpuRequest, PodKey, is_gated};
-use crate::quantity::{ResourceName, is_gpu_resource};
+use super::node::MAX_DEVICES_PER_POOL;
+use super::pod::{GpuRequest, Pod, PodKey, is_gated, uses_resource_claims};
+use crate::quantity::{DEVICE_CLASS_PREFIX, ResourceName, is_gpu_resource};
 
 /// What `allocationMode: All` is charged when no node shows how many devices it could take:
 /// the most devices one claim may be allocated (`AllocationResultsMaxSize`), as ResourceQuota
@@ -53,34 +54,60 @@ pub enum ClassRole {
     Unmapped,
 }
 
-/// The cluster's DeviceClasses, by name, as quota sees them.
+/// The cluster's DeviceClasses, by name, as quota sees them, and the extended resources they
+/// declare (`spec.extendedResourceName`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DeviceClasses(BTreeMap<String, ClassRole>);
+pub struct DeviceClasses {
+    roles: BTreeMap<String, ClassRole>,
+    /// The class each declared extended resource asks for.
+    declared: BTreeMap<String, String>,
+}
 
 impl DeviceClasses {
     pub fn from_k8s<'a>(classes: impl IntoIterator<Item = &'a dra::DeviceClass>) -> Self {
-        Self(
-            classes
-                .into_iter()
-                .map(|class| {
-                    (
-                        class.metadata.name.clone().unwrap_or_default(),
-                        role_of(class),
-                    )
-                })
-                .collect(),
-        )
+        let mut by_age: Vec<&dra::DeviceClass> = classes.into_iter().collect();
+        // When two classes declare one name, the newest wins, as in kube-scheduler (KEP-5004).
+        by_age.sort_by_key(|class| {
+            (
+                class.metadata.creation_timestamp.clone().map(|t| t.0),
+                class.metadata.name.clone(),
+            )
+        });
+        let mut catalogue = Self::default();
+        for class in by_age {
+            let name = class.metadata.name.clone().unwrap_or_default();
+            if let Some(declared) = &class.spec.extended_resource_name {
+                catalogue.declared.insert(declared.clone(), name.clone());
+            }
+            catalogue.roles.insert(name, role_of(class));
+        }
+        catalogue
     }
 
     /// Adds one class (tests and the simulator build catalogues by hand).
     #[must_use]
     pub fn with(mut self, name: impl Into<String>, role: ClassRole) -> Self {
-        self.0.insert(name.into(), role);
+        self.roles.insert(name.into(), role);
+        self
+    }
+
+    /// Adds a class's `spec.extendedResourceName`.
+    #[must_use]
+    pub fn declaring(mut self, resource: impl Into<String>, class: impl Into<String>) -> Self {
+        self.declared.insert(resource.into(), class.into());
         self
     }
 
     pub fn role(&self, name: &str) -> Option<&ClassRole> {
-        self.0.get(name)
+        self.roles.get(name)
+    }
+
+    /// The class a container asks for devices of under extended resource `name`: the one the
+    /// implicit name `deviceclass.resource.kubernetes.io/<class>` names (whether it exists or
+    /// not), else the one declaring `name`; `None` when no class backs it (a device plugin's).
+    pub fn backing<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        name.strip_prefix(DEVICE_CLASS_PREFIX)
+            .or_else(|| self.declared.get(name).map(String::as_str))
     }
 }
 
@@ -439,7 +466,7 @@ fn charge_of(
         None => {
             return Err(format!(
                 "DeviceClass {} does not exist, so its devices cannot be counted; create it \
-                 (or fix deviceClassName)",
+                 (or fix the class name)",
                 shape.class
             ));
         }
@@ -473,6 +500,107 @@ fn charge_of(
         }
     };
     Ok(Some((resource, count)))
+}
+
+/// What a pod's extended resources that DeviceClasses may back ([`Pod::extended`]) do to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExtendedCharge {
+    /// No class backs any of them, and the pod asks for no GPU and uses no claim: it is not a
+    /// GPU pod (they are a device plugin's, an RDMA NIC's).
+    NotGpuPod,
+    /// These devices are added to its requests, one request per resource, sorted (none when no
+    /// class backs them, or only classes of other devices do).
+    Charged(Vec<GpuRequest>),
+}
+
+/// What `pod`'s extended resources charge through the classes backing them, by the rules of
+/// claims ([`charge_of`]): a counted class its quota resource, one device each; a class of
+/// other devices nothing; a missing or unmapped class cannot be counted, and the pod waits
+/// naming it, never charged nothing for devices kube-scheduler allocates. `uses_claims`: the
+/// pod has DRA claims (a GPU pod whatever these charge).
+pub fn extended_charge(
+    pod: &Pod,
+    uses_claims: bool,
+    classes: &DeviceClasses,
+) -> Result<ExtendedCharge, Uncounted> {
+    let mut devices = Devices::new();
+    let mut backed = false;
+    for (name, count) in &pod.extended {
+        let Some(class) = classes.backing(name.as_str()) else {
+            continue;
+        };
+        backed = true;
+        let field = format!("spec.containers.resources.requests[{name}]");
+        let count = u32::try_from(*count)
+            .ok()
+            .filter(|n| *n <= MAX_DEVICES_PER_POOL)
+            .ok_or_else(|| {
+                uncounted(
+                    &field,
+                    format!(
+                        "{count} devices is more than any node has (at most {MAX_DEVICES_PER_POOL})"
+                    ),
+                )
+            })?;
+        let shape = Shape {
+            class,
+            mode: None,
+            count: Some(i64::from(count)),
+            admin_access: false,
+        };
+        let charge =
+            charge_of(&shape, classes, &|_| count).map_err(|rule| uncounted(&field, rule))?;
+        add(&mut devices, charge);
+    }
+    if !backed && pod.requests.gpus.is_empty() && !uses_claims {
+        return Ok(ExtendedCharge::NotGpuPod);
+    }
+    Ok(ExtendedCharge::Charged(
+        devices
+            .into_iter()
+            .map(|(resource, count)| GpuRequest::devices(resource, count))
+            .collect(),
+    ))
+}
+
+/// How a pod asks for devices, as the webhook sees it at its creation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asks {
+    /// For no GPU: gpuqueue leaves it alone.
+    Nothing,
+    /// By the names the core counts (or so that the core cannot read it: it waits saying why).
+    ByName,
+    /// Through DRA: claims, or an extended resource a DeviceClass backs. What it takes is read
+    /// from the DRA stores by the admission pass, so it is never admitted at its creation.
+    ThroughDra,
+}
+
+/// How `pod` asks for devices; `classes` is asked only when the pod names an extended resource
+/// a class may back.
+pub fn asks(pod: &core::Pod, classes: &dyn Fn() -> DeviceClasses) -> Asks {
+    let read = match Pod::from_k8s(pod) {
+        Ok(None) => return Asks::Nothing,
+        Err(_) => return Asks::ByName,
+        Ok(Some(read)) => read.value,
+    };
+    if pod.spec.as_ref().is_some_and(uses_resource_claims) {
+        return Asks::ThroughDra;
+    }
+    if !read.extended.is_empty() {
+        let classes = classes();
+        if read
+            .extended
+            .iter()
+            .any(|(name, _)| classes.backing(name.as_str()).is_some())
+        {
+            return Asks::ThroughDra;
+        }
+    }
+    if read.requests.gpus.is_empty() {
+        Asks::Nothing
+    } else {
+        Asks::ByName
+    }
 }
 
 /// Adds `extra` to `into`, keeping one request per resource, sorted by resource name.
@@ -615,6 +743,153 @@ mod tests {
 
     fn eight(_: &ResourceName) -> u32 {
         8
+    }
+
+    /// A pod whose containers ask for `limits` (one map per container; the last one a sidecar).
+    fn asking(limits: &[serde_json::Value]) -> core::Pod {
+        let container = |(i, limits): (usize, &serde_json::Value)| json!({"name": format!("c{i}"), "resources": {"limits": limits}});
+        let (sidecar, main) = limits.split_last().unwrap();
+        let mut sidecar = container((main.len(), sidecar));
+        sidecar["restartPolicy"] = json!("Always");
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "t", "creationTimestamp": "2026-05-01T00:00:00Z"},
+            "spec": {
+                "schedulingGates": [{"name": gpuqueue_api::ADMISSION_GATE}],
+                "containers": main.iter().enumerate().map(container).collect::<Vec<_>>(),
+                "initContainers": [sidecar],
+            },
+        }))
+        .unwrap()
+    }
+
+    const IMPLICIT: &str = "deviceclass.resource.kubernetes.io/gpu.nvidia.com";
+
+    /// What the pod is charged once its extended resources are: its GPU requests, or why not.
+    fn charged(pod: &core::Pod, classes: &DeviceClasses) -> Result<Vec<GpuRequest>, Uncounted> {
+        let read = Pod::from_k8s(pod).unwrap().unwrap().value;
+        let mut gpus = read.requests.gpus.clone();
+        match extended_charge(
+            &read,
+            uses_resource_claims(pod.spec.as_ref().unwrap()),
+            classes,
+        )? {
+            ExtendedCharge::Charged(devices) => add_requests(&mut gpus, &devices),
+            ExtendedCharge::NotGpuPod => panic!("read as no GPU pod"),
+        }
+        Ok(gpus)
+    }
+
+    #[test]
+    fn a_class_asked_for_by_its_implicit_name_is_charged_its_quota_resource() {
+        // 6 by a container and 2 by a sidecar: kube-scheduler allocates 8 devices.
+        let pod = asking(&[json!({IMPLICIT: "6"}), json!({IMPLICIT: "2"})]);
+        assert_eq!(
+            charged(&pod, &classes()).unwrap(),
+            vec![GpuRequest::devices("nvidia.com/gpu", 8)]
+        );
+        assert_eq!(asks(&pod, &classes), Asks::ThroughDra);
+        // Asked both ways, both are charged.
+        let both = asking(&[json!({"nvidia.com/gpu": "1", IMPLICIT: "8"}), json!({})]);
+        assert_eq!(
+            charged(&both, &classes()).unwrap(),
+            vec![GpuRequest::devices("nvidia.com/gpu", 9)]
+        );
+        let slices = asking(&[
+            json!({"deviceclass.resource.kubernetes.io/mig-1g-10gb.nvidia.com": "3"}),
+            json!({}),
+        ]);
+        assert_eq!(
+            charged(&slices, &classes()).unwrap(),
+            vec![GpuRequest::devices("nvidia.com/mig-1g.10gb", 3)]
+        );
+    }
+
+    #[test]
+    fn an_implicit_name_that_cannot_be_counted_keeps_the_pod_waiting_naming_the_class() {
+        let unknown = asking(&[
+            json!({"deviceclass.resource.kubernetes.io/nope": "8"}),
+            json!({}),
+        ]);
+        let error = charged(&unknown, &classes()).unwrap_err();
+        assert_eq!(
+            error.field,
+            "spec.containers.resources.requests[deviceclass.resource.kubernetes.io/nope]"
+        );
+        assert!(
+            error.rule.contains("DeviceClass nope does not exist"),
+            "{error}"
+        );
+        assert_eq!(asks(&unknown, &classes), Asks::ThroughDra);
+        let unmapped = asking(&[
+            json!({}),
+            json!({"deviceclass.resource.kubernetes.io/gpu.example.com": "1"}),
+        ]);
+        let error = charged(&unmapped, &classes()).unwrap_err();
+        assert!(
+            error
+                .rule
+                .contains("DeviceClass gpu.example.com looks like a GPU class"),
+            "{error}"
+        );
+        let huge = asking(&[json!({IMPLICIT: "129"}), json!({})]);
+        assert!(
+            charged(&huge, &classes())
+                .unwrap_err()
+                .rule
+                .contains("more than any node has")
+        );
+        // A class of other devices charges nothing, as its claims do.
+        let nic = asking(&[
+            json!({"deviceclass.resource.kubernetes.io/nic.example.com": "1"}),
+            json!({}),
+        ]);
+        assert_eq!(charged(&nic, &classes()).unwrap(), Vec::new());
+    }
+
+    #[test]
+    fn an_extended_resource_a_class_declares_is_charged_through_the_class() {
+        let declared = classes().declaring("example.com/gpu", "gpu.nvidia.com");
+        let pod = asking(&[json!({"example.com/gpu": "8"}), json!({})]);
+        assert_eq!(
+            charged(&pod, &declared).unwrap(),
+            vec![GpuRequest::devices("nvidia.com/gpu", 8)]
+        );
+        assert_eq!(asks(&pod, &|| declared.clone()), Asks::ThroughDra);
+        // No class declares it: a device plugin's resource, and no GPU pod.
+        let read = Pod::from_k8s(&pod).unwrap().unwrap().value;
+        assert_eq!(
+            extended_charge(&read, false, &classes()),
+            Ok(ExtendedCharge::NotGpuPod)
+        );
+        assert_eq!(asks(&pod, &classes), Asks::Nothing);
+        let with_gpu = asking(&[
+            json!({"example.com/gpu": "8", "nvidia.com/gpu": "1"}),
+            json!({}),
+        ]);
+        assert_eq!(
+            charged(&with_gpu, &classes()).unwrap(),
+            vec![GpuRequest::devices("nvidia.com/gpu", 1)]
+        );
+        assert_eq!(asks(&with_gpu, &classes), Asks::ByName);
+    }
+
+    #[test]
+    fn the_newest_class_declaring_a_name_backs_it() {
+        let class = |name: &str, created: &str| -> dra::DeviceClass {
+            serde_json::from_value(
+                json!({"metadata": {"name": name, "creationTimestamp": created},
+                "spec": {"extendedResourceName": "example.com/gpu"}}),
+            )
+            .unwrap()
+        };
+        let (old, new) = (
+            class("b-old", "2026-01-01T00:00:00Z"),
+            class("a-new", "2026-02-01T00:00:00Z"),
+        );
+        let classes = DeviceClasses::from_k8s([&new, &old]);
+        assert_eq!(classes.backing("example.com/gpu"), Some("a-new"));
+        assert_eq!(classes.backing(IMPLICIT), Some("gpu.nvidia.com"));
+        assert_eq!(classes.backing("example.com/nic"), None);
     }
 
     #[test]

@@ -11,8 +11,8 @@ use super::converted::Converted;
 use super::node::{HOSTNAME_LABEL, MAX_DEVICES_PER_POOL};
 use super::selector::{NodeRules, Operator};
 use crate::quantity::{
-    MILLI_PER_DEVICE, Milli, ResourceName, is_device_part, is_gpu_resource, parse_bytes,
-    parse_device_count, parse_milli,
+    MILLI_PER_DEVICE, Milli, ResourceName, is_device_part, is_gpu_resource, may_be_device_class,
+    parse_bytes, parse_device_count, parse_milli,
 };
 
 /// `namespace/name` of a pod: unique in a snapshot, and the last tie-breaker of every ordering.
@@ -245,6 +245,10 @@ pub struct Pod {
     /// ([`super::dra::claim_sharers`]): the claim's devices stay allocated while any of them
     /// is there, so this pod leaving frees none of them.
     pub claim_sharers: Vec<PodKey>,
+    /// Extended resources a DeviceClass may back (KEP-5004), with the pod's effective count,
+    /// sorted by name: not in `requests` until the class store says what they charge
+    /// ([`super::dra::extended_charge`]).
+    pub extended: Vec<(ResourceName, u64)>,
 }
 
 /// A pod that cannot be modelled.
@@ -293,8 +297,9 @@ pub fn is_held_owner(pod: &k8s::Pod) -> bool {
         && note(annotations::ADMITTED_AT).is_some()
 }
 
-/// Whether the operator keeps the pod: a live pod with a GPU request, whether the core can read
-/// it or not (one it cannot read is kept so that the admission pass can say why it waits).
+/// Whether the operator keeps the pod: a live pod with a GPU request, DRA claims or an extended
+/// resource a DeviceClass may back (the admission pass says whether one does), whether the
+/// core can read it or not (one it cannot read is kept so that the pass can say why it waits).
 pub fn is_gpu_pod(pod: &k8s::Pod) -> bool {
     !matches!(Pod::from_k8s(pod), Ok(None))
 }
@@ -321,6 +326,7 @@ impl Pod {
             unadmitted: false,
             unschedulable_since: None,
             claim_sharers: Vec::new(),
+            extended: Vec::new(),
         }
     }
 
@@ -360,7 +366,8 @@ impl Pod {
     }
 
     /// Reads a Kubernetes pod. `Ok(None)` for pods the policy ignores: finished pods and pods
-    /// that request no GPU resource.
+    /// that request no GPU resource, no DRA claim and no extended resource a DeviceClass may
+    /// back.
     pub fn from_k8s(pod: &k8s::Pod) -> Result<Option<Converted<Self>>, PodError> {
         let key = PodKey::new(
             pod.metadata
@@ -381,10 +388,9 @@ impl Pod {
         let Some(spec) = pod.spec.as_ref() else {
             return Err(err("spec", "must be set".into()));
         };
-        let requests = effective_requests(spec).map_err(|(field, rule)| err(&field, rule))?;
-        // A pod with DRA claims is kept even without an extended-resource request: what its
-        // claims charge is added by [`super::dra`] once the claims are read.
-        if requests.gpus.is_empty() && !uses_resource_claims(spec) {
+        let (requests, extended) = effective_requests(spec).map_err(|(f, rule)| err(&f, rule))?;
+        // Kept without a GPU request too: what claims and classes charge, [`super::dra`] adds.
+        if requests.gpus.is_empty() && !uses_resource_claims(spec) && extended.is_empty() {
             return Ok(None);
         }
 
@@ -437,6 +443,7 @@ impl Pod {
                 unschedulable_since: unschedulable_since(pod),
                 // The claim stores say (the operator's `admission::device_claims`).
                 claim_sharers: Vec::new(),
+                extended,
             },
             warnings,
         }))
@@ -601,8 +608,8 @@ impl DevicePart {
     }
 }
 
-/// Amounts of one container's resources: (cpu milli, memory bytes, GPU devices by name, and
-/// what it asks of each `nvidia.com/gpu` device).
+/// Amounts of one container's resources: (cpu milli, memory bytes, devices by name (GPUs, and
+/// what a DeviceClass may back), and what it asks of each `nvidia.com/gpu` device).
 #[derive(Default, Clone)]
 struct Amounts {
     cpu: u64,
@@ -692,7 +699,7 @@ fn container_amounts(c: &k8s::Container, field: &str) -> Result<Amounts, (String
         match name.as_str() {
             "cpu" => amounts.cpu = parse_milli(&q.0).map_err(|e| (f(), e.to_string()))?,
             "memory" => amounts.memory = parse_bytes(&q.0).map_err(|e| (f(), e.to_string()))?,
-            gpu if is_gpu_resource(gpu) => {
+            gpu if is_gpu_resource(gpu) || may_be_device_class(gpu) => {
                 let n = parse_device_count(&q.0).map_err(|e| (f(), e.to_string()))?;
                 if n > 0 {
                     amounts.gpus.push((gpu.to_string(), n));
@@ -760,8 +767,9 @@ fn fold_part(
 }
 
 /// The pod's effective requests as kube-scheduler computes them: the sum over containers (and
-/// sidecars), at least the largest init container, plus the pod overhead.
-fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)> {
+/// sidecars), at least the largest init container, plus the pod overhead; and apart, the
+/// extended resources a DeviceClass may back.
+fn effective_requests(spec: &k8s::PodSpec) -> Result<Extended<Requests>, (String, String)> {
     let mut total = Amounts::default();
     let mut part = None;
     for (i, c) in spec.containers.iter().enumerate() {
@@ -802,8 +810,33 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)>
             _ => {}
         }
     }
+    let (gpus, extended) = gpu_requests(total.gpus, part)?;
+    let requests = Requests {
+        cpu_milli: total.cpu,
+        memory_bytes: total.memory,
+        gpus,
+        quota_only: Vec::new(),
+    };
+    Ok((requests, extended))
+}
+
+/// A value and the extended resources a DeviceClass may back, by name, sorted.
+type Extended<T> = (T, Vec<(ResourceName, u64)>);
+
+/// The GPU requests of a pod's effective device counts, with `part` on its `nvidia.com/gpu`;
+/// and apart, the counts of names a DeviceClass may back (what they charge, and so how many
+/// devices is too many, the class store says).
+fn gpu_requests(
+    devices: Vec<(String, u64)>,
+    part: Option<DevicePart>,
+) -> Result<Extended<Vec<GpuRequest>>, (String, String)> {
     let mut gpus = Vec::new();
-    for (name, count) in total.gpus {
+    let mut extended = Vec::new();
+    for (name, count) in devices {
+        if !is_gpu_resource(&name) {
+            extended.push((ResourceName::new(&name), count));
+            continue;
+        }
         // Refused here, where the field can be named, and not only by the snapshot, which
         // would leave the pod out and so waiting at the gate with no reason given.
         let count = u32::try_from(count)
@@ -827,10 +860,6 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Requests, (String, String)>
         gpus.push(gpu);
     }
     gpus.sort();
-    Ok(Requests {
-        cpu_milli: total.cpu,
-        memory_bytes: total.memory,
-        gpus,
-        quota_only: Vec::new(),
-    })
+    extended.sort();
+    Ok((gpus, extended))
 }

@@ -54,14 +54,12 @@ struct Charges {
 pub fn charge(
     pods: &mut Vec<Arc<model::Pod>>,
     claiming: Vec<ClaimingPod>,
-    nodes: &[Arc<model::Node>],
-    stores: &DeviceStores,
+    (nodes, stores, classes): (&[Arc<model::Node>], &DeviceStores, &DeviceClasses),
     (unreadable, problems): (&mut Vec<(Arc<Pod>, String)>, &mut Vec<String>),
 ) {
     if claiming.is_empty() {
         return;
     }
-    let classes = DeviceClasses::from_k8s(stores.classes.state().iter().map(AsRef::as_ref));
     let most = most_devices(nodes);
     let most_devices = |resource: &ResourceName| {
         most.get(resource)
@@ -72,7 +70,7 @@ pub fn charge(
     let mut uncounted = Vec::new();
     for (index, pod) in claiming {
         let pending = !pods[index].is_admitted();
-        match charges_of(&pod, pending, stores, &classes, &most_devices) {
+        match charges_of(&pod, pending, stores, classes, &most_devices) {
             Ok((names, by_claim)) => read.push(Charges {
                 index,
                 object: pod,
@@ -234,11 +232,19 @@ mod tests {
         stores: &TestStores,
     ) -> (Vec<(Arc<Pod>, String)>, Vec<String>) {
         let (mut unreadable, mut problems) = (Vec::new(), Vec::new());
+        let classes = DeviceClasses::from_k8s(
+            stores
+                .stores
+                .devices
+                .classes
+                .state()
+                .iter()
+                .map(AsRef::as_ref),
+        );
         charge(
             pods,
             claiming,
-            &[],
-            &stores.stores.devices,
+            (&[], &stores.stores.devices, &classes),
             (&mut unreadable, &mut problems),
         );
         (unreadable, problems)

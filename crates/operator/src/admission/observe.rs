@@ -11,7 +11,10 @@ use gpuqueue_api::v1alpha1::GpuQueueStatus;
 use gpuqueue_core::{
     Snapshot,
     fragmentation::DEFAULT_POPULARITY,
-    model::{self, Converted, FieldError, NodeError, PodError, PodKey, QueueError},
+    model::{
+        self, Converted, FieldError, NodeError, PodError, PodKey, QueueError,
+        dra::{DeviceClasses, ExtendedCharge, add_requests, extended_charge},
+    },
     pins::{self, Released, UNBINDABLE_AFTER},
     snapshot::kept::{KeptSnapshot, Made},
 };
@@ -265,27 +268,29 @@ impl Observed {
                 Err(error) => observed.problems.push(error.to_string()),
             }
         }
-        let claiming = observed.read_pods(pods, assumed, models);
+        let classes = DeviceClasses::from_k8s(classes.iter().map(AsRef::as_ref));
+        let claiming = observed.read_pods(pods, assumed, models, &classes);
         models.nodes.end_pass();
         models.pods.end_pass();
         device_claims::charge(
             &mut observed.pods,
             claiming,
-            &observed.nodes,
-            &stores.devices,
+            (&observed.nodes, &stores.devices, &classes),
             (&mut observed.unreadable_pods, &mut observed.problems),
         );
         observed
     }
 
     /// Reads the pods into [`Self::pods`] (or [`Self::unreadable_pods`]), each as `assumed`
-    /// shows it, and as unadmitted where its admission is not the operator's; returns those
-    /// that claim devices through DRA, by index, for their claims to be charged.
+    /// shows it, and as unadmitted where its admission is not the operator's, charged for the
+    /// extended resources `classes` back; returns those that claim devices through DRA, by
+    /// index, for their claims to be charged.
     fn read_pods(
         &mut self,
         pods: &[Arc<Pod>],
         assumed: &Assumed,
         models: &mut Models,
+        classes: &DeviceClasses,
     ) -> Vec<(usize, Arc<Pod>)> {
         let mut claiming = Vec::new();
         let Models {
@@ -331,16 +336,20 @@ impl Observed {
             match model {
                 Ok(Some(converted)) => {
                     self.problems.extend(converted.warnings);
+                    let Some(pod) = self.charge_extended(converted.value, stored, claims, classes)
+                    else {
+                        continue;
+                    };
                     if let Some(why) = unbelieved {
                         self.unbelieved.push(Unbelieved {
-                            pod: converted.value.key.clone(),
+                            pod: pod.key.clone(),
                             why,
                         });
                     }
                     if claims {
                         claiming.push((self.pods.len(), stored.clone()));
                     }
-                    self.pods.push(converted.value);
+                    self.pods.push(pod);
                 }
                 Ok(None) => {}
                 Err(error) => self
@@ -349,6 +358,43 @@ impl Observed {
             }
         }
         claiming
+    }
+}
+
+impl Observed {
+    /// Adds to `pod`'s requests what its extended resources charge through the classes backing
+    /// them (`gpuqueue_core::model::dra::extended_charge`). `None` when it leaves the model: no
+    /// GPU pod after all, or a pending pod they cannot be counted for (it waits, saying why;
+    /// an admitted one keeps what it holds otherwise, and the problem is logged).
+    fn charge_extended(
+        &mut self,
+        mut pod: Arc<model::Pod>,
+        stored: &Arc<Pod>,
+        claims: bool,
+        classes: &DeviceClasses,
+    ) -> Option<Arc<model::Pod>> {
+        if pod.extended.is_empty() {
+            return Some(pod);
+        }
+        match extended_charge(&pod, claims, classes) {
+            Ok(ExtendedCharge::NotGpuPod) => None,
+            Ok(ExtendedCharge::Charged(devices)) => {
+                if !devices.is_empty() {
+                    add_requests(&mut Arc::make_mut(&mut pod).requests.gpus, &devices);
+                }
+                Some(pod)
+            }
+            Err(error) => {
+                let reason = format!("pod {}: {error}", pod.key);
+                if pod.is_admitted() {
+                    self.problems.push(reason);
+                    Some(pod)
+                } else {
+                    self.unreadable_pods.push((stored.clone(), reason));
+                    None
+                }
+            }
+        }
     }
 }
 
@@ -955,6 +1001,61 @@ mod tests {
         assert_eq!(node.pools.len(), 1);
         assert_eq!(node.pools[0].resource, "nvidia.com/gpu".into());
         assert_eq!(node.pools[0].devices, 2);
+    }
+
+    #[test]
+    fn a_pass_charges_extended_resources_through_the_classes_that_back_them() {
+        use kube::runtime::watcher::Event;
+        let mut stores = stores();
+        for class in [
+            json!({"metadata": {"name": "gpu.nvidia.com"},
+                "spec": {"extendedResourceName": "nvidia.com/gpu"}}),
+            json!({"metadata": {"name": "unmapped-gpu"}, "spec": {}}),
+        ] {
+            let class = serde_json::from_value(class).unwrap();
+            stores
+                .devices
+                .classes
+                .apply_watcher_event(&Event::Apply(class));
+        }
+        let asking = |name: &str, limits: serde_json::Value, gated: bool| {
+            let mut pod = serde_json::to_value(pod("batch", None)).unwrap();
+            pod["metadata"]["name"] = json!(name);
+            pod["spec"]["containers"][0]["resources"] = json!({"limits": limits});
+            if gated {
+                pod["spec"]["schedulingGates"] = json!([{"name": gpuqueue_api::ADMISSION_GATE}]);
+            }
+            pod
+        };
+        let implicit = "deviceclass.resource.kubernetes.io/gpu.nvidia.com";
+        // Ungated (the webhook was down): it runs, charged in full and unadmitted.
+        stores.add_pod(asking(
+            "both",
+            json!({"nvidia.com/gpu": "1", implicit: "8"}),
+            false,
+        ));
+        let unmapped = "deviceclass.resource.kubernetes.io/unmapped-gpu";
+        stores.add_pod(asking("unmapped", json!({unmapped: "1"}), true));
+        stores.add_pod(asking("nic", json!({"example.com/nic": "1"}), false));
+        let observed = Observed::read(
+            &stores.stores,
+            &stores.stores.pods.state(),
+            &Assumed::default(),
+            &mut Models::default(),
+        );
+        assert_eq!(observed.pods.len(), 1, "{:?}", observed.pods);
+        assert_eq!(
+            observed.pods[0].requests.gpus,
+            vec![model::GpuRequest::devices("nvidia.com/gpu", 9)]
+        );
+        assert!(observed.pods[0].unadmitted);
+        assert_eq!(observed.unreadable_pods.len(), 1);
+        let (pod, why) = &observed.unreadable_pods[0];
+        assert_eq!(pod.metadata.name.as_deref(), Some("unmapped"));
+        assert!(
+            why.contains("DeviceClass unmapped-gpu looks like a GPU class"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -23,8 +23,11 @@
 //!
 //! A pod with `spec.resourceClaims` (DRA devices) is always gated, never admitted at creation:
 //! what its claims charge is read from the claim objects by the admission pass, and a
-//! template's claim does not exist yet when the pod is created. The policy refuses such a pod
-//! without the gate (so while the webhook is down).
+//! template's claim does not exist yet when the pod is created. So is a pod asking for devices
+//! by a DeviceClass's extended-resource name (`deviceclass.resource.kubernetes.io/<class>`, or
+//! the class's `spec.extendedResourceName`): what that charges, the class store says. The
+//! policy refuses such a pod without the gate (so while the webhook is down), for claims and
+//! implicit names; a declared name it cannot tell from a device plugin's.
 
 use std::collections::BTreeMap;
 
@@ -75,6 +78,13 @@ pub trait GatePolicy: Send + Sync + 'static {
     /// The webhook gated a managed pod that [`Self::admit_at_creation`] did not decide: it
     /// gave up waiting for a busy admission pass, or the pod is never admitted at creation.
     fn gated_undecided(&self) {}
+
+    /// Whether what managed `pod` takes is read from DRA objects by the admission pass (its
+    /// claims, or the classes backing its extended resources): it is never admitted at its
+    /// creation. The default sees claims only.
+    fn through_dra(&self, pod: &Pod) -> bool {
+        pod.spec.as_ref().is_some_and(uses_resource_claims)
+    }
 }
 
 /// The answer to one admission review: the response body, and what was done for metrics.
@@ -173,7 +183,7 @@ fn gate_or_admit(
     // A dry run creates nothing, so it must reserve nothing: it sees the gate.
     let at_creation = if dry_run {
         Err(Gate::Declined)
-    } else if pod.spec.as_ref().is_some_and(uses_resource_claims) {
+    } else if policy.through_dra(pod) {
         policy.gated_undecided();
         Err(Gate::Declined)
     } else {
@@ -280,6 +290,8 @@ fn admission_operations(pod: &Pod, admitted: &CreationAdmission) -> Vec<serde_js
 
 #[cfg(test)]
 mod tests {
+    use gpuqueue_core::model::dra::{Asks, DeviceClasses, asks};
+
     use super::*;
 
     /// Reads an AdmissionReview and answers it, as the server does.
@@ -302,11 +314,15 @@ mod tests {
                         .is_some_and(|limits| limits.contains_key("nvidia.com/gpu"))
                 }) || uses_resource_claims(spec)
             });
-            (in_tenant && wants_gpu).then(|| "tenant-queue".to_owned())
+            (in_tenant && (wants_gpu || self.through_dra(pod))).then(|| "tenant-queue".to_owned())
         }
 
         fn claiming_queue(&self, pod: &Pod) -> Option<String> {
             (pod.metadata.namespace.as_deref() == Some("tenant")).then(|| "tenant-queue".to_owned())
+        }
+
+        fn through_dra(&self, pod: &Pod) -> bool {
+            asks(pod, &DeviceClasses::default) == Asks::ThroughDra
         }
     }
 
@@ -384,6 +400,10 @@ mod tests {
     impl GatePolicy for AdmittingPolicy {
         fn managing_queue(&self, pod: &Pod) -> Option<String> {
             TenantPolicy.managing_queue(pod)
+        }
+
+        fn through_dra(&self, pod: &Pod) -> bool {
+            TenantPolicy.through_dra(pod)
         }
 
         fn admit_at_creation(&self, _pod: &Pod) -> Result<CreationAdmission, Gate> {
@@ -553,6 +573,25 @@ mod tests {
         }
         let answer = review(&review_body("CREATE", "other", &cpu), &TenantPolicy).unwrap();
         assert_eq!(answer.result, WebhookResult::NotManaged);
+    }
+
+    #[test]
+    fn a_pod_asking_for_a_device_class_by_name_is_gated_never_admitted_at_once() {
+        // kube-scheduler allocates the class's devices through a claim of its own: what they
+        // charge is known from the class store, in the admission pass.
+        let implicit = json!({"containers": [{"name": "vllm", "image": "vllm/vllm-openai",
+            "resources": {"limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "8"}}}]});
+        let answer = review(
+            &review_body("CREATE", "tenant", &implicit),
+            &AdmittingPolicy,
+        )
+        .unwrap();
+        assert_eq!(answer.result, WebhookResult::Gated);
+        assert_eq!(
+            patch_of(&answer).unwrap(),
+            json!([{"op": "add", "path": "/spec/schedulingGates",
+                    "value": [{"name": "gpuqueue.io/admission"}]}])
+        );
     }
 
     /// Like [`AdmittingPolicy`], counting the pods gated without being asked about.

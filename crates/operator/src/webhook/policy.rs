@@ -2,7 +2,10 @@
 //! rules over the stores), and whether the leader admits it at its creation.
 
 use gpuqueue_api::v1alpha1::GpuQueue;
-use gpuqueue_core::model::{Claim, Namespace, Queue, claim_of, is_gpu_pod};
+use gpuqueue_core::model::{
+    Claim, Namespace, Queue, claim_of,
+    dra::{Asks, DeviceClasses, asks},
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 
@@ -17,7 +20,8 @@ use crate::{
 };
 
 /// The webhook's policy, answered from the stores by the core's rules: a pod is managed when
-/// the core models it as a GPU pod and a queue claims its namespace. A namespace that several
+/// it asks for GPUs (by name, through claims, or by an extended resource a DeviceClass in the
+/// store backs) and a queue claims its namespace. A namespace that several
 /// queues claim is managed too (its pods wait until the conflict is resolved). Managed pods
 /// are admitted at creation when the leader can ([`AtCreation`]), gated otherwise.
 #[derive(Debug, Clone)]
@@ -39,7 +43,7 @@ impl StoreGatePolicy {
 
 impl GatePolicy for StoreGatePolicy {
     fn managing_queue(&self, pod: &Pod) -> Option<String> {
-        if !is_gpu_pod(pod) {
+        if asks(pod, &|| self.classes()) == Asks::Nothing {
             return None;
         }
         self.claiming_queue(pod)
@@ -81,14 +85,31 @@ impl GatePolicy for StoreGatePolicy {
     fn gated_undecided(&self) {
         self.at_creation.gated_undecided(clock::now());
     }
+
+    fn through_dra(&self, pod: &Pod) -> bool {
+        asks(pod, &|| self.classes()) == Asks::ThroughDra
+    }
+}
+
+impl StoreGatePolicy {
+    fn classes(&self) -> DeviceClasses {
+        let classes = self.stores.devices.classes.state();
+        DeviceClasses::from_k8s(classes.iter().map(AsRef::as_ref))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
+    use gpuqueue_core::model::is_gpu_pod;
+    use kube::runtime::watcher;
+
     use super::*;
-    use crate::cluster::testing::{claiming_stores as stores, gpu_pod as pod};
+    use crate::{
+        cluster::testing::{claiming_stores as stores, gpu_pod as pod},
+        webhook::{metrics::WebhookResult, mutate},
+    };
 
     #[test]
     fn only_pods_the_core_models_are_kept() {
@@ -133,6 +154,41 @@ mod tests {
             Some("online")
         );
         assert_eq!(policy.claiming_queue(&pod("elsewhere", None)), None);
+    }
+
+    /// A pod in `online` asking for `limits`, as the API server reviews its creation.
+    fn review_of(limits: &serde_json::Value) -> kube::core::admission::AdmissionRequest<Pod> {
+        let mut pod = serde_json::to_value(pod("online", None)).unwrap();
+        pod["spec"]["containers"][0]["resources"] = json!({ "limits": limits });
+        serde_json::from_value(json!({
+            "uid": "0b5f1b6e-1111-2222-3333-444455556666",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "online", "operation": "CREATE", "userInfo": {}, "object": pod,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pod_asking_for_a_device_class_by_name_is_gated_in_a_claimed_namespace() {
+        let mut stores = stores();
+        let class = serde_json::from_value(json!({"metadata": {"name": "accel.example.com"},
+            "spec": {"extendedResourceName": "example.com/gpu"}}))
+        .unwrap();
+        stores
+            .devices
+            .classes
+            .apply_watcher_event(&watcher::Event::Apply(class));
+        let policy = policy(stores.stores);
+        let implicit = json!({"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "8"});
+        for limits in [implicit, json!({"example.com/gpu": "8"})] {
+            let answer = mutate::answer(&review_of(&limits), &policy);
+            assert_eq!(answer.result, WebhookResult::Gated, "{limits}");
+            assert_eq!(answer.queue.as_deref(), Some("online"));
+        }
+        // An extended resource no class declares is a device plugin's: left alone.
+        let answer = mutate::answer(&review_of(&json!({"example.com/nic": "1"})), &policy);
+        assert_eq!(answer.result, WebhookResult::NotManaged);
     }
 
     #[test]
