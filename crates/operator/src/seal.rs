@@ -40,7 +40,7 @@ use ring::{hmac, rand::SecureRandom};
 
 use gpuqueue_core::{
     model::HOSTNAME_LABEL as PIN_LABEL,
-    quantity::{is_device_part, is_gpu_resource},
+    quantity::{DEVICE_CLASS_PREFIX, is_device_part, is_gpu_resource},
 };
 use serde::Serialize;
 
@@ -254,12 +254,13 @@ fn message(pod: &Pod, admitted: &Admitted<'_>) -> String {
 }
 
 /// The requests a seal binds: those of every resource the core charges to a queue (GPUs, MIG
-/// profiles, HAMi's memory and compute parts) in every container, and of what kind each
-/// container is, since the core charges a sidecar (an init container that restarts `Always`)
-/// for the pod's life and another init container only while it runs. Other resources are
-/// not: a mutating webhook after gpuqueue's may add some (an RDMA device, an
-/// `ephemeral-storage` default) to what was admitted, and the kubelet resizes CPU and memory
-/// in place.
+/// profiles, HAMi's memory and compute parts, DeviceClasses by their implicit names) in every
+/// container, and of what kind each container is, since the core charges a sidecar (an init
+/// container that restarts `Always`) for the pod's life and another init container only while
+/// it runs. Other resources are not: a mutating webhook after gpuqueue's may add some (an RDMA
+/// device, an `ephemeral-storage` default) to what was admitted, and the kubelet resizes CPU
+/// and memory in place. A name a DeviceClass declares is not either: which names are, only
+/// the class store says, and it may change after the admission.
 fn charged_requests(spec: &PodSpec) -> Vec<(&'static str, &str, &'static str, &str, &str)> {
     let init_kind = |container: &Container| {
         if container.restart_policy.as_deref() == Some("Always") {
@@ -285,7 +286,11 @@ fn charged_requests(spec: &PodSpec) -> Vec<(&'static str, &str, &'static str, &s
                 amounts
                     .into_iter()
                     .flat_map(BTreeMap::iter)
-                    .filter(|(name, _)| is_gpu_resource(name) || is_device_part(name))
+                    .filter(|(name, _)| {
+                        is_gpu_resource(name)
+                            || is_device_part(name)
+                            || name.starts_with(DEVICE_CLASS_PREFIX)
+                    })
                     .map(move |(name, amount)| {
                         (
                             kind,
@@ -649,6 +654,8 @@ mod tests {
         for added in [
             json!({"name": "more", "resources": {"limits": {"nvidia.com/gpu": "1"}}}),
             json!({"name": "main", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}),
+            json!({"name": "more", "resources": {"limits":
+                {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "8"}}}),
         ] {
             let grown = with_container(sealed.clone(), added.clone(), false);
             assert!(forged(&seal.verdict(&grown)), "{added}");
