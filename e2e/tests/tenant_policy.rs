@@ -397,6 +397,10 @@ async fn a_tenant_cannot_take_gpus_through_dra_claims_in_a_claimed_namespace() {
     // No extended resource at all: the webhook is sent the pod for its claims, and gates it.
     create(&pods, &with_resource_claim("dra")).await;
     assert!(is_gated(&pods.get("dra").await.unwrap()));
+    // Nor through the claim kube-scheduler makes for a class asked for by its implicit name.
+    let by_class = |name| gpu_pod(name, "deviceclass.resource.kubernetes.io/gpu.nvidia.com", 8);
+    create(&pods, &by_class("by-class")).await;
+    assert!(is_gated(&pods.get("by-class").await.unwrap()));
     world.stop_operator();
     let expected = format!(
         "gpuqueue: a pod with spec.resourceClaims in namespace {}, which GpuQueue team claims, \
@@ -410,6 +414,15 @@ async fn a_tenant_cannot_take_gpus_through_dra_claims_in_a_claimed_namespace() {
         message.contains("ValidatingAdmissionPolicy 'gpuqueue-pod-creations'"),
         "{message}"
     );
+    let expected = format!(
+        "gpuqueue: a pod asking for devices by a deviceclass.resource.kubernetes.io/ name in \
+         namespace {}, which GpuQueue team claims, must wait at the scheduling gate \
+         gpuqueue.io/admission until its devices are counted, and the gpuqueue webhook that \
+         adds the gate did not answer. Retry when the operator is up, or add the gate \
+         (spec.schedulingGates: [{{name: gpuqueue.io/admission}}]) yourself.",
+        world.namespace.name()
+    );
+    refused_creation(&pods, &by_class("by-class-2"), &expected).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
