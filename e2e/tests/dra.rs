@@ -25,6 +25,10 @@ const NODE: &str = "gpu-node-0";
 /// A node whose GPUs only the DRA driver shows (no `nvidia.com/gpu` in allocatable).
 const DRA_ONLY_NODE: &str = "dra-node-0";
 
+/// The extended-resource name class `gpu.nvidia.com` answers to without declaring it
+/// (KEP-5004): kube-scheduler allocates its devices through a claim it creates for the pod.
+const IMPLICIT_GPU: &str = "deviceclass.resource.kubernetes.io/gpu.nvidia.com";
+
 /// A cluster with `examples/dra/device-classes.yaml`, the node's ResourceSlice, the operator,
 /// and a namespace `team` that queue `team` claims with `guaranteed` GPUs and no burst.
 struct World {
@@ -266,6 +270,10 @@ async fn a_dra_pod_is_counted_and_waits_above_the_ceiling() {
     create(&pods, &gpu_pod("plain", NVIDIA_GPU, 1)).await;
     let reason = waiting_reason(&pods, "plain").await;
     assert!(reason.starts_with("OverCeiling: queue team"), "{reason}");
+    // So does one asking for the class by its implicit name: the same GPUs, the same quota.
+    create(&pods, &gpu_pod("by-class", IMPLICIT_GPU, 1)).await;
+    let reason = waiting_reason(&pods, "by-class").await;
+    assert!(reason.starts_with("OverCeiling: queue team"), "{reason}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -344,11 +352,12 @@ async fn the_bridge_counts_and_places_nvidia_gpu_requests_on_a_dra_only_node() {
     node.resources.clear();
     let world = World::with_node("dra_bridge", 4, node, 2).await;
     let pods = world.pods();
-    // The example, and one more: the node's 2 GPUs, known only from its ResourceSlice.
+    // The example, and one more by the class's implicit name: the node's 2 GPUs, known only
+    // from its ResourceSlice.
     world
         .tenant_applies(&std::fs::read_to_string(examples("bridge-workload.yaml")).unwrap())
         .await;
-    create(&pods, &gpu_pod("second", NVIDIA_GPU, 1)).await;
+    create(&pods, &gpu_pod("second", IMPLICIT_GPU, 1)).await;
     for name in ["bridged-inference", "second"] {
         let pod = bound(&pods, name).await;
         assert_eq!(pod.spec.unwrap().node_name.unwrap(), DRA_ONLY_NODE);
