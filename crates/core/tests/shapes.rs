@@ -17,7 +17,7 @@ use gpuqueue_core::model::{
     Assignment, DeviceMemory, DeviceSet, GpuPool, GpuRequest, Node, Pod, PodKey, PodState,
     ReplicaStrategy, Requests, Sharing,
 };
-use gpuqueue_core::quantity::Milli;
+use gpuqueue_core::quantity::{Milli, ResourceName};
 use k8s_openapi::api::core::v1 as k8s;
 use proptest::prelude::*;
 
@@ -659,6 +659,15 @@ fn k8s_pod(limits: &[(&str, &str)]) -> k8s::Pod {
     .unwrap()
 }
 
+/// [`k8s_pod`] waiting at the gate, as the webhook creates it.
+fn gated_pod(limits: &[(&str, &str)]) -> k8s::Pod {
+    let mut pod = k8s_pod(limits);
+    pod.spec.as_mut().unwrap().scheduling_gates = Some(vec![k8s::PodSchedulingGate {
+        name: gpuqueue_api::ADMISSION_GATE.into(),
+    }]);
+    pod
+}
+
 #[test]
 fn a_hami_container_asking_no_memory_gets_its_whole_device_beside_one_that_asks() {
     // HAMi gives a container without `gpumem` all of its device's memory: the pod's devices
@@ -705,7 +714,7 @@ fn hami_requests_are_read_per_device_and_never_ignored() {
     assert_eq!(percent.requests.gpus[0].memory, DeviceMemory::Percent(50));
 
     // Memory without a device cannot be counted: refused with the field and what to do.
-    let alone = k8s_pod(&[("nvidia.com/gpumem", "4096")]);
+    let alone = gated_pod(&[("nvidia.com/gpumem", "4096")]);
     let err = Pod::from_k8s(&alone).unwrap_err();
     assert_eq!(
         err.field,
@@ -717,21 +726,21 @@ fn hami_requests_are_read_per_device_and_never_ignored() {
         "kept, so that it waits with the reason"
     );
 
-    let both = Pod::from_k8s(&k8s_pod(&[
+    let both = Pod::from_k8s(&gated_pod(&[
         ("nvidia.com/gpu", "1"),
         ("nvidia.com/gpumem", "4096"),
         ("nvidia.com/gpumem-percentage", "50"),
     ]))
     .unwrap_err();
     assert!(both.rule.contains("keep one of them"), "{both}");
-    let over = Pod::from_k8s(&k8s_pod(&[
+    let over = Pod::from_k8s(&gated_pod(&[
         ("nvidia.com/gpu", "1"),
         ("nvidia.com/gpucores", "150"),
     ]))
     .unwrap_err();
     assert!(over.rule.contains("from 1 to 100"), "{over}");
     // 0% is no limit under HAMi, not nothing: refused, or the gpuCores cap would not see it.
-    let unlimited = Pod::from_k8s(&k8s_pod(&[
+    let unlimited = Pod::from_k8s(&gated_pod(&[
         ("nvidia.com/gpu", "1"),
         ("nvidia.com/gpucores", "0"),
     ]))
@@ -743,6 +752,54 @@ fn hami_requests_are_read_per_device_and_never_ignored() {
     assert!(
         unlimited.field.contains("nvidia.com/gpucores"),
         "{unlimited}"
+    );
+}
+
+#[test]
+fn a_hami_pod_past_the_gate_is_charged_whole_devices_whatever_it_asks() {
+    // It slipped in while the webhook was down: it holds its devices, so it is charged, and
+    // first to go, rather than left out with its devices looking free.
+    for asks in [
+        [("nvidia.com/gpu", "2"), ("nvidia.com/gpucores", "0")],
+        [("nvidia.com/gpu", "2"), ("nvidia.com/gpumem", "0")],
+        [
+            ("nvidia.com/gpu", "2"),
+            ("nvidia.com/gpumem-percentage", "150"),
+        ],
+    ] {
+        let read = Pod::from_k8s(&k8s_pod(&asks)).unwrap().unwrap();
+        let pod = read.value;
+        assert!(pod.is_admitted() && pod.unadmitted, "{asks:?}");
+        assert_eq!(
+            pod.requests.gpus,
+            vec![GpuRequest::devices("nvidia.com/gpu", 2).with_cores(100)],
+            "{asks:?}"
+        );
+        assert!(
+            read.warnings[0].contains("charged each device whole"),
+            "{:?}",
+            read.warnings
+        );
+    }
+    let mut both = k8s_pod(&[
+        ("nvidia.com/gpu", "1"),
+        ("nvidia.com/gpumem", "4096"),
+        ("nvidia.com/gpumem-percentage", "50"),
+    ]);
+    both.spec.as_mut().unwrap().node_name = Some("gpu-node-0".into());
+    let pod = Pod::from_k8s(&both).unwrap().unwrap().value;
+    assert_eq!(
+        pod.requests.of(&ResourceName::nvidia_gpu()),
+        Milli::devices(1)
+    );
+    assert!(pod.unadmitted);
+    // Still refused at the gate, where it can wait saying why.
+    assert!(
+        Pod::from_k8s(&gated_pod(&[
+            ("nvidia.com/gpu", "2"),
+            ("nvidia.com/gpucores", "0")
+        ]))
+        .is_err()
     );
 }
 

@@ -388,13 +388,15 @@ impl Pod {
         let Some(spec) = pod.spec.as_ref() else {
             return Err(err("spec", "must be set".into()));
         };
-        let (requests, extended) = effective_requests(spec).map_err(|(f, rule)| err(&f, rule))?;
+        let waits = is_gated(pod) && spec.node_name.is_none() && !is_held_owner(pod);
+        let mut warnings = Vec::new();
+        let ((requests, extended), misread) =
+            read_requests(spec, waits, &key, &mut warnings).map_err(|(f, rule)| err(&f, rule))?;
         // Kept without a GPU request too: what claims and classes charge, [`super::dra`] adds.
         if requests.gpus.is_empty() && !uses_resource_claims(spec) && extended.is_empty() {
             return Ok(None);
         }
 
-        let mut warnings = Vec::new();
         let created_at = if let Some(t) = &pod.metadata.creation_timestamp {
             t.0
         } else {
@@ -407,19 +409,10 @@ impl Pod {
 
         let node_rules = NodeRules::from_k8s(spec).map_err(|e| err(&e.field, e.rule))?;
         let gpu_models = node_rules.as_ref().map(gpu_models_of).unwrap_or_default();
-        let state = if is_gated(pod) && spec.node_name.is_none() && !is_held_owner(pod) {
+        let state = if waits {
             PodState::Pending
         } else {
-            let pinned = spec
-                .node_selector
-                .as_ref()
-                .and_then(|s| s.get(HOSTNAME_LABEL))
-                .cloned();
-            PodState::Admitted(Assignment {
-                bound: spec.node_name.is_some(),
-                node: spec.node_name.clone().or(pinned),
-                terminating: pod.metadata.deletion_timestamp.is_some(),
-            })
+            PodState::Admitted(assignment(pod, spec))
         };
         let is_admitted = matches!(state, PodState::Admitted(_));
         Ok(Some(Converted {
@@ -439,7 +432,7 @@ impl Pod {
                 devices: Vec::new(),
                 hami_devices: super::sharing::hami_allocated(pod.metadata.annotations.as_ref()),
                 reserved_unseen: false,
-                unadmitted: is_admitted && !hints.admission_recorded,
+                unadmitted: is_admitted && (!hints.admission_recorded || misread),
                 unschedulable_since: unschedulable_since(pod),
                 // The claim stores say (the operator's `admission::device_claims`).
                 claim_sharers: Vec::new(),
@@ -448,6 +441,55 @@ impl Pod {
             warnings,
         }))
     }
+}
+
+/// Where a pod past the gate is: its node, bound or pinned.
+fn assignment(pod: &k8s::Pod, spec: &k8s::PodSpec) -> Assignment {
+    let pinned = spec
+        .node_selector
+        .as_ref()
+        .and_then(|s| s.get(HOSTNAME_LABEL))
+        .cloned();
+    Assignment {
+        bound: spec.node_name.is_some(),
+        node: spec.node_name.clone().or(pinned),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+/// The pod's requests, and whether they were misread. A pod that `waits` at the gate asking
+/// what cannot be counted (HAMi's parts: `gpucores: 0`, `gpumem: 0`, both memory forms) is
+/// refused, and waits saying why. One past it (bound, or ungated: it slipped in while the
+/// webhook was down) holds its devices whatever it asked: it is read leniently, each device
+/// whole with all its compute, so that it is charged (and, misread, is unadmitted) rather than
+/// left out with its devices looking free.
+fn read_requests(
+    spec: &k8s::PodSpec,
+    waits: bool,
+    key: &PodKey,
+    warnings: &mut Vec<String>,
+) -> Result<(Extended<Requests>, bool), (String, String)> {
+    match effective_requests(spec, Reading::Strict) {
+        Ok(read) => Ok((read, false)),
+        Err(error) if waits => Err(error),
+        Err((field, rule)) => {
+            let read = effective_requests(spec, Reading::Lenient)?;
+            warnings.push(format!(
+                "pod {key}: {field}: {rule}; it is past the gate, so it is charged each device \
+                 whole, with all its compute, as unadmitted"
+            ));
+            Ok((read, true))
+        }
+    }
+}
+
+/// How HAMi's device parts are read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    /// As asked, refusing what cannot be counted.
+    Strict,
+    /// Each device whole, with all its compute, whatever is asked.
+    Lenient,
 }
 
 /// Whether the pod uses DRA ResourceClaims (`spec.resourceClaims`).
@@ -674,7 +716,11 @@ fn read_part(name: &str, value: &str, part: &mut DevicePart) -> Result<(), Strin
     Ok(())
 }
 
-fn container_amounts(c: &k8s::Container, field: &str) -> Result<Amounts, (String, String)> {
+fn container_amounts(
+    c: &k8s::Container,
+    field: &str,
+    reading: Reading,
+) -> Result<Amounts, (String, String)> {
     let resources = c.resources.as_ref();
     let requests = resources.and_then(|r| r.requests.as_ref());
     let limits = resources.and_then(|r| r.limits.as_ref());
@@ -704,6 +750,12 @@ fn container_amounts(c: &k8s::Container, field: &str) -> Result<Amounts, (String
                 if n > 0 {
                     amounts.gpus.push((gpu.to_string(), n));
                 }
+            }
+            part if is_device_part(part) && reading == Reading::Lenient => {
+                amounts.part = DevicePart {
+                    memory: DeviceMemory::Share,
+                    cores: Some(100),
+                };
             }
             part if is_device_part(part) => {
                 read_part(part, &q.0, &mut amounts.part).map_err(|rule| (f(), rule))?;
@@ -769,12 +821,15 @@ fn fold_part(
 /// The pod's effective requests as kube-scheduler computes them: the sum over containers (and
 /// sidecars), at least the largest init container, plus the pod overhead; and apart, the
 /// extended resources a DeviceClass may back.
-fn effective_requests(spec: &k8s::PodSpec) -> Result<Extended<Requests>, (String, String)> {
+fn effective_requests(
+    spec: &k8s::PodSpec,
+    reading: Reading,
+) -> Result<Extended<Requests>, (String, String)> {
     let mut total = Amounts::default();
     let mut part = None;
     for (i, c) in spec.containers.iter().enumerate() {
         let field = format!("spec.containers[{i}]");
-        let amounts = container_amounts(c, &field)?;
+        let amounts = container_amounts(c, &field, reading)?;
         part = fold_part(part, &amounts, &field)?;
         total.add(&amounts);
     }
@@ -782,7 +837,7 @@ fn effective_requests(spec: &k8s::PodSpec) -> Result<Extended<Requests>, (String
     let mut init_peak = Amounts::default();
     for (i, c) in spec.init_containers.iter().flatten().enumerate() {
         let field = format!("spec.initContainers[{i}]");
-        let amounts = container_amounts(c, &field)?;
+        let amounts = container_amounts(c, &field, reading)?;
         part = fold_part(part, &amounts, &field)?;
         if c.restart_policy.as_deref() == Some("Always") {
             sidecars.add(&amounts);
