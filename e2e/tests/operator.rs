@@ -756,30 +756,14 @@ async fn a_stopping_replica_hands_on_its_lease_and_gates_pods_through_its_drain(
     let mut options = Options::new("stopping", webhook_port);
     options.args.push("--webhook-drain=20s".to_owned());
     let mut stopping = Operator::start(&cluster, options).await;
-    wait_for("the first replica to lead", DEFAULT_TIMEOUT, || async {
-        stopping
-            .is_leader()
-            .await
-            .then_some(())
-            .ok_or_else(|| "not yet".to_owned())
-    })
-    .await
-    .unwrap();
+    stopping.wait_leading().await;
     let successor = Operator::start(&cluster, Options::new("successor", free_port())).await;
     let team = cluster.namespace("team").await.unwrap();
     apply_queue(&client, &queue_yaml("team", &[team.name()], 8, 0)).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), team.name());
 
     stopping.process.stop().unwrap();
-    wait_for("the successor to lead", DEFAULT_TIMEOUT, || async {
-        successor
-            .is_leader()
-            .await
-            .then_some(())
-            .ok_or_else(|| "not yet".to_owned())
-    })
-    .await
-    .unwrap();
+    successor.wait_leading().await;
     let readyz = reqwest::get(format!("http://{}/readyz", stopping.metrics))
         .await
         .unwrap();

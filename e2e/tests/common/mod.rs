@@ -412,6 +412,20 @@ impl Operator {
     pub async fn is_leader(&self) -> bool {
         self.metric("gpuqueue_leader").await == Some(1.0)
     }
+
+    /// Waits until this process acts as the leader.
+    pub async fn wait_leading(&self) {
+        let what = format!("{} to lead", self.identity);
+        wait_for(&what, DEFAULT_TIMEOUT, || async {
+            if self.is_leader().await {
+                Ok(())
+            } else {
+                Err("not yet".to_owned())
+            }
+        })
+        .await
+        .unwrap();
+    }
 }
 
 /// Applies a GpuQueue from YAML, as an admin would (field manager `kubectl`).
