@@ -329,7 +329,7 @@ async fn a_claim_that_cannot_be_counted_waits_saying_why() {
         .await;
     let reason = waiting_reason(&pods, "unmapped").await;
     assert!(
-        reason.contains("DeviceClass unmapped-gpu.example.com looks like a GPU class"),
+        reason.contains("DeviceClass unmapped-gpu.example.com may select GPUs"),
         "{reason}"
     );
     // A claim that does not exist yet: the pod waits for it.

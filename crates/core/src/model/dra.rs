@@ -6,8 +6,11 @@
 //! (a tenant with `edit` cannot): its `spec.extendedResourceName` when that names a GPU
 //! resource (the 1.36 extended-resource bridge says the class *is* that resource), else the
 //! `gpuqueue.io/quota-resource` annotation (one class per MIG profile, as NVIDIA's driver
-//! demos ship them). A class that looks like a GPU class but maps to nothing cannot be counted,
-//! and its pods wait saying so; a class of other devices (NICs, FPGAs) is not charged.
+//! demos ship them). A class that may select GPUs but maps to nothing cannot be counted, and
+//! its pods wait saying so: one that names GPUs (`gpu` or `mig` in its name or selectors), and
+//! one without a selector, which selects every device, GPUs included (a claim's own selectors
+//! then pick the GPUs). A class of other devices (NICs, FPGAs) is not charged; an
+//! administrator says so of a class the look cannot tell with the annotation's value `none`.
 //!
 //! Claims are counted from the ResourceClaim object only, never from its template: a template
 //! can be edited after the pod is admitted, the claim kube-controller-manager generated from
@@ -111,6 +114,9 @@ impl DeviceClasses {
     }
 }
 
+/// The annotation value with which an administrator says a class selects no GPU.
+pub const NO_QUOTA_RESOURCE: &str = "none";
+
 /// How `class` is charged: its bridge resource, else its annotation, else by its look.
 pub fn role_of(class: &dra::DeviceClass) -> ClassRole {
     let bridged = class
@@ -123,20 +129,23 @@ pub fn role_of(class: &dra::DeviceClass) -> ClassRole {
         .annotations
         .as_ref()
         .and_then(|notes| notes.get(annotations::QUOTA_RESOURCE));
-    if let Some(resource) = bridged.or(annotated.map(String::as_str)) {
-        return ClassRole::Counted(ResourceName::new(resource));
+    match bridged.or(annotated.map(String::as_str)) {
+        Some(NO_QUOTA_RESOURCE) => return ClassRole::NotGpu,
+        Some(resource) => return ClassRole::Counted(ResourceName::new(resource)),
+        None => {}
     }
     let name = class.metadata.name.as_deref().unwrap_or_default();
-    let expressions = class
+    let expressions: Vec<&str> = class
         .spec
         .selectors
         .iter()
         .flatten()
-        .filter_map(|selector| selector.cel.as_ref().map(|cel| cel.expression.as_str()));
+        .filter_map(|selector| selector.cel.as_ref().map(|cel| cel.expression.as_str()))
+        .collect();
     let looks_like_gpu = std::iter::once(name)
-        .chain(expressions)
+        .chain(expressions.iter().copied())
         .any(|text| GPU_MARKERS.iter().any(|marker| text.contains(marker)));
-    if looks_like_gpu {
+    if looks_like_gpu || expressions.is_empty() {
         ClassRole::Unmapped
     } else {
         ClassRole::NotGpu
@@ -473,10 +482,13 @@ fn charge_of(
         Some(ClassRole::NotGpu) => return Ok(None),
         Some(ClassRole::Unmapped) => {
             return Err(format!(
-                "DeviceClass {} looks like a GPU class but maps to no quota resource; an \
-                 administrator sets spec.extendedResourceName or the annotation {} on it",
+                "DeviceClass {} may select GPUs (it names them, or has no selector and so \
+                 selects every device) but maps to no quota resource; an administrator sets \
+                 spec.extendedResourceName or the annotation {} on it (`{}` for a class that \
+                 selects no GPU)",
                 shape.class,
-                annotations::QUOTA_RESOURCE
+                annotations::QUOTA_RESOURCE,
+                NO_QUOTA_RESOURCE
             ));
         }
         Some(ClassRole::Counted(resource)) => resource.clone(),
@@ -828,7 +840,7 @@ mod tests {
         assert!(
             error
                 .rule
-                .contains("DeviceClass gpu.example.com looks like a GPU class"),
+                .contains("DeviceClass gpu.example.com may select GPUs"),
             "{error}"
         );
         let huge = asking(&[json!({IMPLICIT: "129"}), json!({})]);
@@ -917,6 +929,12 @@ mod tests {
             "example.com/nic", "selectors": [{"cel": {"expression": "device.driver == 'nic.example.com'"}}]}}),
         );
         assert_eq!(role_of(&nic), ClassRole::NotGpu);
+        // No selector selects every device, GPUs included: a claim's own selectors pick them.
+        let everything = class(json!({"metadata": {"name": "accelerators"}, "spec": {}}));
+        assert_eq!(role_of(&everything), ClassRole::Unmapped);
+        let said_none = class(json!({"metadata": {"name": "accelerators",
+            "annotations": {"gpuqueue.io/quota-resource": "none"}}, "spec": {}}));
+        assert_eq!(role_of(&said_none), ClassRole::NotGpu);
     }
 
     #[test]

@@ -1053,7 +1053,7 @@ mod tests {
         let (pod, why) = &observed.unreadable_pods[0];
         assert_eq!(pod.metadata.name.as_deref(), Some("unmapped"));
         assert!(
-            why.contains("DeviceClass unmapped-gpu looks like a GPU class"),
+            why.contains("DeviceClass unmapped-gpu may select GPUs"),
             "{why}"
         );
     }
