@@ -80,7 +80,7 @@ pub(crate) fn cap_filter(
             });
             let cores_ok = cap
                 .cores_left_milli
-                .is_none_or(|left| u64::from(cost.milli) * units <= left);
+                .is_none_or(|left| u64::from(cost.compute_milli) * units <= left);
             if !memory_ok {
                 Some(CapBlock::Memory(resource))
             } else if !cores_ok {

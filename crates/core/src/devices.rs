@@ -5,7 +5,8 @@
 //! A node's devices are one flat array of free milli, free memory and free slots per device;
 //! a pool is a range of it (one per resource name). What one unit of a request takes of a
 //! device depends on how the pool shares it (`unit_cost`): a whole device, `1/replicas` of a
-//! time-sliced one, the memory and compute a HAMi pod asks for. A pod pinned to a node that is
+//! time-sliced one, the memory and compute a HAMi pod asks for (one that asks no compute is
+//! placed in a slot, and charged all of the device against a `gpuCores` cap). A pod pinned to a node that is
 //! still full (the owner of a reclaim whose victims are terminating) is the node's *deficit*:
 //! the node takes no new pods until it is seated.
 
@@ -52,8 +53,12 @@ pub(crate) struct Charge {
 /// What one unit of a request takes of one device of a pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct UnitCost {
-    /// Compute, milli of the device.
+    /// Compute, milli of the device, as placement takes it from the device.
     pub milli: u16,
+    /// Compute, milli of the device, as a queue's `gpuCores` cap charges it: what the pod may
+    /// use. A HAMi pod that asks no `gpucores` has its slot placed, but HAMi limits it to
+    /// nothing (its default `nvidia.defaultCores: 0`), so all of the device.
+    pub compute_milli: u16,
     /// Memory, MiB (0 where the pool's memory is unknown and none is asked).
     pub memory_mib: u32,
     /// Whether several units of one request may share a device (replicas may; HAMi gives each
@@ -77,6 +82,12 @@ pub(crate) fn unit_cost(pool: &PoolLayout, gpu: &ResolvedGpu) -> UnitCost {
             (u16::try_from(milli).unwrap_or(u16::MAX), device_mib, false)
         }
     };
+    let unlimited = matches!(pool.sharing, Sharing::Hami { .. }) && gpu.cores.is_none();
+    let compute_milli = if unlimited {
+        u16::try_from(MILLI_PER_DEVICE).unwrap_or(u16::MAX)
+    } else {
+        milli
+    };
     let memory_mib = match gpu.memory {
         DeviceMemory::Share => share_mib,
         DeviceMemory::Mib(mib) if matches!(pool.sharing, Sharing::Exclusive) => mib.max(share_mib),
@@ -85,6 +96,7 @@ pub(crate) fn unit_cost(pool: &PoolLayout, gpu: &ResolvedGpu) -> UnitCost {
     };
     UnitCost {
         milli,
+        compute_milli,
         memory_mib: u32::try_from(memory_mib).unwrap_or(u32::MAX),
         may_repeat,
     }

@@ -408,6 +408,40 @@ fn a_compute_request_over_the_queue_cores_cap_waits_naming_compute() {
     );
 }
 
+/// HAMi limits the compute of a pod that asks no `gpucores` to nothing (its default
+/// `nvidia.defaultCores: 0`): placed in a slot of its device, it is charged all of the
+/// device's compute against `gpuCores`, or ten such pods would use ten devices' worth under a
+/// cap of one.
+#[test]
+fn a_hami_pod_asking_no_compute_is_charged_its_whole_device_against_the_cores_cap() {
+    let mut a = queue("a", 8, 0);
+    a.quotas[0].gpu_cores_milli = Some(1_500);
+    let unlimited = |key: &str, t: i64| pod_asking(key, GpuRequest::devices(GPU, 1), t);
+    let snapshot = build(
+        vec![a],
+        vec![gpu_node("h", hami(2, 40_960))],
+        vec![
+            on(unlimited("a/x", 0), "h"),
+            unlimited("a/p", 5),
+            pod_asking("a/q", GpuRequest::devices(GPU, 1).with_cores(30), 6),
+        ],
+    );
+    assert_eq!(usage(&snapshot, "a").cores_milli, 1_000);
+    let p = snapshot.pod_id(&PodKey::new("a", "p")).unwrap();
+    let Decision::Wait(wait) = decide(&snapshot, p, &Policy::default(), at(10)) else {
+        panic!("must wait: 100% in use and 100% more over a cap of 150%");
+    };
+    assert_eq!(wait.reason.code(), "GpuCoresCap");
+    let q = snapshot.pod_id(&PodKey::new("a", "q")).unwrap();
+    assert!(
+        matches!(
+            decide(&snapshot, q, &Policy::default(), at(10)),
+            Decision::Admit(_)
+        ),
+        "30% more fits under the cap"
+    );
+}
+
 #[test]
 fn a_mig_slice_counts_its_profile_memory() {
     let mig = "nvidia.com/mig-3g.40gb";

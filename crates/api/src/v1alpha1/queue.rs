@@ -208,7 +208,7 @@ pub struct ResourceQuota {
     /// gpuCores: optional cap on the GPU compute held by this queue's pods of this resource,
     /// in percent of one device summed over devices (HAMi's `nvidia.com/gpucores` unit): 250 is
     /// two and a half GPUs. A whole device holds 100, a time-sliced replica 100/replicas, a HAMi
-    /// pod its `nvidia.com/gpucores` (or 100/split when it asks none).
+    /// pod its `nvidia.com/gpucores` (or 100 when it asks none: HAMi then limits it to nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 10_000_000))]
     pub gpu_cores: Option<i32>,

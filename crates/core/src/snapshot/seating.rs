@@ -117,7 +117,7 @@ impl Snapshot {
                 Some((
                     gpu.resource,
                     u64::from(cost.memory_mib) * units,
-                    u64::from(cost.milli) * units,
+                    u64::from(cost.compute_milli) * units,
                 ))
             })
             .collect();
