@@ -693,6 +693,13 @@ fn k8s_pod(limits: &[(&str, &str)]) -> k8s::Pod {
     .unwrap()
 }
 
+/// [`k8s_pod`] bound to a node, past the gate.
+fn bound_pod(limits: &[(&str, &str)]) -> k8s::Pod {
+    let mut pod = k8s_pod(limits);
+    pod.spec.as_mut().unwrap().node_name = Some("gpu-node-0".into());
+    pod
+}
+
 /// [`k8s_pod`] waiting at the gate, as the webhook creates it.
 fn gated_pod(limits: &[(&str, &str)]) -> k8s::Pod {
     let mut pod = k8s_pod(limits);
@@ -801,7 +808,10 @@ fn a_hami_pod_past_the_gate_is_charged_whole_devices_whatever_it_asks() {
             ("nvidia.com/gpumem-percentage", "150"),
         ],
     ] {
-        let read = Pod::from_k8s(&k8s_pod(&asks)).unwrap().unwrap();
+        // Created ungated, it is refused until bound: the webhook and admission at creation
+        // read it so, and gate it.
+        assert!(Pod::from_k8s(&k8s_pod(&asks)).is_err(), "{asks:?}");
+        let read = Pod::from_k8s(&bound_pod(&asks)).unwrap().unwrap();
         let pod = read.value;
         assert!(pod.is_admitted() && pod.unadmitted, "{asks:?}");
         assert_eq!(
@@ -815,18 +825,23 @@ fn a_hami_pod_past_the_gate_is_charged_whole_devices_whatever_it_asks() {
             read.warnings
         );
     }
-    let mut both = k8s_pod(&[
-        ("nvidia.com/gpu", "1"),
-        ("nvidia.com/gpumem", "4096"),
-        ("nvidia.com/gpumem-percentage", "50"),
-    ]);
-    both.spec.as_mut().unwrap().node_name = Some("gpu-node-0".into());
-    let pod = Pod::from_k8s(&both).unwrap().unwrap().value;
-    assert_eq!(
-        pod.requests.of(&ResourceName::nvidia_gpu()),
-        Milli::devices(1)
-    );
-    assert!(pod.unadmitted);
+    for asks in [
+        &[
+            ("nvidia.com/gpu", "1"),
+            ("nvidia.com/gpumem", "4096"),
+            ("nvidia.com/gpumem-percentage", "50"),
+        ][..],
+        // A part without a device: HAMi gives it one (its `nvidia.defaultGPUNum`).
+        &[("nvidia.com/gpumem", "4096")][..],
+    ] {
+        let pod = Pod::from_k8s(&bound_pod(asks)).unwrap().unwrap().value;
+        assert_eq!(
+            pod.requests.of(&ResourceName::nvidia_gpu()),
+            Milli::devices(1),
+            "{asks:?}"
+        );
+        assert!(pod.unadmitted, "{asks:?}");
+    }
     // Still refused at the gate, where it can wait saying why.
     assert!(
         Pod::from_k8s(&gated_pod(&[

@@ -390,8 +390,9 @@ impl Pod {
         };
         let waits = is_gated(pod) && spec.node_name.is_none() && !is_held_owner(pod);
         let mut warnings = Vec::new();
+        let bound = spec.node_name.is_some();
         let ((requests, extended), misread) =
-            read_requests(spec, waits, &key, &mut warnings).map_err(|(f, rule)| err(&f, rule))?;
+            read_requests(spec, bound, &key, &mut warnings).map_err(|(f, rule)| err(&f, rule))?;
         // Kept without a GPU request too: what claims and classes charge, [`super::dra`] adds.
         if requests.gpus.is_empty() && !uses_resource_claims(spec) && extended.is_empty() {
             return Ok(None);
@@ -457,26 +458,27 @@ fn assignment(pod: &k8s::Pod, spec: &k8s::PodSpec) -> Assignment {
     }
 }
 
-/// The pod's requests, and whether they were misread. A pod that `waits` at the gate asking
-/// what cannot be counted (HAMi's parts: `gpucores: 0`, `gpumem: 0`, both memory forms) is
-/// refused, and waits saying why. One past it (bound, or ungated: it slipped in while the
-/// webhook was down) holds its devices whatever it asked: it is read leniently, each device
+/// The pod's requests, and whether they were misread. A pod not bound yet asking what cannot
+/// be counted (HAMi's parts: `gpucores: 0`, `gpumem: 0`, both memory forms, a part without
+/// `nvidia.com/gpu`) is refused: at the gate it waits saying why, and the webhook and admission
+/// at creation, which read it before it is gated, gate it. One `bound` (it slipped in while
+/// the webhook was down) holds its devices whatever it asked: it is read leniently, each device
 /// whole with all its compute, so that it is charged (and, misread, is unadmitted) rather than
 /// left out with its devices looking free.
 fn read_requests(
     spec: &k8s::PodSpec,
-    waits: bool,
+    bound: bool,
     key: &PodKey,
     warnings: &mut Vec<String>,
 ) -> Result<(Extended<Requests>, bool), (String, String)> {
     match effective_requests(spec, Reading::Strict) {
         Ok(read) => Ok((read, false)),
-        Err(error) if waits => Err(error),
+        Err(error) if !bound => Err(error),
         Err((field, rule)) => {
             let read = effective_requests(spec, Reading::Lenient)?;
             warnings.push(format!(
-                "pod {key}: {field}: {rule}; it is past the gate, so it is charged each device \
-                 whole, with all its compute, as unadmitted"
+                "pod {key}: {field}: {rule}; it is bound, so it is charged each device whole, \
+                 with all its compute, as unadmitted"
             ));
             Ok((read, true))
         }
@@ -488,7 +490,8 @@ fn read_requests(
 enum Reading {
     /// As asked, refusing what cannot be counted.
     Strict,
-    /// Each device whole, with all its compute, whatever is asked.
+    /// Each device whole, with all its compute, whatever is asked; a part without a device on
+    /// one device (HAMi's `nvidia.defaultGPUNum`).
     Lenient,
 }
 
@@ -763,6 +766,14 @@ fn container_amounts(
             }
             _ => {}
         }
+    }
+    let asks_part = amounts.part != DevicePart::default();
+    let no_device = !amounts
+        .gpus
+        .iter()
+        .any(|(name, _)| name == gpuqueue_api::NVIDIA_GPU);
+    if reading == Reading::Lenient && asks_part && no_device {
+        amounts.gpus.push((gpuqueue_api::NVIDIA_GPU.to_owned(), 1));
     }
     check_part(&amounts, &part_names, field)?;
     Ok(amounts)
