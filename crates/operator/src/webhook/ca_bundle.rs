@@ -38,7 +38,7 @@ pub enum BundleError {
     Missing { name: String },
     #[error("MutatingWebhookConfiguration {name} has no webhooks to trust the operator's CA")]
     NoWebhooks { name: String },
-    /// `trusted`: whether every webhook trusted this process's CAs as last read.
+    /// `trusted`: whether every webhook trusted this process's serving CA as last read.
     #[error("patching the caBundle of MutatingWebhookConfiguration {name}: {source}")]
     Write {
         name: String,
@@ -53,7 +53,8 @@ pub enum BundleError {
 
 impl BundleError {
     /// Whether the API server, as far as this failed publication read the configuration,
-    /// trusts this process's CAs in every webhook; `None` when it could not read it.
+    /// trusts the CA of this process's serving certificate in every webhook (a successor not
+    /// published yet serves nothing); `None` when it could not read it.
     pub fn trusted(&self) -> Option<bool> {
         match self {
             Self::Missing { .. } | Self::NoWebhooks { .. } => Some(false),
@@ -66,8 +67,21 @@ impl BundleError {
 /// The CAs this process wants trusted, and the ones it no longer uses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustSet {
+    /// The CA that issues the serving certificate first, then its successor if any.
     pub trust: Vec<CertificateDer<'static>>,
     pub retire: Vec<CertificateDer<'static>>,
+}
+
+impl TrustSet {
+    /// Whether `bundle` trusts the CA of the serving certificate: what the API server needs to
+    /// call this process now.
+    fn serving_trusted_by(&self, bundle: &[u8]) -> bool {
+        self.trust.first().is_none_or(|serving| {
+            CertificateDer::pem_slice_iter(bundle)
+                .filter_map(Result::ok)
+                .any(|present| present == *serving)
+        })
+    }
 }
 
 /// The bundle a webhook should carry, or `None` when `current` already is that bundle.
@@ -242,7 +256,7 @@ impl Publisher {
                     .ca_bundle
                     .as_ref()
                     .map_or(&[][..], |bundle| bundle.0.as_slice());
-                trusted &= trusts(current, &trust);
+                trusted &= trust.serving_trusted_by(current);
                 if let Some(merged) = merged_bundle(current, &trust, now) {
                     // `add` replaces an existing member, and creates a missing one.
                     operations.push(json!({

@@ -397,14 +397,36 @@ mod tests {
         Api::all(kube::Client::new(service, "default"))
     }
 
-    /// Publishes this process's new CA through `api`, from a replica that was ready.
-    async fn ready_after_publishing(api: Api<MutatingWebhookConfiguration>) -> bool {
+    /// Whether a replica that was ready still is after publishing, through an API server that
+    /// answers reads with `read_code` and writes with `patch_code`, its CA (and a successor
+    /// not published yet, when `successor`), the bundle holding its CA when `in_bundle`.
+    async fn ready_after_publishing(
+        read_code: u16,
+        patch_code: u16,
+        in_bundle: bool,
+        successor: bool,
+    ) -> bool {
         let now = clock::now();
-        let ca = CertificateAuthority::generate("ours", now, Duration::from_hours(720)).unwrap();
-        let trust = TrustSet {
-            trust: vec![ca.certificate().clone()],
+        let ca = |name: &str| {
+            CertificateAuthority::generate(name, now, Duration::from_hours(720))
+                .unwrap()
+                .certificate()
+                .clone()
+        };
+        let mut trust = TrustSet {
+            trust: vec![ca("ours")],
             retire: vec![],
         };
+        let bundle = if in_bundle {
+            ca_bundle::merged_bundle(b"", &trust, now).unwrap()
+        } else {
+            Vec::new()
+        };
+        if successor {
+            trust.trust.push(ca("next"));
+        }
+        let bundle = serde_json::to_value(k8s_openapi::ByteString(bundle)).unwrap();
+        let api = api(bundle.as_str().unwrap(), read_code, patch_code);
         let publisher = Publisher::new(api, "gpuqueue-operator".to_owned(), trust);
         let metrics = WebhookMetrics::register(&mut metrics::registry());
         let readiness = Readiness::default();
@@ -417,8 +439,10 @@ mod tests {
     #[tokio::test]
     async fn a_replica_whose_ca_could_not_be_written_is_not_ready() {
         // Someone reset the bundle, and the operator may no longer write it (RBAC removed).
-        assert!(!ready_after_publishing(api("", 200, 403)).await);
+        assert!(!ready_after_publishing(200, 403, false, false).await);
         // A configuration that could not even be read says nothing new.
-        assert!(ready_after_publishing(api("", 500, 403)).await);
+        assert!(ready_after_publishing(500, 403, false, false).await);
+        // Its successor could not be added, but the CA it serves with is trusted: ready.
+        assert!(ready_after_publishing(200, 500, true, true).await);
     }
 }
