@@ -363,9 +363,12 @@ impl Observed {
 
 impl Observed {
     /// Adds to `pod`'s requests what its extended resources charge through the classes backing
-    /// them (`gpuqueue_core::model::dra::extended_charge`). `None` when it leaves the model: no
-    /// GPU pod after all, or a pending pod they cannot be counted for (it waits, saying why;
-    /// an admitted one keeps what it holds otherwise, and the problem is logged).
+    /// them (`gpuqueue_core::model::dra::extended_charge`). `None` when it leaves the model: an
+    /// admitted pod that is no GPU pod after all, or a pending pod they cannot be counted for
+    /// (it waits, saying why; an admitted one keeps what it holds otherwise, and the problem is
+    /// logged). A pending one that is no GPU pod (the class that made the webhook gate it no
+    /// longer declares its resource, or a tenant gated it by hand) is kept charging nothing, so
+    /// that a pass releases it rather than leaving it at the gate with no reason.
     fn charge_extended(
         &mut self,
         mut pod: Arc<model::Pod>,
@@ -377,7 +380,7 @@ impl Observed {
             return Some(pod);
         }
         match extended_charge(&pod, claims, classes) {
-            Ok(ExtendedCharge::NotGpuPod) => None,
+            Ok(ExtendedCharge::NotGpuPod) => (!pod.is_admitted()).then_some(pod),
             Ok(ExtendedCharge::Charged(devices)) => {
                 if !devices.is_empty() {
                     add_requests(&mut Arc::make_mut(&mut pod).requests.gpus, &devices);
@@ -1037,18 +1040,23 @@ mod tests {
         let unmapped = "deviceclass.resource.kubernetes.io/unmapped-gpu";
         stores.add_pod(asking("unmapped", json!({unmapped: "1"}), true));
         stores.add_pod(asking("nic", json!({"example.com/nic": "1"}), false));
+        // Gated when a class declared its resource, which none does now: released, not stuck.
+        stores.add_pod(asking("undeclared", json!({"example.com/gpu": "2"}), true));
         let observed = Observed::read(
             &stores.stores,
             &stores.stores.pods.state(),
             &Assumed::default(),
             &mut Models::default(),
         );
-        assert_eq!(observed.pods.len(), 1, "{:?}", observed.pods);
+        assert_eq!(observed.pods.len(), 2, "{:?}", observed.pods);
         assert_eq!(
             observed.pods[0].requests.gpus,
             vec![model::GpuRequest::devices("nvidia.com/gpu", 9)]
         );
         assert!(observed.pods[0].unadmitted);
+        assert_eq!(observed.pods[1].key.name, "undeclared");
+        assert!(observed.pods[1].requests.gpus.is_empty());
+        assert!(!observed.pods[1].is_admitted());
         assert_eq!(observed.unreadable_pods.len(), 1);
         let (pod, why) = &observed.unreadable_pods[0];
         assert_eq!(pod.metadata.name.as_deref(), Some("unmapped"));
