@@ -11,8 +11,8 @@ use super::converted::Converted;
 use super::node::{HOSTNAME_LABEL, MAX_DEVICES_PER_POOL};
 use super::selector::{NodeRules, Operator};
 use crate::quantity::{
-    MILLI_PER_DEVICE, Milli, ResourceName, is_device_part, is_gpu_resource, may_be_device_class,
-    parse_bytes, parse_device_count, parse_milli,
+    DEVICE_CLASS_PREFIX, MILLI_PER_DEVICE, Milli, ResourceName, is_device_part, is_gpu_resource,
+    may_be_device_class, parse_bytes, parse_device_count, parse_milli,
 };
 
 /// `namespace/name` of a pod: unique in a snapshot, and the last tie-breaker of every ordering.
@@ -498,6 +498,31 @@ enum Reading {
 /// Whether the pod uses DRA ResourceClaims (`spec.resourceClaims`).
 pub fn uses_resource_claims(spec: &k8s::PodSpec) -> bool {
     spec.resource_claims.as_ref().is_some_and(|c| !c.is_empty())
+}
+
+/// Whether the pod asks for devices the core knows without the class store: a GPU resource, a
+/// HAMi part, a class's implicit name, or claims. A pod asking only other extended resources
+/// (a NIC's, a virtual machine's) is kept in case a class declares one, but is no GPU pod until
+/// a pass finds that one does.
+pub fn asks_known_devices(pod: &k8s::Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let known = |name: &String| {
+        is_gpu_resource(name) || is_device_part(name) || name.starts_with(DEVICE_CLASS_PREFIX)
+    };
+    let asks = |c: &k8s::Container| {
+        c.resources.as_ref().is_some_and(|r| {
+            r.requests
+                .iter()
+                .chain(r.limits.iter())
+                .flat_map(|m| m.keys())
+                .any(known)
+        })
+    };
+    uses_resource_claims(spec)
+        || spec.containers.iter().any(asks)
+        || spec.init_containers.iter().flatten().any(asks)
 }
 
 /// When the kubelet started the pod (`status.startTime`).

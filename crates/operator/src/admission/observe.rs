@@ -1049,14 +1049,20 @@ mod tests {
             &mut Models::default(),
         );
         assert_eq!(observed.pods.len(), 2, "{:?}", observed.pods);
+        let named = |name: &str| {
+            observed
+                .pods
+                .iter()
+                .find(|p| p.key.name == name)
+                .unwrap_or_else(|| panic!("{name} is not in the model"))
+        };
         assert_eq!(
-            observed.pods[0].requests.gpus,
+            named("both").requests.gpus,
             vec![model::GpuRequest::devices("nvidia.com/gpu", 9)]
         );
-        assert!(observed.pods[0].unadmitted);
-        assert_eq!(observed.pods[1].key.name, "undeclared");
-        assert!(observed.pods[1].requests.gpus.is_empty());
-        assert!(!observed.pods[1].is_admitted());
+        assert!(named("both").unadmitted);
+        assert!(named("undeclared").requests.gpus.is_empty());
+        assert!(!named("undeclared").is_admitted());
         assert_eq!(observed.unreadable_pods.len(), 1);
         let (pod, why) = &observed.unreadable_pods[0];
         assert_eq!(pod.metadata.name.as_deref(), Some("unmapped"));

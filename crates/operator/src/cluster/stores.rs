@@ -52,7 +52,7 @@ use kube::{
 use tokio::sync::watch;
 use tracing::Instrument;
 
-use gpuqueue_core::model::is_gated;
+use gpuqueue_core::model::{asks_known_devices, is_gated};
 
 use super::slim::{slim_pod, strip_metadata};
 use super::{devices::DeviceStores, metrics::WatchMetrics};
@@ -305,9 +305,10 @@ impl Stores {
 /// Whether a pod event (not yet applied to `pods`) may call for a decision at once: a pod at
 /// our gate, or leaving it, waits for one; a new pod the webhook did not admit at its creation
 /// (one that bypassed it, or was created while the operator was away) takes capacity the live
-/// snapshot does not know of. A pod the snapshot already counts being bound, starting or
-/// deleted does not: until the next pass the snapshot only counts its GPUs as taken for
-/// longer.
+/// snapshot does not know of, if it asks for GPUs by a name the core knows (a pod asking only
+/// other extended resources, a NIC's, is counted at the next pass if a class backs them). A
+/// pod the snapshot already counts being bound, starting or deleted does not: until the next
+/// pass the snapshot only counts its GPUs as taken for longer.
 fn is_urgent(event: &watcher::Event<Pod>, pods: &Store<Pod>) -> bool {
     match event {
         watcher::Event::Apply(pod) => {
@@ -317,7 +318,10 @@ fn is_urgent(event: &watcher::Event<Pod>, pods: &Store<Pod>) -> bool {
                 .annotations
                 .as_ref()
                 .is_some_and(|notes| notes.contains_key(annotations::ADMITTED_AT_CREATION));
-            is_gated(pod) || before.map_or(!admitted_at_creation, |before| is_gated(&before))
+            is_gated(pod)
+                || before.map_or(!admitted_at_creation && asks_known_devices(pod), |before| {
+                    is_gated(&before)
+                })
         }
         watcher::Event::Delete(_) => false,
         watcher::Event::Init | watcher::Event::InitApply(_) | watcher::Event::InitDone => true,
@@ -734,9 +738,22 @@ mod tests {
             !urgent(apply(admitted_at_creation(pod("c", true))), &mut writer),
             "a pod the webhook admitted at creation: the live snapshot counts it already"
         );
+        let asking = |name: &str, resource: &str| {
+            let mut pod = pod(name, true);
+            pod.spec = Some(
+                serde_json::from_value(json!({"containers": [{"name": "c",
+                    "resources": {"limits": {resource: "1"}}}]}))
+                .unwrap(),
+            );
+            pod
+        };
         assert!(
-            urgent(apply(pod("bypassed", true)), &mut writer),
+            urgent(apply(asking("bypassed", "nvidia.com/gpu")), &mut writer),
             "a new pod the webhook did not admit takes capacity the snapshot does not know of"
+        );
+        assert!(
+            !urgent(apply(asking("nic", "example.com/nic")), &mut writer),
+            "a pod asking only a vendor's resource, on every VM or NIC pod of the cluster"
         );
         assert!(
             !urgent(watcher::Event::Delete(pod("w", true)), &mut writer),
