@@ -4,7 +4,8 @@
 //! on those no budget guards, in the same write: their eviction is then one delete), then the
 //! owner's intent together with its admission and pin, in the order [`super::resume`] relies
 //! on (the owner keeps its gate until its room is free: [`super::release`]). What a failed
-//! start wrote is taken back, marks included.
+//! start wrote is taken back, marks included; an intent that could not be keeps the reclaim
+//! recorded, for recovery to abandon once its deadline passed.
 //!
 //! A burst starts many handovers in one pass: each is [`prepared`](Reclaimer::prepare) (no
 //! write), every one of an owner queue is recorded in one status write
@@ -100,6 +101,23 @@ impl BeginError {
             Self::InFlight(InFlightError::Api { .. }) => "reclaims_in_flight_api",
             Self::NotRecorded => "not_recorded",
             Self::Write(error) => error.category(),
+        }
+    }
+}
+
+/// A start that failed after writing intents, and whether one of them could not be taken back.
+#[derive(Debug)]
+struct Failed {
+    error: BeginError,
+    intents_left: bool,
+}
+
+impl Failed {
+    /// A failure before anything was written.
+    fn cleanly(error: BeginError) -> Self {
+        Self {
+            error,
+            intents_left: false,
         }
     }
 }
@@ -222,7 +240,11 @@ impl Reclaimer {
                 self.take_back(&marked, &intent.id).await;
                 return Err(BeginError::NotRecorded);
             }
-            (Err(error), true) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
+            (Err(failed), true) => {
+                return Err(self
+                    .forget_in_flight(&plan.owner_queue, &intent.id, failed)
+                    .await);
+            }
             (Err(_), false) => return Err(BeginError::NotRecorded),
         };
         timeline.end(Phase::Intent, Instant::now());
@@ -234,7 +256,11 @@ impl Reclaimer {
             .await
         {
             Ok(owner) => owner,
-            Err(error) => return Err(self.forget_in_flight(plan, &intent.id, error).await),
+            Err(failed) => {
+                return Err(self
+                    .forget_in_flight(&plan.owner_queue, &intent.id, failed)
+                    .await);
+            }
         };
         let (marked, disruption_marked): (Vec<Pod>, Vec<bool>) = marked.into_iter().unzip();
         timeline.end(Phase::Reserve, Instant::now());
@@ -274,17 +300,20 @@ impl Reclaimer {
     }
 
     /// Takes the reclaim out of its owner queue's status after a failed start (best effort: an
-    /// entry left behind is removed once its deadline passed); returns `error`.
-    async fn forget_in_flight(
-        &self,
-        plan: &ReclaimPlan,
-        id: &str,
-        error: BeginError,
-    ) -> BeginError {
-        if let Err(failed) = in_flight::remove(&self.queues(), &plan.owner_queue, id).await {
-            tracing::warn!(reclaim = id, error = %failed, "taking a reclaim out of status.reclaimsInFlight failed; removed once stale");
+    /// entry left behind is removed once its deadline passed); returns the start's error. An
+    /// entry is kept while an intent it wrote could not be taken back: recovery abandons that
+    /// intent after the deadline, through the entry (without it the mark is believed by
+    /// nobody and cleaned by nobody).
+    async fn forget_in_flight(&self, owner_queue: &str, id: &str, failed: Failed) -> BeginError {
+        if failed.intents_left {
+            tracing::warn!(
+                reclaim = id,
+                "a failed start left an intent on a victim; its reclaim stays in status.reclaimsInFlight until recovery abandons it after the deadline"
+            );
+        } else if let Err(error) = in_flight::remove(&self.queues(), owner_queue, id).await {
+            tracing::warn!(reclaim = id, %error, "taking a reclaim out of status.reclaimsInFlight failed; removed once stale");
         }
-        error
+        failed.error
     }
 
     /// The plan's victims as the store shows them, or the first one it no longer holds.
@@ -309,9 +338,9 @@ impl Reclaimer {
         term: &Term,
         stored: &[Arc<Pod>],
         intent: &Intent,
-    ) -> Result<Vec<(Pod, bool)>, BeginError> {
+    ) -> Result<Vec<(Pod, bool)>, Failed> {
         if !term.is_current() {
-            return Err(BeginError::NotLeader);
+            return Err(Failed::cleanly(BeginError::NotLeader));
         }
         let written = join_all(stored.iter().map(|pod| self.mark_victim(pod, intent))).await;
         let mut marked = Vec::with_capacity(written.len());
@@ -323,8 +352,11 @@ impl Reclaimer {
             }
         }
         if let Some(error) = failure {
-            self.take_back(&marked, &intent.id).await;
-            return Err(error.into());
+            let intents_left = !self.take_back(&marked, &intent.id).await;
+            return Err(Failed {
+                error: error.into(),
+                intents_left,
+            });
         }
         Ok(marked)
     }
@@ -368,10 +400,13 @@ impl Reclaimer {
         intent: &Intent,
         at: Timestamp,
         marked: &[(Pod, bool)],
-    ) -> Result<Pod, BeginError> {
+    ) -> Result<Pod, Failed> {
         if !term.is_current() {
-            self.take_back(marked, &intent.id).await;
-            return Err(BeginError::NotLeader);
+            let intents_left = !self.take_back(marked, &intent.id).await;
+            return Err(Failed {
+                error: BeginError::NotLeader,
+                intents_left,
+            });
         }
         let seal = self.seals.get();
         let admission = patch::Admission {
@@ -388,8 +423,11 @@ impl Reclaimer {
         match released {
             Ok(owner) => Ok(owner),
             Err(error) => {
-                self.take_back(marked, &intent.id).await;
-                Err(error.into())
+                let intents_left = !self.take_back(marked, &intent.id).await;
+                Err(Failed {
+                    error: error.into(),
+                    intents_left,
+                })
             }
         }
     }
@@ -397,14 +435,20 @@ impl Reclaimer {
     /// Removes this reclaim's intent from the victims it was written on, with the
     /// `DisruptionTarget` mark on those marked with it (`true`), best effort: what stays behind
     /// goes stale and is cleaned up after the deadline (a mark, by kube-controller-manager after
-    /// two minutes).
-    async fn take_back(&self, marked: &[(Pod, bool)], id: &str) {
-        join_all(marked.iter().map(|(pod, disrupted)| async move {
-            if let Err(error) = self.take_back_intent(pod, id, *disrupted).await {
-                tracing::warn!(reclaim = id, %error, "taking back a reclaim intent failed; it is cleaned up once stale");
+    /// two minutes). Whether no intent is left (a pod gone took its intent with it; one that
+    /// changed under the write may still carry it).
+    async fn take_back(&self, marked: &[(Pod, bool)], id: &str) -> bool {
+        let removed = join_all(marked.iter().map(|(pod, disrupted)| async move {
+            match self.take_back_intent(pod, id, *disrupted).await {
+                Ok(()) | Err(PatchError::Gone { .. }) => true,
+                Err(error) => {
+                    tracing::warn!(reclaim = id, %error, "taking back a reclaim intent failed; it is cleaned up once stale");
+                    false
+                }
             }
         }))
         .await;
+        removed.into_iter().all(|removed| removed)
     }
 }
 
@@ -460,7 +504,114 @@ fn reserved_handover(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
+    use http_body_util::BodyExt;
+    use hyper::{Request, Response};
+    use kube::{Client, client::Body};
+    use serde_json::json;
+    use tower_test::mock;
+
     use super::*;
+    use crate::cluster::testing::TestStores;
+
+    /// An API server where pod `stuck` cannot be written (500) and pod `gone` is gone (404);
+    /// every other pod write lands, and queues have no reclaim in flight. The path of each
+    /// request it saw.
+    fn api() -> (Client, Arc<Mutex<Vec<String>>>) {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+        let paths = seen.clone();
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let path = request.uri().path().to_owned();
+                let _ = request.into_body().collect().await;
+                paths.lock().unwrap().push(path.clone());
+                let (code, answer) = if path.contains("/pods/stuck") {
+                    (
+                        500,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "InternalError", "code": 500, "message": "etcd restarting"}),
+                    )
+                } else if path.contains("/pods/gone") {
+                    (
+                        404,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "reason": "NotFound", "code": 404, "message": "pods \"gone\" not found"}),
+                    )
+                } else if path.contains("/pods/") {
+                    (200, victim("landed"))
+                } else {
+                    (
+                        200,
+                        json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+                        "metadata": {"name": "online", "resourceVersion": "7"},
+                        "spec": {"namespaces": ["online"], "resources": []},
+                        "status": {"reclaimsInFlight": []}}),
+                    )
+                };
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        (Client::new(service, "default"), seen)
+    }
+
+    fn victim(name: &str) -> serde_json::Value {
+        json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "batch", "uid": format!("uid-{name}"),
+                "resourceVersion": "3",
+                "annotations": {"gpuqueue.io/reclaim-id": "rc-1", "gpuqueue.io/reclaim-role": "victim"}}})
+    }
+
+    fn marked(names: &[&str]) -> Vec<(Pod, bool)> {
+        names
+            .iter()
+            .map(|name| (serde_json::from_value(victim(name)).unwrap(), false))
+            .collect()
+    }
+
+    /// Review finding: a start that failed took its reclaim out of the owner queue's status
+    /// even when an intent it wrote could not be taken back; that mark was then believed by
+    /// nobody and cleaned by nobody. The entry now stays, for recovery to abandon the intent.
+    #[tokio::test]
+    async fn a_failed_start_keeps_its_record_while_an_intent_it_wrote_is_left() {
+        let (client, seen) = api();
+        let reclaimer = Reclaimer::for_tests(client, TestStores::new().stores.clone());
+        let queue_requests = || {
+            seen.lock()
+                .unwrap()
+                .iter()
+                .filter(|path| path.contains("/gpuqueues/"))
+                .count()
+        };
+
+        let intents_left = !reclaimer
+            .take_back(&marked(&["landed", "stuck"]), "rc-1")
+            .await;
+        assert!(intents_left, "the stuck victim keeps its intent");
+        let failed = Failed {
+            error: BeginError::NotLeader,
+            intents_left,
+        };
+        reclaimer.forget_in_flight("online", "rc-1", failed).await;
+        assert_eq!(queue_requests(), 0, "the entry is kept");
+
+        let intents_left = !reclaimer
+            .take_back(&marked(&["landed", "gone"]), "rc-1")
+            .await;
+        assert!(!intents_left, "a victim gone took its intent with it");
+        let failed = Failed {
+            error: BeginError::NotLeader,
+            intents_left,
+        };
+        reclaimer.forget_in_flight("online", "rc-1", failed).await;
+        assert!(queue_requests() > 0, "the entry is taken out");
+    }
 
     #[test]
     fn failure_categories_are_snake_case_labels_and_a_write_says_which() {
