@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use super::{
     disruption,
     evict::{self, Eviction},
-    handover::{COMPLETED, Handover, HandoverPod, Progress, Victim},
+    handover::{COMPLETED, Handover, HandoverPod, Progress, Victim, resumed_owner_bound},
     intent::{self, Role},
     progress::{self, CallRecord},
     reclaimer::Reclaimer,
@@ -384,29 +384,21 @@ impl Reclaimer {
                 handover.timeline.end(Phase::ClaimsFreed, now);
             }
             let retry_release = release.advance(self, term, handover, gone, now).await;
-            // Without victims of its own, the room it waits for is free when it is bound.
-            if victims_gone && !handover.victims.is_empty() {
-                handover.timeline.end(Phase::VictimsGone, now);
-                if !crashed_checked {
-                    crashed_checked = true;
-                    self.crash_after(Phase::VictimsGone, &handover.id);
-                }
-            }
             let owner = self.stored(&handover.owner);
             let owner_gone = owner.is_none();
             let bound = owner
                 .as_ref()
                 .and_then(|p| p.spec.as_ref())
                 .and_then(|s| s.node_name.clone());
-            if let Some(node) = &bound {
-                // Owners of a burst pinned on one node bind as soon as any victim there is
-                // gone: one bound before its own victims had its room freed by another
-                // handover's, so for its record the room it waited for was free then.
+            if let (Some(node), Some(owner)) = (&bound, &owner) {
+                note_bound(handover, owner, node, now);
+            }
+            // Without victims of its own, the room it waits for is free when it is bound.
+            if victims_gone && !handover.victims.is_empty() {
                 handover.timeline.end(Phase::VictimsGone, now);
-                handover.timeline.end(Phase::OwnerBound, now);
-                if node != &handover.node {
-                    tracing::warn!(reclaim = %handover.id, %node, freed = %handover.node,
-                        "the owner was bound to another node than the one freed for it");
+                if !crashed_checked {
+                    crashed_checked = true;
+                    self.crash_after(Phase::VictimsGone, &handover.id);
                 }
             }
             let held = self.held_by_finalizers(handover, &gone_at);
@@ -593,6 +585,24 @@ fn record_writes<'a>(
             .map(|q| (*q, record(Role::Victim.as_str()))),
     );
     writes
+}
+
+/// Times the owner's bind to `node`, seen at `now`.
+fn note_bound(handover: &mut Handover, owner: &Pod, node: &str, now: Instant) {
+    // Owners of a burst pinned on one node bind as soon as any victim there is gone: one bound
+    // before its own victims had its room freed by another handover's, so for its record the
+    // room it waited for was free then.
+    let at = if handover.resumed {
+        resumed_owner_bound(owner, &handover.timeline, now)
+    } else {
+        now
+    };
+    handover.timeline.end(Phase::VictimsGone, at);
+    handover.timeline.end(Phase::OwnerBound, at);
+    if node != handover.node {
+        tracing::warn!(reclaim = %handover.id, %node, freed = %handover.node,
+            "the owner was bound to another node than the one freed for it");
+    }
 }
 
 /// What the wait for the victims and the owner saw.

@@ -207,6 +207,22 @@ pub fn checkpoint_policy(settings: &CheckpointSettings) -> CheckpointPolicy {
     }
 }
 
+/// When a resumed handover's owner was bound, seen at `now`: the API server's `PodScheduled`
+/// time rounded up to its next second (a condition keeps whole seconds), so that an owner bound
+/// before the resume is not timed at the resume, and the time is never earlier than the bind
+/// (a budget is never counted met that was not). `now` for an owner without the condition.
+pub fn resumed_owner_bound(owner: &Pod, timeline: &Timeline, now: Instant) -> Instant {
+    owner
+        .status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .and_then(|conditions| conditions.iter().find(|c| c.type_ == "PodScheduled"))
+        .filter(|scheduled| scheduled.status == "True")
+        .and_then(|scheduled| scheduled.last_transition_time.as_ref())
+        .and_then(|at| at.0.checked_add(jiff::SignedDuration::from_secs(1)).ok())
+        .map_or(now, |at| timeline.instant_of(at, now))
+}
+
 /// The QUEUE annotation of a pod: the queue it was admitted under.
 pub fn admitted_queue(pod: &Pod) -> Option<&str> {
     pod.metadata
@@ -220,6 +236,36 @@ pub fn admitted_queue(pod: &Pod) -> Option<&str> {
 mod tests {
     use super::*;
     use crate::checkpoint::{CheckpointClient, Checkpointer};
+
+    /// Review finding: a handover resumed after a failover, whose owner was bound before it,
+    /// was timed as bound at the resume, and counted over its budget.
+    #[test]
+    fn a_resumed_owner_is_timed_bound_when_the_api_server_scheduled_it() {
+        let started_at: Timestamp = "2026-12-07T10:00:00.400Z".parse().unwrap();
+        let now = Instant::now() + Duration::from_secs(30);
+        let resumed_at = started_at + jiff::SignedDuration::from_secs(9);
+        let timeline = Timeline::resumed(started_at, Duration::from_secs(3), now, resumed_at);
+        let owner = |scheduled: Option<&str>| -> Pod {
+            let conditions = scheduled.map(|at| {
+                serde_json::json!([{"type": "PodScheduled", "status": "True", "lastTransitionTime": at}])
+            });
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "o", "namespace": "online"},
+                "status": {"conditions": conditions.unwrap_or_default()}}))
+            .unwrap()
+        };
+
+        let bound = resumed_owner_bound(&owner(Some("2026-12-07T10:00:02Z")), &timeline, now);
+        assert_eq!(
+            timeline.elapsed(bound),
+            Duration::from_millis(2_600),
+            "the scheduled second's end, not the resume"
+        );
+        let early = resumed_owner_bound(&owner(Some("2026-12-07T09:59:58Z")), &timeline, now);
+        assert_eq!(timeline.elapsed(early), Duration::ZERO);
+        let unknown = resumed_owner_bound(&owner(None), &timeline, now);
+        assert_eq!(unknown, now, "no condition: seen bound at the resume");
+    }
 
     #[test]
     fn a_queue_policy_converts_without_loss() {

@@ -116,6 +116,13 @@ impl Timeline {
             .unwrap_or(self.started_at)
     }
 
+    /// The monotonic instant of `at` on the wall clock, no earlier than the start and no later
+    /// than `now`.
+    pub fn instant_of(&self, at: Timestamp, now: Instant) -> Instant {
+        let after = Duration::try_from(at.duration_since(self.started_at)).unwrap_or_default();
+        (self.started + after).min(now)
+    }
+
     /// Time since the start at `now`.
     pub fn elapsed(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.started)
