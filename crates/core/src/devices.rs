@@ -15,6 +15,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::ids::{ModelId, NodeId, PodId, ResourceId};
+use crate::model::selector::tolerates_all;
 use crate::model::{
     DeviceMemory, DeviceSet, GpuRequest, MAX_DEVICES_PER_POOL, Node, Pod, Requests, Sharing,
 };
@@ -738,12 +739,12 @@ impl<'a> Request<'a> {
                 units >= u32::from(g.count) && memory_fits
             })
         });
+        // A pod without rules tolerates no taint (kube-scheduler's filter applies to every pod).
         enough_devices
-            && self
-                .pod
-                .node_rules
-                .as_ref()
-                .is_none_or(|r| r.admits(&n.node.name, &n.node.labels, &n.node.taints))
+            && self.pod.node_rules.as_ref().map_or_else(
+                || tolerates_all(&[], &n.node.taints),
+                |r| r.admits(&n.node.name, &n.node.labels, &n.node.taints),
+            )
     }
 
     /// Whether free devices, CPU and memory as given have room for the pod.

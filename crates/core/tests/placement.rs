@@ -5,6 +5,7 @@
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
 use gpuqueue_core::fragmentation::{TaskShape, WorkloadMix};
+use gpuqueue_core::model::selector::{Taint, TaintEffect};
 use gpuqueue_core::model::{
     Assignment, DeviceSet, GpuRequest, Node, Pod, PodKey, PodState, Requests,
 };
@@ -280,6 +281,32 @@ fn gpu_models_taints_and_selectors_filter_nodes() {
             .find_placement(&snapshot, &too_big)
             .is_none()
     );
+}
+
+/// Review finding: a pod with no selector, affinity or toleration (no node rules at all) was
+/// placed on a `NoSchedule`-tainted node kube-scheduler keeps it off, and reclaims planned
+/// there evicted borrowers for an owner that could never bind.
+#[test]
+fn a_pod_without_rules_is_kept_off_a_tainted_node() {
+    let mut tainted = node("a-tainted", 1);
+    tainted.taints.push(Taint {
+        key: "dedicated".into(),
+        value: "infer".into(),
+        effect: TaintEffect::NoSchedule,
+    });
+    let mut preferred = node("b-prefer-no", 1);
+    preferred.taints.push(Taint {
+        key: "soft".into(),
+        value: String::new(),
+        effect: TaintEffect::PreferNoSchedule,
+    });
+    let (snapshot, _) = Snapshot::builder().node(tainted).node(preferred).build();
+    let plain = task("plain", GpuRequest::devices(GPU, 1));
+    assert!(plain.node_rules.is_none());
+    let placed = Policy::new(&BestFit, TieBreak::First)
+        .find_placement(&snapshot, &plain)
+        .unwrap();
+    assert_eq!(placed.node_name, "b-prefer-no", "a preference is no filter");
 }
 
 #[test]
