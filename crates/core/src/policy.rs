@@ -112,7 +112,7 @@ impl Policy<'_> {
                             charges: &mut Vec<Charge>,
                             scratch: &mut Vec<u16>| {
             if !request.charges(n, option, charges) {
-                return;
+                return false;
             }
             scratch.clear();
             scratch.extend_from_slice(n.free());
@@ -145,21 +145,26 @@ impl Policy<'_> {
             }) {
                 best = Some((score, option));
             }
+            true
         };
         match request.shared_pool(n) {
             Some(pool) => {
-                // Devices with the same free milli are interchangeable: score each value once.
+                // Devices with the same free milli score alike: score each value once, on the
+                // first device where the request fits (another may lack its memory).
                 let mut seen = [0u64; 16];
                 for (d, f) in (pool.start..).zip(n.pool_free(pool).iter().copied()) {
                     let (word, bit) = (usize::from(f / 64), f % 64);
                     if f < request.shared_milli || seen[word] & (1 << bit) != 0 {
                         continue;
                     }
-                    seen[word] |= 1 << bit;
-                    consider(Some(d), charges, scratch);
+                    if consider(Some(d), charges, scratch) {
+                        seen[word] |= 1 << bit;
+                    }
                 }
             }
-            None => consider(None, charges, scratch),
+            None => {
+                consider(None, charges, scratch);
+            }
         }
         best
     }

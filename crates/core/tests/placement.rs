@@ -7,7 +7,7 @@ use gpuqueue_core::Snapshot;
 use gpuqueue_core::fragmentation::{TaskShape, WorkloadMix};
 use gpuqueue_core::model::selector::{Taint, TaintEffect};
 use gpuqueue_core::model::{
-    Assignment, DeviceSet, GpuRequest, Node, Pod, PodKey, PodState, Requests,
+    Assignment, DeviceMemory, DeviceSet, GpuPool, GpuRequest, Node, Pod, PodKey, PodState, Requests,
 };
 use gpuqueue_core::placement::{
     BestFit, Fgd, FragmentationAware, GpuPacking, Random, Scorer, TieBreak,
@@ -307,6 +307,36 @@ fn a_pod_without_rules_is_kept_off_a_tainted_node() {
         .find_placement(&snapshot, &plain)
         .unwrap();
     assert_eq!(placed.node_name, "b-prefer-no", "a preference is no filter");
+}
+
+/// Review finding: a shared request tried one device per free-milli value, and when memory
+/// did not fit on that one, never tried another with the same free milli and the memory.
+#[test]
+fn a_shared_request_tries_each_device_that_may_hold_its_memory() {
+    let pool = GpuPool {
+        memory_mib: Some(40_960),
+        ..GpuPool::exclusive(GPU, 2)
+    };
+    let holding = |name: &str, gpu: GpuRequest, device: u16| running(name, gpu, "n1", &[device]);
+    let (snapshot, issues) = Snapshot::builder()
+        .node(Node::new("n1").cpu_milli(64_000).pool(pool))
+        .pod(holding(
+            "big",
+            GpuRequest::shared(GPU, 500).with_memory(DeviceMemory::Mib(30_720)),
+            0,
+        ))
+        .pod(holding("small", GpuRequest::shared(GPU, 500), 1))
+        .build();
+    assert!(issues.is_empty(), "{issues:?}");
+    // Both devices have 500 milli free; only device 1 has 15 GiB of memory free.
+    let want = task(
+        "x",
+        GpuRequest::shared(GPU, 400).with_memory(DeviceMemory::Mib(15_360)),
+    );
+    let placed = Policy::new(&BestFit, TieBreak::First)
+        .find_placement(&snapshot, &want)
+        .expect("device 1 holds it");
+    assert_eq!(placed.devices[0].devices, vec![1]);
 }
 
 #[test]
