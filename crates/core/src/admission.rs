@@ -160,6 +160,14 @@ pub struct MemoryShortfall {
 }
 
 impl WaitReason {
+    /// When this reason ends by itself, with nothing else changing (a borrowing cool-down).
+    pub fn expires_at(&self) -> Option<Timestamp> {
+        match self {
+            Self::BorrowCooldown { until, .. } => Some(*until),
+            _ => None,
+        }
+    }
+
     /// A stable `PascalCase` reason for events and conditions.
     pub fn code(&self) -> &'static str {
         match self {
@@ -599,6 +607,18 @@ fn within_guarantee(snapshot: &Snapshot, pod: PodId) -> bool {
             .usage_of(q, *r)
             .is_some_and(|u| u.allocated + *amount <= u.guaranteed)
     })
+}
+
+/// The earliest time a pod of `decisions` stops waiting by itself: a later pass must look
+/// again then, though nothing in the cluster changes.
+pub fn next_expiry(decisions: &[Decision]) -> Option<Timestamp> {
+    decisions
+        .iter()
+        .filter_map(|decision| match decision {
+            Decision::Wait(wait) => wait.reason.expires_at(),
+            _ => None,
+        })
+        .min()
 }
 
 /// Decides every pending pod in fair order, applying each decision to `snapshot` before the

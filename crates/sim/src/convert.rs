@@ -4,6 +4,8 @@
 use gpuqueue_core::fragmentation::{DEFAULT_POPULARITY, TaskShape, WorkloadMix};
 use gpuqueue_core::model::{GpuRequest, Node, Pod, PodKey, Requests};
 use gpuqueue_core::quantity::ResourceName;
+use std::time::Duration;
+
 use jiff::Timestamp;
 
 use crate::engine::SimTime;
@@ -66,6 +68,12 @@ pub fn shape_requests(shape: &Shape) -> Requests {
 pub fn timestamp(at: SimTime) -> Timestamp {
     let micros = i64::try_from(at.since(SimTime::ZERO).as_micros()).unwrap_or(i64::MAX);
     Timestamp::from_microsecond(micros).unwrap_or(Timestamp::MAX)
+}
+
+/// The simulated instant of a core timestamp (before the start reads as the start).
+pub fn sim_time(at: Timestamp) -> SimTime {
+    let since = at.duration_since(Timestamp::UNIX_EPOCH);
+    SimTime::from_duration(Duration::try_from(since).unwrap_or_default())
 }
 
 /// A pending pod for a trace task.

@@ -36,7 +36,7 @@ use std::time::Duration;
 use gpuqueue_api::v1alpha1::CheckpointDriver;
 use gpuqueue_core::Policy;
 use gpuqueue_core::Snapshot;
-use gpuqueue_core::admission::{Decision, WaitReason, admission_cycle};
+use gpuqueue_core::admission::{Decision, WaitReason, admission_cycle, next_expiry};
 use gpuqueue_core::fragmentation::WorkloadMix;
 use gpuqueue_core::ids::{NodeId, PodId};
 use gpuqueue_core::model::{
@@ -665,6 +665,11 @@ impl Run<'_> {
             &Policy::default(),
             convert::timestamp(now),
         );
+        // A pod refused for a borrowing cool-down is decided again when it ends, as the
+        // operator wakes for it, even if nothing else changes.
+        if let Some(at) = next_expiry(&decisions) {
+            self.request_pass(convert::sim_time(at).max(now));
+        }
         let mut changed = false;
         for decision in decisions {
             self.first_decision(&decision);
@@ -977,12 +982,10 @@ impl Run<'_> {
         self.after_change(now);
     }
 
+    /// A pod's work ended: it completes, a victim of a handover included (its process exits
+    /// before the eviction; the operator sees it gone, and the eviction finds nothing to do).
     fn finish_job(&mut self, now: SimTime, job: usize, attempt: u32) {
-        if !self.current(job, attempt)
-            || self.live[job]
-                .as_ref()
-                .is_some_and(|l| l.part == Part::Victim)
-        {
+        if !self.current(job, attempt) {
             return;
         }
         let tenant = self.job(job).tenant;

@@ -412,6 +412,61 @@ fn two_gpu_world(
     }
 }
 
+/// Review finding: a victim whose work ended during its handover's checkpoint was evicted
+/// anyway, counted with GPU-hours past its end, and recreated to run again.
+#[test]
+fn a_victim_whose_work_ends_during_its_handover_completes() {
+    // The newer batch pod is the victim; its work ends half a second into the checkpoint.
+    let jobs = [
+        (1, JobKind::Batch, 0.0, Some(Duration::from_hours(1)), 1),
+        (
+            1,
+            JobKind::Batch,
+            1.0,
+            Some(Duration::from_millis(9_500)),
+            1,
+        ),
+        (0, JobKind::Online, 10.0, None, 1),
+    ];
+    let run = quota::run(&two_gpu_world([1, 1], [0, 1], &jobs), QuotaPolicy::Borrow);
+    let c = &run.counts;
+    assert!(c.balanced(), "{c:?}");
+    assert_eq!(run.metrics.reclaims, 1);
+    assert_eq!((c.created, c.evicted, c.completed), (3, 0, 1), "{c:?}");
+    assert_eq!(
+        c.running_at_end, 2,
+        "the older batch pod and the owner: {c:?}"
+    );
+    assert!(run.metrics.tenants[1].evicted_gpu_hours.abs() < f64::EPSILON);
+}
+
+/// Review finding: a pod refused for its queue's borrowing cool-down waited for an unrelated
+/// change, where the operator wakes when the cool-down ends.
+#[test]
+fn a_borrower_is_decided_again_when_its_cool_down_ends() {
+    // The owner (a job of `online`, 20 s of work) reclaims the borrowed GPU at 10 s; the
+    // evicted batch pod is recreated at once and refused until 10 s + 120 s. The owner's GPU
+    // is idle from about 32.6 s, and nothing changes after that.
+    let jobs = [
+        (1, JobKind::Batch, 0.0, Some(Duration::from_hours(1)), 1),
+        (1, JobKind::Batch, 1.0, Some(Duration::from_hours(1)), 1),
+        (0, JobKind::Batch, 10.0, Some(Duration::from_secs(20)), 1),
+    ];
+    let mut input = two_gpu_world([1, 1], [0, 1], &jobs);
+    input.queues[1].reclaim.min_borrow = Some(Duration::from_mins(2));
+    input.end = SimTime::from_secs_f64(600.0);
+    let run = quota::run(&input, QuotaPolicy::Borrow);
+    let c = &run.counts;
+    assert!(c.balanced(), "{c:?}");
+    assert_eq!((c.evicted, c.waiting_at_end), (1, 0), "{c:?}");
+    let waits = &run.metrics.tenants[1].waits;
+    let refused = waits.iter().copied().fold(0.0, f64::max);
+    assert!(
+        (115.0..120.0).contains(&refused),
+        "bound when the cool-down ends, about 117 s after its recreation: {waits:?}"
+    );
+}
+
 #[test]
 fn a_burst_owner_that_counts_on_another_handovers_victim_binds_once_it_is_gone() {
     // `batch` borrows the whole node with one 2-GPU pod; two owners of `online` (guarantee 2)

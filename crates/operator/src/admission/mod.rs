@@ -52,7 +52,7 @@ use std::{sync::Arc, time::Duration};
 
 use gpuqueue_core::{
     Policy,
-    admission::{self, Decision, WaitReason},
+    admission::{self, Decision},
     reclaim::{self, ReclaimPlan},
     snapshot::kept::{KeptSnapshot, Made},
 };
@@ -344,7 +344,7 @@ fn run_pass(
 
     // 2. decide (pure, in the core)
     let decisions = admission::admission_cycle(&mut snapshot, &Policy::default(), now);
-    let cooldown = earliest_cooldown(&decisions);
+    let cooldown = admission::next_expiry(&decisions);
     let planned = tokio::time::Instant::now();
     let left_waiting =
         !unreadable_pods.is_empty() || decisions.iter().any(|d| !matches!(d, Decision::Admit(_)));
@@ -479,18 +479,4 @@ struct PassMemory {
     enforce: enforce::EnforceMemory,
     status_pacing: status_pacing::StatusPacing,
     held_back: held_back::HeldBack,
-}
-
-/// The earliest time a waiting pod's cause expires by itself (a borrowing cool-down).
-fn earliest_cooldown(decisions: &[Decision]) -> Option<Timestamp> {
-    decisions
-        .iter()
-        .filter_map(|decision| match decision {
-            Decision::Wait(wait) => match &wait.reason {
-                WaitReason::BorrowCooldown { until, .. } => Some(*until),
-                _ => None,
-            },
-            _ => None,
-        })
-        .min()
 }
