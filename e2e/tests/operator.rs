@@ -362,6 +362,11 @@ async fn the_operator_needs_no_more_than_the_rbac_in_config() {
         "pods are patched, never updated"
     );
     assert!(!may("get", "secrets", None, None).await, "no secrets");
+    assert!(may("watch", "nodes", None, None).await);
+    assert!(
+        !may("get", "nodes", None, Some("gpu-node-0")).await,
+        "nodes are watched, never read one by one"
+    );
     assert!(
         !may("patch", "gpuqueues", None, Some("batch")).await,
         "spec belongs to admins"
