@@ -307,8 +307,38 @@ fn the_budget_holds_the_checkpoint_timeout_the_grace_and_the_bind_reserve() {
     // Exactly enough: 1500ms + 1s + 250ms = 2750ms.
     assert!(!refused(&queue("2750ms", "1500ms", 1)));
     assert!(refused(&queue("2749ms", "1500ms", 1)));
+    // In whole milliseconds, as the operator's own check (core's conversions test).
+    assert!(!refused(&queue("2750ms", "1500500us", 1)));
+    assert!(refused(&queue("2749ms", "1500500us", 1)));
     // The grace counts in whole seconds: 3s cannot hold 1s + 2s + 250ms.
     assert!(!refused(&queue("3s", "500ms", 2)));
     assert!(refused(&queue("3s", "1s", 2)));
     assert!(!refused(&queue("3s", "1500ms", 0)));
+}
+
+/// Review finding: a `gpuMemory` of 20Ei passed the API server and the operator then refused
+/// the queue (a byte count past 64 bits); both now draw the line at 8Ei.
+#[test]
+fn gpu_memory_is_bounded_where_the_operator_can_count_it() {
+    let schema = schema();
+    let validator = Validator::new();
+    let refused = |memory: &str| {
+        let queue = serde_json::json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "q"},
+            "spec": {
+                "namespaces": ["team-a"],
+                "resources": [{"name": "nvidia.com/gpu", "guaranteed": 1, "gpuMemory": memory}],
+            },
+        });
+        validator
+            .validate(&schema, &queue, None)
+            .err()
+            .is_some_and(|errors| errors.iter().any(|e| e.message.contains("below 8Ei")))
+    };
+    assert!(!refused("80Gi"));
+    assert!(!refused("7Ei"));
+    assert!(refused("8Ei"));
+    assert!(refused("20Ei"));
+    assert!(refused("0"));
 }

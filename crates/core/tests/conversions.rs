@@ -113,6 +113,40 @@ fn a_bad_queue_lists_every_broken_rule_with_its_field() {
     );
 }
 
+/// Review finding: the API server's rule compares the budget in whole milliseconds, so it took a
+/// checkpoint timeout of 1500.5ms under a 2750ms budget that this check then refused (and its
+/// message, dropping the half millisecond, asked to raise the budget to what it was).
+#[test]
+fn the_budget_is_checked_in_whole_milliseconds_as_the_api_server_checks_it() {
+    let with = |budget: &str, timeout: &str| {
+        Queue::from_api(&queue(&json!({
+            "namespaces": ["team-a"],
+            "resources": [{"name": "nvidia.com/gpu", "guaranteed": 1}],
+            "reclaim": {"budget": budget, "victimGracePeriodSeconds": 1,
+                        "checkpoint": {"driver": "none", "timeout": timeout}}
+        })))
+    };
+    assert!(with("2750ms", "1500500us").is_ok());
+    assert!(with("2750ms", "1500.5ms").is_ok());
+    let refused = with("2749ms", "1500500us").unwrap_err().to_string();
+    assert!(refused.contains("raise the budget to 2750ms"), "{refused}");
+}
+
+#[test]
+fn gpu_memory_is_refused_from_8ei_as_the_api_server_refuses_it() {
+    let with = |memory: &str| {
+        Queue::from_api(&queue(&json!({
+            "namespaces": ["team-a"],
+            "resources": [{"name": "nvidia.com/gpu", "guaranteed": 1, "gpuMemory": memory}]
+        })))
+    };
+    assert!(with("7Ei").is_ok());
+    for memory in ["8Ei", "20Ei", "0"] {
+        let refused = with(memory).unwrap_err().to_string();
+        assert!(refused.contains("below 8Ei"), "{memory}: {refused}");
+    }
+}
+
 fn node(json: serde_json::Value) -> k8s::Node {
     serde_json::from_value(json).unwrap()
 }

@@ -198,8 +198,8 @@ pub struct ResourceQuota {
     /// as a quantity such as `320Gi`. A device's memory comes from the node's
     /// `nvidia.com/gpu.memory` label (MiB), or from the MIG profile name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0'))")
-        .message("gpuMemory must be a positive quantity such as 80Gi"))]
+    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isGreaterThan(quantity('0')) && quantity(self).isLessThan(quantity('8Ei'))")
+        .message("gpuMemory must be a positive quantity below 8Ei, such as 80Gi"))]
     // The bound keeps the rule within kube-apiserver's CEL cost budget (unbounded, it
     // exceeds it by a factor of 1.007 across 16 resources and the CRD is refused).
     #[schemars(length(max = 32))]

@@ -12,8 +12,11 @@ use gpuqueue_api::v1alpha1::{
 use kube::core::Duration as KubeDuration;
 
 use super::selector::{LabelSelector, Labels};
-use crate::quantity::{Milli, ResourceName, parse_bytes};
+use crate::quantity::{Milli, Quantity, ResourceName, parse_bytes};
 use crate::termination::BIND_RESERVE;
+
+/// What a queue's `gpuMemory` must be; the API's rule says the same.
+const GPU_MEMORY_RULE: &str = "gpuMemory must be a positive quantity below 8Ei, such as 80Gi";
 
 /// The longest handover budget a queue may ask for (the API's `MAX_BUDGET`).
 pub const MAX_BUDGET: Duration = Duration::from_mins(1);
@@ -281,6 +284,27 @@ fn namespaces(spec: &GpuQueueSpec, problems: &mut Problems) -> Option<LabelSelec
 }
 
 /// Reads `resources[]` into quotas sorted by resource name.
+/// A queue's `gpuMemory` in MiB (rounded up); `None`, with the problem, when it is no positive
+/// quantity below 8Ei, as the API's rule says (a byte count fits in 63 bits).
+fn gpu_memory_mib(memory: &str, field: &str, problems: &mut Problems) -> Option<u64> {
+    match parse_bytes(memory) {
+        Ok(bytes) if bytes > 0 && bytes < 1 << 63 => Some(bytes.div_ceil(1 << 20)),
+        // A quantity past 64 bits of bytes is over the same line.
+        Ok(_) => {
+            problems.add(field, GPU_MEMORY_RULE);
+            None
+        }
+        Err(_) if Quantity::parse(memory).is_ok() => {
+            problems.add(field, GPU_MEMORY_RULE);
+            None
+        }
+        Err(e) => {
+            problems.add(field, e.to_string());
+            None
+        }
+    }
+}
+
 fn quotas(spec: &GpuQueueSpec, problems: &mut Problems) -> Vec<ResourceQuota> {
     if spec.resources.is_empty() {
         problems.add("spec.resources", "must list at least one resource");
@@ -329,21 +353,10 @@ fn quotas(spec: &GpuQueueSpec, problems: &mut Problems) -> Vec<ResourceQuota> {
                 ),
             );
         }
-        let gpu_memory_mib = match r.gpu_memory.as_deref().map(parse_bytes) {
-            None => None,
-            Some(Ok(0)) => {
-                problems.add(
-                    &field("gpuMemory"),
-                    "gpuMemory must be a positive quantity such as 80Gi",
-                );
-                None
-            }
-            Some(Ok(bytes)) => Some(bytes.div_ceil(1 << 20)),
-            Some(Err(e)) => {
-                problems.add(&field("gpuMemory"), e.to_string());
-                None
-            }
-        };
+        let gpu_memory_mib = r
+            .gpu_memory
+            .as_deref()
+            .and_then(|memory| gpu_memory_mib(memory, &field("gpuMemory"), problems));
         quotas.push(ResourceQuota {
             resource: ResourceName::new(&r.name),
             guaranteed,
@@ -413,8 +426,12 @@ fn reclaim(policy: &ReclaimPolicy, problems: &mut Problems) -> ReclaimSettings {
         );
         Duration::from_secs(1)
     };
-    // A victim of this queue may use its whole grace after its checkpoint (the API's rule).
-    if budget < checkpoint.timeout + victim_grace + BIND_RESERVE {
+    // A victim of this queue may use its whole grace after its checkpoint (the API's rule, in
+    // whole milliseconds as its CEL compares them: a queue the API server took is never
+    // refused here for a fraction of a millisecond).
+    let whole_ms =
+        |d: Duration| Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    if whole_ms(budget) < whole_ms(checkpoint.timeout) + victim_grace + BIND_RESERVE {
         problems.add(
             "spec.reclaim.budget",
             format!(
@@ -423,7 +440,7 @@ fn reclaim(policy: &ReclaimPolicy, problems: &mut Problems) -> ReclaimSettings {
                 format_duration(checkpoint.timeout),
                 victim_grace.as_secs(),
                 format_duration(BIND_RESERVE),
-                format_duration(checkpoint.timeout + victim_grace + BIND_RESERVE),
+                format_duration(whole_ms(checkpoint.timeout) + victim_grace + BIND_RESERVE),
             ),
         );
     }
