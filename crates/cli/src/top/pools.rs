@@ -188,15 +188,15 @@ fn node_report(snapshot: &Snapshot, id: NodeId) -> NodeReport {
             Attribution::Unclaimed => NO_QUEUE.to_owned(),
             Attribution::Conflict { .. } => CONFLICT.to_owned(),
         };
-        // A pod pinned here with no room yet (a reclaim's owner) holds no devices.
-        for set in snapshot.pod_devices(pod_id) {
+        // A pod pinned here with no room yet (a reclaim's owner) holds no devices; one on a
+        // shared device holds its share of it, as the cluster line counts it.
+        for (resource, Milli(milli)) in snapshot.pod_held_milli(pod_id) {
             let pool = node
                 .pools
                 .iter()
-                .find(|p| p.resource == set.resource)
+                .find(|p| p.resource == resource)
                 .map(|p| p.resource.as_str());
             let Some(resource) = pool else { continue };
-            let Milli(milli) = pod.requests.of(&set.resource);
             *held.entry(resource).or_default() += milli;
             *holders.entry((resource, holder.clone())).or_default() += milli;
         }
@@ -387,6 +387,52 @@ pub(crate) mod tests {
         assert!((cluster.fragmented_gpus - 10.0).abs() < 1e-9);
         assert!((cluster.fragmentation_of_free - 10.0 / 11.0).abs() < 1e-9);
         assert_eq!(cluster.waiting_pods, 1);
+    }
+
+    /// Review finding: a node's row counted a time-sliced replica as a whole GPU (its
+    /// request), while the cluster line counted its share: 4 of 2 GPUs on the row, 1 of 2 on
+    /// the cluster line.
+    #[test]
+    fn a_shared_device_counts_its_share_on_the_node_row_as_on_the_cluster_line() {
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "ts-0", "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-L4",
+                "nvidia.com/gpu.sharing-strategy": "time-slicing",
+                "nvidia.com/gpu.replicas": "4"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"},
+                       "conditions": [{"type": "Ready", "status": "True"}]},
+        }))
+        .unwrap();
+        let objects = Objects {
+            nodes: vec![node],
+            pods: (0..4)
+                .map(|i| {
+                    pod(
+                        "batch",
+                        &format!("r-{i}"),
+                        "nvidia.com/gpu",
+                        1,
+                        Some("ts-0"),
+                    )
+                })
+                .collect(),
+            namespaces: vec![namespace("batch")],
+            queues: vec![queue("batch", "batch", 2)],
+        };
+        let report = report(&objects);
+        assert_eq!(report.problems, Vec::<String>::new());
+        let row = &report.nodes[0].pools[0];
+        assert_eq!(row.allocatable, 2);
+        assert!((row.allocated_gpus - 1.0).abs() < 1e-9, "{row:?}");
+        assert!((row.free_gpus - 1.0).abs() < 1e-9, "{row:?}");
+        assert_eq!(
+            row.holders,
+            [Holder {
+                queue: "batch".into(),
+                gpus: 1.0
+            }]
+        );
+        assert!((report.cluster.allocated_gpus - row.allocated_gpus).abs() < 1e-9);
     }
 
     #[test]

@@ -459,6 +459,29 @@ impl Snapshot {
         self.device_sets(seat.node, &seat.charges)
     }
 
+    /// What an admitted pod holds of each resource's devices, in milli of a device: a shared
+    /// device counts the pod's share (a time-sliced replica 1000/replicas), not its request.
+    pub fn pod_held_milli(&self, id: PodId) -> Vec<(ResourceName, Milli)> {
+        let Some(seat) = self.slot(id).and_then(|slot| slot.seat.as_ref()) else {
+            return Vec::new();
+        };
+        let node = &self.nodes[seat.node.index()];
+        let mut held: Vec<(ResourceName, Milli)> = Vec::new();
+        for charge in &seat.charges {
+            let Some((resource, _)) = node.local_devices(std::slice::from_ref(charge)).next()
+            else {
+                continue;
+            };
+            let resource = self.resource_name(resource);
+            let milli = Milli(u64::from(charge.milli));
+            match held.iter_mut().find(|(r, _)| r == resource) {
+                Some((_, total)) => total.0 += milli.0,
+                None => held.push((resource.clone(), milli)),
+            }
+        }
+        held
+    }
+
     pub(crate) fn device_sets(&self, node: NodeId, charges: &[Charge]) -> Vec<DeviceSet> {
         devices::device_sets(&self.nodes[node.index()], charges, |r| {
             self.resource_name(r).clone()
