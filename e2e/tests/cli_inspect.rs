@@ -222,12 +222,12 @@ impl Ctx<'_> {
 async fn queues_explain_and_handovers_tell_what_the_operator_decided() {
     // Built before the cluster starts, so that its clock does not run meanwhile.
     common::cli_binaries();
-    let mut config = ControlPlaneConfig::new("cli_inspect").with_nodes(vec![
+    let config = ControlPlaneConfig::new("cli_inspect").with_nodes(vec![
         GpuNode::whole_gpus("gpu-a", 4),
         GpuNode::whole_gpus("gpu-b", 4),
     ]);
-    // Pods are created directly and nothing is deleted: no controllers needed.
-    config.controller_manager = false;
+    // Pods are created directly and nothing is deleted; the controller manager runs for the
+    // tenant's stock `edit` role, which its ClusterRole aggregation fills.
     let cluster = ControlPlane::start(config).await.unwrap();
     let client = cluster.client();
     let run = |args: &[&str]| kubectl(&cluster, args);
@@ -574,5 +574,30 @@ async fn check_errors(ctx: &Ctx<'_>, waiting_name: &str) {
             batch.name()
         )) && stderr.contains(&reader.username),
         "{stderr}"
+    );
+
+    // The reverse, and the common case: a tenant with `edit` in its namespace reads its pods but
+    // no queue (cluster-scoped). explain says what it can, and which read was refused.
+    let tenant = cluster.tenant_with_edit(batch.name()).await.unwrap();
+    let out = ok(&run(&[
+        "gpuqueue",
+        "explain",
+        waiting_name,
+        "-n",
+        batch.name(),
+        "--kubeconfig",
+        tenant.kubeconfig.to_str().unwrap(),
+    ]));
+    let queue = field(&out, "Queue");
+    assert!(
+        queue.starts_with(&format!(
+            "unknown for namespace {}: cannot list GpuQueues (no permission to list GpuQueues: ",
+            batch.name()
+        )),
+        "{out}"
+    );
+    assert!(
+        field(&out, "Summary").starts_with("waiting at the gate: "),
+        "{out}"
     );
 }

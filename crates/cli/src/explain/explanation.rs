@@ -56,6 +56,9 @@ pub enum Claim {
     },
     /// No queue: the pod is not managed.
     Unclaimed { namespace: String },
+    /// The user may not list the queues, and the one it could read (the pod's own, if any)
+    /// does not claim the namespace: which queue does is not known.
+    Unknown { namespace: String, why: String },
 }
 
 /// The operator's record of the pod's admission.

@@ -131,7 +131,13 @@ fn claim(observed: &Observed, namespace: &str, notes: &mut Vec<String>) -> Claim
             namespace: owned,
             queues,
         },
-        model::Claim::Unclaimed => Claim::Unclaimed { namespace: owned },
+        model::Claim::Unclaimed => match &observed.queues_error {
+            Some(error) => Claim::Unknown {
+                namespace: owned,
+                why: format!("cannot list GpuQueues ({error})"),
+            },
+            None => Claim::Unclaimed { namespace: owned },
+        },
     };
     // Queues the core cannot read claim nothing; say so when one names this namespace.
     for queue in &observed.queues {
@@ -619,6 +625,9 @@ mod tests {
         );
     }
 
+    /// What RBAC answers a tenant (or a tenant admin whose role names one queue) listing queues.
+    const LIST_REFUSED: &str = "no permission to list GpuQueues: forbidden";
+
     #[test]
     fn the_claiming_queue_is_the_cores_answer() {
         let selector = "  namespaceSelector: {matchLabels: {tenant: research}}";
@@ -699,6 +708,44 @@ mod tests {
                 vec![
                     "queue broken names namespace batch but claims nothing: GpuQueue broken has an invalid spec: spec.weight: must be between 1 and 1000, not 0",
                 ],
+            ),
+        ];
+        for (name, observed, claim, notes) in cases {
+            let e = explain(&observed, 10);
+            assert_eq!(e.claim, claim, "{name}");
+            assert_eq!(e.notes, notes, "{name}");
+        }
+    }
+
+    /// Review finding: a tenant with the stock `edit` role may not list queues (they are
+    /// cluster-scoped), and explain failed for it.
+    #[test]
+    fn a_user_who_may_not_list_queues_learns_what_its_own_queue_tells() {
+        let gated = |ns: &str| pod(ns, "p", "", GATE, "  phase: Pending");
+        let cases: Vec<(&str, Observed, Claim, Vec<&str>)> = vec![
+            (
+                "queues not listable, the pod's own queue read",
+                Observed {
+                    queues_error: Some(LIST_REFUSED.into()),
+                    ..observed(gated("batch"), vec![batch_queue(true)])
+                },
+                Claim::Queue {
+                    queue: "batch".into(),
+                    namespace: "batch".into(),
+                },
+                vec![],
+            ),
+            (
+                "queues not listable, none read",
+                Observed {
+                    queues_error: Some(LIST_REFUSED.into()),
+                    ..observed(gated("batch"), vec![])
+                },
+                Claim::Unknown {
+                    namespace: "batch".into(),
+                    why: format!("cannot list GpuQueues ({LIST_REFUSED})"),
+                },
+                vec![],
             ),
         ];
         for (name, observed, claim, notes) in cases {

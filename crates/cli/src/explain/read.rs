@@ -1,8 +1,9 @@
 //! What `explain` reads from the cluster: the pod, its namespace, the queues and the pod's
 //! events; the one part of `explain` that talks to the API server.
 
-use gpuqueue_api::v1alpha1::GpuQueue;
+use gpuqueue_api::{annotations, v1alpha1::GpuQueue};
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
+use kube::Client;
 use kube::api::{Api, ListParams};
 
 use crate::args::ExplainArgs;
@@ -17,10 +18,38 @@ pub struct Observed {
     /// Why the namespace could not be read.
     pub namespace_error: Option<String>,
     pub queues: Vec<GpuQueue>,
+    /// Why the queues could not all be listed (`queues` then holds at most the pod's own).
+    pub queues_error: Option<String>,
     /// Events about the pod (any reporter; filtered here).
     pub events: Vec<Event>,
     /// Why events could not be listed.
     pub events_error: Option<String>,
+}
+
+/// Every queue; for a user who may not list them (a tenant, or a tenant admin whose role names
+/// one queue), the queue the pod was admitted to, if it may read that one, and why the list
+/// was refused.
+async fn read_queues(
+    client: &Client,
+    pod: &Pod,
+) -> Result<(Vec<GpuQueue>, Option<String>), InspectError> {
+    let refused = match connect::read_queues(client.clone(), None).await {
+        Ok(queues) => return Ok((queues, None)),
+        Err(refused @ InspectError::Forbidden { .. }) => refused,
+        Err(other) => return Err(other),
+    };
+    let own = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|notes| notes.get(annotations::QUEUE));
+    let queues = match own {
+        Some(name) => connect::read_queues(client.clone(), Some(name))
+            .await
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
+    Ok((queues, Some(refused.to_string())))
 }
 
 /// Reads the pod, its namespace, the queues and the pod's events.
@@ -41,7 +70,7 @@ pub async fn read(args: &ExplainArgs) -> Result<Observed, InspectError> {
                 e,
             )
         })?;
-    let queues = connect::read_queues(client.clone(), None).await?;
+    let (queues, queues_error) = read_queues(&client, &pod).await?;
     // Tenants may read their pods but not namespaces or events: explain what can be told.
     let (namespace_object, namespace_error) =
         match Api::<Namespace>::all(client.clone()).get(&namespace).await {
@@ -77,6 +106,7 @@ pub async fn read(args: &ExplainArgs) -> Result<Observed, InspectError> {
         namespace: namespace_object,
         namespace_error,
         queues,
+        queues_error,
         events,
         events_error,
     })

@@ -80,6 +80,9 @@ fn claim_line(claim: &Claim) -> String {
         Claim::Unclaimed { namespace } => {
             format!("none: no queue claims namespace {namespace}")
         }
+        Claim::Unknown { namespace, why } => {
+            format!("unknown for namespace {namespace}: {why}")
+        }
     }
 }
 
