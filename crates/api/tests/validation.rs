@@ -342,3 +342,46 @@ fn gpu_memory_is_bounded_where_the_operator_can_count_it() {
     assert!(refused("20Ei"));
     assert!(refused("0"));
 }
+
+/// Review finding: a `namespaceSelector` requirement the operator refuses (an `In` without
+/// values, an unknown operator) passed the API server, and the queue admitted nothing.
+#[test]
+fn a_namespace_selector_is_refused_where_the_operator_would_refuse_it() {
+    let schema = schema();
+    let validator = Validator::new();
+    let refused = |expression: Value| {
+        let queue = serde_json::json!({
+            "apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "q"},
+            "spec": {
+                "namespaceSelector": {"matchExpressions": [expression]},
+                "resources": [{"name": "nvidia.com/gpu", "guaranteed": 1}],
+            },
+        });
+        validator
+            .validate(&schema, &queue, None)
+            .err()
+            .is_some_and(|errors| {
+                errors.iter().any(|e| {
+                    e.message
+                        .starts_with("namespaceSelector.matchExpressions: ")
+                })
+            })
+    };
+    let requirement = |operator: &str, values: Option<&[&str]>| {
+        let mut e = serde_json::json!({"key": "team", "operator": operator});
+        if let Some(values) = values {
+            e["values"] = serde_json::json!(values);
+        }
+        e
+    };
+    assert!(!refused(requirement("In", Some(&["a"]))));
+    assert!(!refused(requirement("NotIn", Some(&["a", "b"]))));
+    assert!(!refused(requirement("Exists", None)));
+    assert!(!refused(requirement("DoesNotExist", Some(&[]))));
+    assert!(refused(requirement("In", None)));
+    assert!(refused(requirement("NotIn", Some(&[]))));
+    assert!(refused(requirement("Exists", Some(&["a"]))));
+    assert!(refused(requirement("Foo", Some(&["a"]))));
+    assert!(refused(requirement("Gt", Some(&["1"]))));
+}

@@ -133,6 +133,12 @@ pub struct GpuQueueSpec {
 
     /// namespaceSelector: also claim every namespace whose labels match this selector.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // What a LabelSelector's own validation refuses, which the schema of k8s-openapi's type
+    // does not carry: the operator would refuse the queue after the API server took it.
+    #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, \
+        e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'] \
+        && (e.operator in ['In', 'NotIn'] ? has(e.values) && size(e.values) > 0 : !has(e.values) || size(e.values) == 0))")
+        .message("namespaceSelector.matchExpressions: operator must be In, NotIn, Exists or DoesNotExist; In and NotIn need at least one value, Exists and DoesNotExist take none"))]
     pub namespace_selector: Option<LabelSelector>,
 
     /// resources: the quota for each GPU resource name pods of this queue request. A list keyed
@@ -230,7 +236,10 @@ pub struct ResourceQuota {
 pub struct ReclaimPolicy {
     /// budget: the deadline for handing reclaimed GPUs to this queue's pod, from the moment it is
     /// found blocked by borrowers until it is bound. Default 3s, at most 60s.
-    #[serde(default = "default_budget")]
+    #[serde(
+        default = "default_budget",
+        deserialize_with = "crate::duration::deserialize"
+    )]
     #[x_kube(validation = Rule::new(format!("self.matches('{DURATION_PATTERN}')"))
         .message("budget must be a duration such as 3s or 2500ms"))]
     #[x_kube(validation = Rule::new(format!("!self.matches('{DURATION_PATTERN}') || duration(self) <= duration('{MAX_BUDGET}')"))
@@ -254,7 +263,11 @@ pub struct ReclaimPolicy {
     /// minBorrowDuration: a borrowing pod of this queue is not reclaimed before it has run this
     /// long, unless the owner's budget cannot be met otherwise; and GPUs just reclaimed from this
     /// queue are not lent back to it within this time. Unset: no floor.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::duration::deserialize_option"
+    )]
     #[x_kube(validation = Rule::new(format!("self.matches('{DURATION_PATTERN}')"))
         .message("minBorrowDuration must be a duration such as 30s or 5m"))]
     #[x_kube(validation = Rule::new(format!("!self.matches('{DURATION_PATTERN}') || duration(self) <= duration('24h')"))
@@ -312,7 +325,10 @@ pub struct CheckpointPolicy {
 
     /// timeout: the longest a checkpoint may take before eviction goes ahead anyway. The budget
     /// may cut it shorter. Default 1500ms.
-    #[serde(default = "default_checkpoint_timeout")]
+    #[serde(
+        default = "default_checkpoint_timeout",
+        deserialize_with = "crate::duration::deserialize"
+    )]
     #[x_kube(validation = Rule::new(format!("self.matches('{DURATION_PATTERN}')"))
         .message("checkpoint.timeout must be a duration such as 1500ms or 2s"))]
     #[x_kube(validation = Rule::new(format!("!self.matches('{DURATION_PATTERN}') || duration(self) > duration('0s')"))
