@@ -4,6 +4,7 @@
 //! This crate describes what users write; it has no client, no runtime and no I/O.
 
 pub mod conditions;
+pub mod duration;
 pub mod v1alpha1;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

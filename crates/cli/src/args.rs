@@ -145,9 +145,8 @@ pub struct TopArgs {
 
 /// Parses a Go-style duration (`30s`, `1m`, `500ms`), as kubectl's `--request-timeout` takes.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration: kube::core::Duration = text
-        .parse()
-        .map_err(|e| format!("{text:?}: expected a duration such as 30s or 1m: {e}"))?;
+    let duration = gpuqueue_api::duration::parse(text)
+        .map_err(|e| format!("{e}; expected a duration such as 30s or 1m"))?;
     if duration.is_negative() || Duration::from(duration).is_zero() {
         return Err(format!("{text:?}: must be longer than 0s"));
     }

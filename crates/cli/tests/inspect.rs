@@ -148,7 +148,15 @@ fn bad_arguments_are_refused_before_connecting() {
     );
     let stderr = fails(&cli(&home, &["queues", "--request-timeout", "soon"]), 2);
     assert!(
-        stderr.contains("\"soon\": expected a duration such as 30s or 1m"),
+        stderr.contains("\"soon\" is not a duration")
+            && stderr.contains("expected a duration such as 30s or 1m"),
+        "{stderr}"
+    );
+    // Review finding: kube's parser panicked on this one.
+    let absurd = "99999999999999999999h";
+    let stderr = fails(&cli(&home, &["queues", "--request-timeout", absurd]), 2);
+    assert!(
+        stderr.contains(&format!("\"{absurd}\" is too long a duration")),
         "{stderr}"
     );
     let stderr = fails(&cli(&home, &["explain"]), 2);

@@ -177,7 +177,7 @@ pub enum LogFormat {
 
 /// Parses a Go-style duration (`500ms`, `15s`, `24h`), the syntax of Kubernetes manifests.
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    let duration: kube::core::Duration = text.parse().map_err(|error| format!("{error}"))?;
+    let duration = gpuqueue_api::duration::parse(text).map_err(|error| error.to_string())?;
     if duration.is_negative() {
         return Err(format!(
             "{text} is negative; a duration here must be positive"

@@ -11,12 +11,11 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gpuqueue_api::duration::GoDuration;
 use gpuqueue_core::termination::BIND_RESERVE;
 use serde::Deserialize;
 
 use crate::trace::Qos;
-
-type GoDuration = kube::core::Duration;
 
 /// Most tenants a scenario may declare (one GpuQueue each).
 pub const MAX_TENANTS: usize = 1000;

@@ -201,7 +201,8 @@ impl Load {
 
     /// A run time drawn from the model, compressed like the day.
     fn run_time(&mut self, model: &DurationModel) -> Duration {
-        let hours = |d: &kube::core::Duration| Duration::from(*d).as_secs_f64() / 3600.0;
+        let hours =
+            |d: &gpuqueue_api::duration::GoDuration| Duration::from(*d).as_secs_f64() / 3600.0;
         let sim_hours = match model {
             DurationModel::Fixed(d) => hours(d),
             DurationModel::LogNormal { median, p90 } => {
