@@ -909,6 +909,32 @@ async fn an_operator_killed_after_the_checkpoint_is_resumed_without_a_second_one
     );
 }
 
+/// Review finding: the records take the reclaim out of `status.reclaimsInFlight`, and clearing
+/// the owner's intent comes after them; an operator that died in between left a mark no entry
+/// vouched for, for good (`GpuQueueUnrecordedReclaimMarks` firing, nobody clearing it). The
+/// owner queue's record of the end vouches for it now, and the next leader clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_killed_after_the_records_leaves_its_owners_intent_to_the_next() {
+    let (world, record, _victim, _batch) = crash_after("recorded", false).await;
+    // The first operator finished and recorded the handover; the second only cleared the owner.
+    assert_eq!(record.checkpoints[0].result, "Succeeded", "{record:?}");
+    let online = record.owner_pod.split('/').next().unwrap().to_owned();
+    let resumed = events(&world.client, &online, "owner", "ReclaimResumed").await;
+    assert!(resumed.is_empty(), "nothing to resume: {resumed:?}");
+    wait_for("no unrecorded reclaim mark", DEFAULT_TIMEOUT, || async {
+        match world
+            .operator
+            .metric("gpuqueue_reclaim_marks_unrecorded")
+            .await
+        {
+            Some(0.0) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_resumed_not_evicted()
  {

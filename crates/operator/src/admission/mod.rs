@@ -321,7 +321,7 @@ struct PassResult {
 fn run_pass(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
-    handovers: &Handovers,
+    handovers: &mut Handovers,
     carried: &mut PassMemory,
     started: tokio::time::Instant,
     now: Timestamp,
@@ -424,7 +424,7 @@ fn log_pass(
 /// borrowed is published for its eviction to ask.
 fn observe_pass(
     shared: &Shared,
-    handovers: &Handovers,
+    handovers: &mut Handovers,
     creation: &mut at_creation::Pass<'_>,
     carried: &mut PassMemory,
     now: Timestamp,
@@ -443,6 +443,7 @@ fn observe_pass(
         admitted_at_creation(context, &settled);
     }
     handovers.ignore_unrecorded(
+        &shared.term,
         &mut observed.pods,
         &observed.queues,
         &observed.namespaces,

@@ -482,9 +482,12 @@ impl Reclaimer {
     /// Writes the records, then clears the owner's intent: it goes last, being what makes the
     /// next leader finish this handover.
     async fn write_out(&self, term: &Term, id: String, unwritten: Unwritten) -> HandoverEnd {
-        let done = self.write_records(term, &unwritten.writes).await
-            && term.is_current()
-            && self.clear_owner_intent(&unwritten.owner, &id).await;
+        let recorded = self.write_records(term, &unwritten.writes).await;
+        if recorded {
+            self.crash_after_records(&id);
+        }
+        let done =
+            recorded && term.is_current() && self.clear_owner_intent(&unwritten.owner, &id).await;
         HandoverEnd {
             id,
             done,
@@ -527,6 +530,22 @@ impl Reclaimer {
         );
         self.announce_finish(handover, outcome, victim_queues);
         tracing::info!(reclaim = %handover.id, outcome, resumed = handover.resumed, timeline = %timeline.summary(), "handover finished");
+    }
+
+    /// Clears the intent of reclaim `id` on `owner`, left there by an operator that stopped
+    /// after recording the handover's end (see [`super::trust::Dropped`]).
+    pub(super) async fn clear_finished_owner(
+        self,
+        term: Term,
+        owner: HandoverPod,
+        id: String,
+    ) -> HandoverEnd {
+        let done = term.is_current() && self.clear_owner_intent(&owner, &id).await;
+        HandoverEnd {
+            id,
+            done,
+            unwritten: None,
+        }
     }
 
     /// Clears the owner's intent, if the store still holds the owner; `false` when that

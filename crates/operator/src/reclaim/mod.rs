@@ -73,7 +73,7 @@ mod trust;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use gpuqueue_core::model;
+use gpuqueue_core::model::{self, PodKey};
 use jiff::{SignedDuration, Timestamp};
 use tokio::task::{Id, JoinSet};
 use tokio::time::Instant;
@@ -83,6 +83,7 @@ pub use begin::{BeginError, Prepared, Reservation};
 pub use crash::{BadCrashPoint, CrashPoint};
 pub use evict::{Eviction, EvictionTarget, try_evict};
 use execute::{HandoverEnd, Unwritten};
+use handover::HandoverPod;
 pub use handover::{Handover, PassTiming};
 use intent::Mark;
 pub use intent::VICTIM;
@@ -162,9 +163,12 @@ impl Handovers {
 
     /// Takes the reclaim mark off every pod of this pass's model whose mark the operator did
     /// not record (see [`trust`]), before the core sees them; `queues` and `namespaces` are
-    /// the pass's, for which queue claims a pod's namespace.
+    /// the pass's, for which queue claims a pod's namespace. An owner whose reclaim ended and
+    /// was recorded keeps its intent only because the operator that ran it stopped before
+    /// clearing it: a task of `term` clears it.
     pub fn ignore_unrecorded(
-        &self,
+        &mut self,
+        term: &Term,
         pods: &mut [Arc<model::Pod>],
         queues: &[model::Queue],
         namespaces: &[model::Namespace],
@@ -177,9 +181,47 @@ impl Handovers {
         let stores = &self.reclaimer.stores;
         let trusted = Trusted::read(stores, self.mine.values().cloned(), now);
         let claims = Claims::new(queues, namespaces);
-        let dropped =
-            trusted.drop_unrecorded_marks(pods, &claims, |key| trust::stored_pod(stores, key));
-        self.reclaimer.metrics.unrecorded_marks(dropped);
+        let dropped = trusted.drop_unrecorded_marks(
+            pods,
+            &claims,
+            |key| trust::stored_pod(stores, key),
+            |id, owner| {
+                claims
+                    .queue_of(&owner.namespace)
+                    .is_some_and(|queue| trust::records_owner(stores, &queue, id, owner))
+            },
+        );
+        self.reclaimer.metrics.unrecorded_marks(dropped.unrecorded);
+        for (owner, id) in dropped.finished_owners {
+            self.clear_finished_owner(term, &owner, id);
+        }
+    }
+
+    /// Clears, in a task, the intent on `owner` of reclaim `id`, which ended and was recorded
+    /// by an operator that stopped before clearing it; unless this process knows the reclaim
+    /// (it clears it itself, and its store may lag the write). A clearing that fails is tried
+    /// again after a while, as a handover that stopped early.
+    fn clear_finished_owner(&mut self, term: &Term, owner: &PodKey, id: String) {
+        let known = self.running.contains_key(&id)
+            || self.retry.contains_key(&id)
+            || self.finished.contains(&id)
+            || self.unwritten.contains_key(&id);
+        if known {
+            return;
+        }
+        let Some(stored) = trust::stored_pod(&self.reclaimer.stores, owner) else {
+            return;
+        };
+        tracing::info!(reclaim = %id, %owner, "clearing the intent a finished handover left on its owner");
+        let span = tracing::info_span!("handover", reclaim = %id);
+        let task = self.tasks.spawn(
+            self.reclaimer
+                .clone()
+                .clear_finished_owner(term.clone(), HandoverPod::of(&stored), id.clone())
+                .instrument(span),
+        );
+        self.by_task.insert(task.id(), id.clone());
+        self.running.insert(id, task.id());
     }
 
     /// Runs a handover whose owner was just released.
@@ -278,10 +320,10 @@ impl Handovers {
         let instant = Instant::now();
         self.reap(instant);
         self.write_unwritten(term);
-        let stores = &self.reclaimer.stores;
-        if !stores.live() {
+        if !self.reclaimer.stores.live() {
             return RecoveryEffect::default();
         }
+        let stores = &self.reclaimer.stores;
         let trusted = Trusted::read(stores, self.mine.values().cloned(), now);
         let claims = Claims::read(stores);
         // With no reclaim in flight no mark can be vouched for: the pods are not read (every

@@ -125,7 +125,12 @@ impl Reclaimer {
 
     /// Exits the process if the test hook asks to crash after `phase` (see `super::crash`).
     pub(super) fn crash_after(&self, phase: Phase, reclaim: &str) {
-        super::crash::check(self.crash, phase, reclaim);
+        super::crash::check(self.crash, super::crash::CrashPoint::After(phase), reclaim);
+    }
+
+    /// Exits the process if the test hook asks to crash once a handover's records are written.
+    pub(super) fn crash_after_records(&self, reclaim: &str) {
+        super::crash::check(self.crash, super::crash::CrashPoint::Recorded, reclaim);
     }
 
     /// `Some(pod)` if the store holds the target (same uid).

@@ -191,15 +191,17 @@ impl Trusted {
 
     /// Takes the reclaim mark off every pod of `pods` (the core's model of this pass) whose
     /// mark the operator did not record, so that the core plans as if it were not there: a
-    /// forged victim mark no longer makes a pod un-evictable. `stored` finds a pod's uid.
-    /// Returns how many marks were dropped.
+    /// forged victim mark no longer makes a pod un-evictable. `stored` finds a pod's uid,
+    /// `finished` whether the owner's queue keeps a record of the reclaim's end with the pod as
+    /// its owner. Returns how many marks were dropped, those owners not counted.
     pub fn drop_unrecorded_marks(
         &self,
         pods: &mut [Arc<model::Pod>],
         claims: &Claims,
         stored: impl Fn(&PodKey) -> Option<Arc<Pod>>,
-    ) -> usize {
-        let mut dropped = 0;
+        finished: impl Fn(&str, &PodKey) -> bool,
+    ) -> Dropped {
+        let mut dropped = Dropped::default();
         for pod in pods {
             let Some(mark) = &pod.reclaim else { continue };
             let role = match mark.role {
@@ -211,19 +213,52 @@ impl Trusted {
             let recorded =
                 uid.is_some_and(|uid| self.names(&mark.id, role, &pod.key, &uid, claims));
             if !recorded {
-                tracing::debug!(pod = %pod.key, reclaim = %mark.id,
-                    "a reclaim mark the operator did not record is ignored");
+                if role == Role::Owner && finished(&mark.id, &pod.key) {
+                    dropped
+                        .finished_owners
+                        .push((pod.key.clone(), mark.id.clone()));
+                } else {
+                    tracing::debug!(pod = %pod.key, reclaim = %mark.id,
+                        "a reclaim mark the operator did not record is ignored");
+                    dropped.unrecorded += 1;
+                }
                 let pod = Arc::make_mut(pod);
                 pod.reclaim = None;
                 // Only a held owner is admitted at the gate: without its mark it waits there.
                 if stored.is_some_and(|p| is_gated(&p)) {
                     pod.state = PodState::Pending;
                 }
-                dropped += 1;
             }
         }
         dropped
     }
+}
+
+/// The marks [`Trusted::drop_unrecorded_marks`] took off.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Marks nobody recorded: forged, or left by a start that failed.
+    pub unrecorded: usize,
+    /// Owners whose reclaim ended and was recorded, each with the reclaim's id: the operator
+    /// that ran it stopped before it cleared the owner's intent (the last step, after the
+    /// records), which is left to clear.
+    pub finished_owners: Vec<(PodKey, String)>,
+}
+
+/// Whether queue `queue` (as the store shows it) keeps the record of reclaim `id`'s end with
+/// `owner` as its owner.
+pub fn records_owner(stores: &Stores, queue: &str, id: &str, owner: &PodKey) -> bool {
+    let owner = owner.to_string();
+    stores
+        .queues
+        .get(&ObjectRef::new(queue))
+        .and_then(|stored| stored.0.as_ref().ok().cloned())
+        .and_then(|queue| queue.status)
+        .is_some_and(|status| {
+            status.last_handovers.iter().any(|record| {
+                record.id == id && record.role == Role::Owner.as_str() && record.owner_pod == owner
+            })
+        })
 }
 
 /// The pod `key` names in the store.
@@ -395,12 +430,69 @@ mod tests {
             .collect();
         assert!(pods.iter().all(|p| p.reclaim.is_some()));
         let claims = Claims::read(&stores.stores);
-        let dropped = trusted
-            .drop_unrecorded_marks(&mut pods, &claims, |key| stored_pod(&stores.stores, key));
-        assert_eq!(dropped, 2);
+        let dropped = trusted.drop_unrecorded_marks(
+            &mut pods,
+            &claims,
+            |key| stored_pod(&stores.stores, key),
+            |_, _| false,
+        );
+        assert_eq!(dropped.unrecorded, 2);
+        assert!(dropped.finished_owners.is_empty());
         assert_eq!(pods[0].reclaim, None, "the forged mark is gone");
         assert!(pods[1].reclaim.is_some(), "the recorded one stays");
         assert_eq!(pods[2].reclaim, None);
         assert_eq!(pods[2].state, PodState::Pending, "it waits at the gate");
+    }
+
+    /// Review finding: an operator that stopped between a handover's records (which take the
+    /// reclaim out of `status.reclaimsInFlight`) and clearing its owner's intent left a mark
+    /// nobody vouched for, for good: counted as unrecorded (`GpuQueueUnrecordedReclaimMarks`)
+    /// and never cleared. The owner queue's record of the end vouches for it now.
+    #[test]
+    fn an_owner_whose_handover_ended_and_was_recorded_is_left_to_clear_not_counted() {
+        let mut stores = claiming_stores();
+        let mut online = crate::cluster::testing::queue("online", &["online"], None);
+        online["status"] = json!({"lastHandovers": [
+            {"id": "rc-done", "role": "owner", "ownerPod": "online/done", "node": "n1",
+             "outcome": "Completed", "budgetMillis": 3000, "totalMillis": 1400}]});
+        stores.add_queue(online);
+        let owner =
+            |name: &str, id: &str| marked("online", name, &format!("uid-{name}"), id, "owner");
+        let pods = [
+            owner("done", "rc-done"),
+            owner("other", "rc-done"),
+            owner("forged", "rc-x"),
+        ];
+        for pod in &pods {
+            stores.add_pod(serde_json::to_value(pod).unwrap());
+        }
+        let mut model: Vec<Arc<model::Pod>> = pods
+            .iter()
+            .map(|p| {
+                let mut p = serde_json::to_value(p).unwrap();
+                p["metadata"]["creationTimestamp"] = json!(NOW);
+                p["spec"]["containers"] = json!([{"name": "c", "image": "i",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
+                let p: Pod = serde_json::from_value(p).unwrap();
+                Arc::new(model::Pod::from_k8s(&p).unwrap().unwrap().value)
+            })
+            .collect();
+        let claims = Claims::read(&stores.stores);
+        let trusted = Trusted::read(&stores.stores, [], at(NOW));
+        let dropped = trusted.drop_unrecorded_marks(
+            &mut model,
+            &claims,
+            |key| stored_pod(&stores.stores, key),
+            |id, owner| records_owner(&stores.stores, "online", id, owner),
+        );
+        assert_eq!(
+            dropped.finished_owners,
+            [(PodKey::new("online", "done"), "rc-done".to_owned())]
+        );
+        assert_eq!(
+            dropped.unrecorded, 2,
+            "another pod, or another id, is not its owner"
+        );
+        assert!(model.iter().all(|p| p.reclaim.is_none()));
     }
 }
