@@ -398,6 +398,20 @@ mod tests {
         assert!(shared.contains("no single queue claims"), "{shared}");
     }
 
+    /// The core's model of `pods`, each asking one GPU, created at [`NOW`].
+    fn modelled(pods: &[Pod]) -> Vec<Arc<model::Pod>> {
+        pods.iter()
+            .map(|p| {
+                let mut p = serde_json::to_value(p).unwrap();
+                p["metadata"]["creationTimestamp"] = json!(NOW);
+                p["spec"]["containers"] = json!([{"name": "c", "image": "i",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
+                let p: Pod = serde_json::from_value(p).unwrap();
+                Arc::new(model::Pod::from_k8s(&p).unwrap().unwrap().value)
+            })
+            .collect()
+    }
+
     #[test]
     fn unrecorded_marks_are_taken_off_the_model_and_recorded_ones_kept() {
         let (mut stores, trusted) = recorded_on_online(&entry("rc-1", "2026-01-01T00:00:03Z"));
@@ -417,17 +431,7 @@ mod tests {
         for pod in [&forged, &real, &held] {
             stores.add_pod(serde_json::to_value(pod).unwrap());
         }
-        let mut pods: Vec<Arc<model::Pod>> = [forged, real, held]
-            .iter()
-            .map(|p| {
-                let mut p = serde_json::to_value(p).unwrap();
-                p["metadata"]["creationTimestamp"] = json!(NOW);
-                p["spec"]["containers"] = json!([{"name": "c", "image": "i",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
-                let p: Pod = serde_json::from_value(p).unwrap();
-                Arc::new(model::Pod::from_k8s(&p).unwrap().unwrap().value)
-            })
-            .collect();
+        let mut pods = modelled(&[forged, real, held]);
         assert!(pods.iter().all(|p| p.reclaim.is_some()));
         let claims = Claims::read(&stores.stores);
         let dropped = trusted.drop_unrecorded_marks(
@@ -466,17 +470,7 @@ mod tests {
         for pod in &pods {
             stores.add_pod(serde_json::to_value(pod).unwrap());
         }
-        let mut model: Vec<Arc<model::Pod>> = pods
-            .iter()
-            .map(|p| {
-                let mut p = serde_json::to_value(p).unwrap();
-                p["metadata"]["creationTimestamp"] = json!(NOW);
-                p["spec"]["containers"] = json!([{"name": "c", "image": "i",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]);
-                let p: Pod = serde_json::from_value(p).unwrap();
-                Arc::new(model::Pod::from_k8s(&p).unwrap().unwrap().value)
-            })
-            .collect();
+        let mut model = modelled(&pods);
         let claims = Claims::read(&stores.stores);
         let trusted = Trusted::read(&stores.stores, [], at(NOW));
         let dropped = trusted.drop_unrecorded_marks(
