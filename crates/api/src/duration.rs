@@ -28,41 +28,55 @@ impl std::error::Error for DurationError {}
 
 /// Parses a Go duration as kube does, refusing one longer than about 31,700 years.
 pub fn parse(text: &str) -> Result<Duration, DurationError> {
-    if longest_seconds(text) > LONGEST_SECONDS {
-        return Err(DurationError(format!(
-            "{text:?} is too long a duration (at most {LONGEST_SECONDS:e} seconds)"
-        )));
-    }
+    check(text)?;
     text.parse::<Duration>()
         .map_err(|error| DurationError(format!("{text:?} is not a duration: {error}")))
 }
 
-/// What `text` adds up to in seconds, each part counted whatever its sign: an upper bound of
-/// what kube's parser would compute. Parts it does not read as a number and a unit count
-/// nothing; the parser itself says what is wrong with them.
-fn longest_seconds(text: &str) -> f64 {
-    let mut rest = text.trim_start_matches(['+', '-']);
+/// Whether `text` is a Go duration kube's parser reads without panicking: an optional leading
+/// sign, then `0` or parts of a finite number and a known unit, adding up to at most
+/// [`LONGEST_SECONDS`]. kube's parser takes each part as it comes, so anything it would
+/// multiply before finding a fault later in the text is refused here first.
+fn check(text: &str) -> Result<(), DurationError> {
+    let not_a_duration = |why: &str| DurationError(format!("{text:?} is not a duration: {why}"));
+    let body = text.strip_prefix(['+', '-']).unwrap_or(text);
+    if body == "0" {
+        return Ok(());
+    }
+    if body.is_empty() {
+        return Err(not_a_duration("it is empty"));
+    }
+    let is_number = |c: char| c.is_ascii_digit() || c == '.';
+    let mut rest = body;
     let mut total = 0.0;
     while !rest.is_empty() {
-        let unit_start = rest.find(char::is_alphabetic).unwrap_or(rest.len());
+        let unit_start = rest
+            .find(|c: char| !is_number(c))
+            .ok_or_else(|| not_a_duration("a number without a unit"))?;
         let (number, after) = rest.split_at(unit_start);
-        let unit_end = after
-            .find(|c: char| !c.is_alphabetic())
-            .unwrap_or(after.len());
+        let unit_end = after.find(is_number).unwrap_or(after.len());
         let (unit, next) = after.split_at(unit_end);
+        let value: f64 = number
+            .parse()
+            .map_err(|_| not_a_duration(&format!("{number:?} is not a number")))?;
         let scale = match unit {
             "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
             "ms" => 1e-3,
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            _ => 0.0,
+            _ => return Err(not_a_duration(&format!("unknown unit {unit:?}"))),
         };
-        total += number.parse::<f64>().map_or(0.0, f64::abs) * scale;
+        total += value * scale;
+        if !total.is_finite() || total > LONGEST_SECONDS {
+            return Err(DurationError(format!(
+                "{text:?} is too long a duration (at most {LONGEST_SECONDS:e} seconds)"
+            )));
+        }
         rest = next;
     }
-    total
+    Ok(())
 }
 
 /// For `#[serde(deserialize_with)]`: a duration field read through [`parse`].
@@ -133,6 +147,11 @@ mod tests {
             "9999999999999s",
             "5000000000000000h1s",
             "-99999999999999999999h",
+            // Review findings: a sign inside, and a number too long to be finite.
+            "1s-5s",
+            &format!("99999999999999999999h{}", "9".repeat(400)),
+            "5h1x",
+            "1.2.3s",
         ] {
             let error = parse(absurd).unwrap_err().to_string();
             assert!(
@@ -146,6 +165,19 @@ mod tests {
                 .to_string()
                 .contains("not a duration")
         );
+        for kube_reads in [
+            "0",
+            "-0s",
+            "+3s",
+            "1.5h",
+            ".5s",
+            "2\u{b5}s",
+            "2\u{3bc}s",
+            "1h2m3s4ms5us6ns",
+        ] {
+            let kube: Duration = kube_reads.parse().unwrap();
+            assert_eq!(parse(kube_reads).unwrap(), kube, "{kube_reads}");
+        }
     }
 
     #[test]

@@ -70,10 +70,14 @@ pub fn timestamp(at: SimTime) -> Timestamp {
     Timestamp::from_microsecond(micros).unwrap_or(Timestamp::MAX)
 }
 
-/// The simulated instant of a core timestamp (before the start reads as the start).
+/// The first simulated instant at or after a core timestamp (the simulator counts whole
+/// microseconds; before the start reads as the start): a pass woken then finds `at` passed.
 pub fn sim_time(at: Timestamp) -> SimTime {
-    let since = at.duration_since(Timestamp::UNIX_EPOCH);
-    SimTime::from_duration(Duration::try_from(since).unwrap_or_default())
+    let since = Duration::try_from(at.duration_since(Timestamp::UNIX_EPOCH)).unwrap_or_default();
+    let micros = since.as_nanos().div_ceil(1000);
+    SimTime::from_duration(Duration::from_micros(
+        u64::try_from(micros).unwrap_or(u64::MAX),
+    ))
 }
 
 /// A pending pod for a trace task.

@@ -453,7 +453,9 @@ fn a_borrower_is_decided_again_when_its_cool_down_ends() {
         (0, JobKind::Batch, 10.0, Some(Duration::from_secs(20)), 1),
     ];
     let mut input = two_gpu_world([1, 1], [0, 1], &jobs);
-    input.queues[1].reclaim.min_borrow = Some(Duration::from_mins(2));
+    // Half a microsecond past the 2 minutes (review finding: the simulator counts whole
+    // microseconds, and a wake rounded down found the cool-down running, again and again).
+    input.queues[1].reclaim.min_borrow = Some(Duration::from_nanos(120_000_000_500));
     input.end = SimTime::from_secs_f64(600.0);
     let run = quota::run(&input, QuotaPolicy::Borrow);
     let c = &run.counts;

@@ -345,14 +345,20 @@ impl Reclaimer {
         let written = join_all(stored.iter().map(|pod| self.mark_victim(pod, intent))).await;
         let mut marked = Vec::with_capacity(written.len());
         let mut failure = None;
+        // A write that failed with no answer (a timeout, an API server restarting) may have
+        // landed: its intent may be on the pod, which is not in `marked` to take it back.
+        let mut unanswered = false;
         for result in written {
             match result {
                 Ok(pod) => marked.push(pod),
-                Err(error) => failure = failure.or(Some(error)),
+                Err(error) => {
+                    unanswered |= matches!(error, PatchError::Api { .. });
+                    failure = failure.or(Some(error));
+                }
             }
         }
         if let Some(error) = failure {
-            let intents_left = !self.take_back(&marked, &intent.id).await;
+            let intents_left = !self.take_back(&marked, &intent.id).await || unanswered;
             return Err(Failed {
                 error: error.into(),
                 intents_left,
@@ -573,6 +579,46 @@ mod tests {
             .iter()
             .map(|name| (serde_json::from_value(victim(name)).unwrap(), false))
             .collect()
+    }
+
+    /// Review finding (of the fix below): a victim's write that failed with no answer may have
+    /// landed, and its pod is not among those whose intents are taken back, so the reclaim
+    /// stays recorded for recovery; a victim that is gone took nothing with it.
+    #[tokio::test]
+    async fn an_unanswered_victim_write_keeps_the_reclaim_recorded() {
+        let (client, _seen) = api();
+        let mut stores = TestStores::new();
+        let pods = |names: &[&str]| -> Vec<Arc<Pod>> {
+            names
+                .iter()
+                .map(|name| {
+                    let mut pod = victim(name);
+                    pod["metadata"]["annotations"] = json!({});
+                    Arc::new(serde_json::from_value(pod).unwrap())
+                })
+                .collect()
+        };
+        for name in ["landed", "stuck", "gone"] {
+            stores.add_pod(victim(name));
+        }
+        let reclaimer = Reclaimer::for_tests(client, stores.stores.clone());
+        let (term, _state) = crate::leader::test_term().await;
+        let intent = Intent {
+            id: "rc-1".into(),
+            deadline: "2026-01-01T00:00:03Z".parse().unwrap(),
+            node: "n1".into(),
+            victims: Vec::new(),
+        };
+        let failed = reclaimer
+            .mark_victims(&term, &pods(&["landed", "stuck"]), &intent)
+            .await
+            .unwrap_err();
+        assert!(failed.intents_left, "the stuck write may have landed");
+        let failed = reclaimer
+            .mark_victims(&term, &pods(&["landed", "gone"]), &intent)
+            .await
+            .unwrap_err();
+        assert!(!failed.intents_left, "{failed:?}");
     }
 
     /// Review finding: a start that failed took its reclaim out of the owner queue's status

@@ -99,6 +99,10 @@ use crate::leader::Term;
 /// before it is tried again.
 const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How long this process remembers a reclaim it ran to the end: longer than its pod watch lags
+/// the owner's clearing write, so that an owner still shown marked then is not cleared again.
+const DONE_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The admission loop's side of the executor: the running handover tasks and what the next
 /// passes must know about them. Dropping it aborts every task.
 #[derive(Debug)]
@@ -115,6 +119,8 @@ pub struct Handovers {
     /// Reclaims this process ran to the end (counted in the metrics, announced) whose records
     /// or intent clearing failed: the retry writes those only, as they were.
     unwritten: HashMap<String, Unwritten>,
+    /// Reclaims this process ran to the end, with when ([`DONE_REMEMBERED`]).
+    done: HashMap<String, Instant>,
     /// Queues reclaimed from by this process, with the start of the newest reclaim: their
     /// borrowing cool-down holds before their `lastHandovers` show it.
     reclaimed_from: HashMap<String, Timestamp>,
@@ -151,6 +157,7 @@ impl Handovers {
             retry: HashMap::new(),
             finished: HashSet::new(),
             unwritten: HashMap::new(),
+            done: HashMap::new(),
             reclaimed_from: HashMap::new(),
             mine: HashMap::new(),
         }
@@ -205,6 +212,7 @@ impl Handovers {
         let known = self.running.contains_key(&id)
             || self.retry.contains_key(&id)
             || self.finished.contains(&id)
+            || self.done.contains_key(&id)
             || self.unwritten.contains_key(&id);
         if known {
             return;
@@ -272,6 +280,7 @@ impl Handovers {
                 if done {
                     self.retry.remove(&id);
                     self.unwritten.remove(&id);
+                    self.done.insert(id.clone(), now);
                     self.finished.insert(id);
                 } else {
                     if let Some(unwritten) = unwritten {
@@ -282,6 +291,8 @@ impl Handovers {
             }
         }
         self.retry.retain(|_, at| *at > now);
+        self.done
+            .retain(|_, at| now.saturating_duration_since(*at) < DONE_REMEMBERED);
         // Past its task and its retry, a reclaim's entry is the store's to show.
         let (running, retry, unwritten) = (&self.running, &self.retry, &self.unwritten);
         self.mine.retain(|id, _| {
