@@ -559,15 +559,18 @@ async fn check_errors(ctx: &Ctx<'_>, waiting_name: &str) {
     let kubeconfig = reader.kubeconfig.to_str().unwrap();
     let table = ok(&run(&["gpuqueue", "queues", "--kubeconfig", kubeconfig]));
     assert_eq!(row(&table, "batch")[4], "3", "{table}");
-    let stderr = fails(&run(&[
-        "gpuqueue",
-        "explain",
-        waiting_name,
-        "-n",
-        batch.name(),
-        "--kubeconfig",
-        kubeconfig,
-    ]));
+    let explain_as = |kubeconfig: &str| {
+        run(&[
+            "gpuqueue",
+            "explain",
+            waiting_name,
+            "-n",
+            batch.name(),
+            "--kubeconfig",
+            kubeconfig,
+        ])
+    };
+    let stderr = fails(&explain_as(kubeconfig));
     assert!(
         stderr.starts_with(&format!(
             "error: no permission to get pods in namespace {}: ",
@@ -579,15 +582,7 @@ async fn check_errors(ctx: &Ctx<'_>, waiting_name: &str) {
     // The reverse, and the common case: a tenant with `edit` in its namespace reads its pods but
     // no queue (cluster-scoped). explain says what it can, and which read was refused.
     let tenant = cluster.tenant_with_edit(batch.name()).await.unwrap();
-    let out = ok(&run(&[
-        "gpuqueue",
-        "explain",
-        waiting_name,
-        "-n",
-        batch.name(),
-        "--kubeconfig",
-        tenant.kubeconfig.to_str().unwrap(),
-    ]));
+    let out = ok(&explain_as(tenant.kubeconfig.to_str().unwrap()));
     let queue = field(&out, "Queue");
     assert!(
         queue.starts_with(&format!(
