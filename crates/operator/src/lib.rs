@@ -27,6 +27,8 @@ pub mod cluster;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+#[cfg(test)]
+mod mock_api;
 pub mod reclaim;
 pub mod run;
 pub mod seal;

@@ -559,9 +559,7 @@ mod tests {
     #[tokio::test]
     async fn reconcile_reads_each_object_left_in_flight() {
         use crate::cluster::testing::TestStores;
-        use http::{Request, Response};
-        use kube::client::Body;
-        use tower_test::mock;
+        use crate::mock_api;
 
         let mut stores = TestStores::new();
         for name in ["landed", "lost", "deleted"] {
@@ -575,39 +573,18 @@ mod tests {
                 assumed.admitted(pod(uid, false, None));
             }
         }
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let server = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Some((request, send)) = handle.next_request().await {
-                let path = request.uri().path().to_owned();
-                let name = path.rsplit('/').next().unwrap().to_owned();
-                let (code, body) = match name.as_str() {
-                    "landed" => (
-                        200,
-                        serde_json::to_value(pod("landed", false, None)).unwrap(),
-                    ),
-                    "lost" => (200, serde_json::to_value(pod("lost", true, None)).unwrap()),
-                    _ => (
-                        404,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                      "reason": "NotFound", "code": 404}),
-                    ),
-                };
-                seen.push((request.method().to_string(), path));
-                send.send_response(
-                    Response::builder()
-                        .status(code)
-                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                        .unwrap(),
-                );
-            }
-            seen
-        });
-        let client = Client::new(service, "default");
+        let (client, log) =
+            mock_api::serve(|request| match request.path.rsplit('/').next().unwrap() {
+                "landed" => (
+                    200,
+                    serde_json::to_value(pod("landed", false, None)).unwrap(),
+                ),
+                "lost" => (200, serde_json::to_value(pod("lost", true, None)).unwrap()),
+                _ => mock_api::failure(404, "NotFound", "not found"),
+            });
         let read = reconcile(&assumed, &client, &stores.stores).await.unwrap();
-        drop(client);
         assert_eq!(read, 4);
-        let mut seen = server.await.unwrap();
+        let mut seen = mock_api::requests(&log);
         seen.sort();
         assert_eq!(
             seen,

@@ -510,61 +510,33 @@ fn reserved_handover(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Mutex;
-
-    use http_body_util::BodyExt;
-    use hyper::{Request, Response};
-    use kube::{Client, client::Body};
+    use kube::Client;
     use serde_json::json;
-    use tower_test::mock;
 
     use super::*;
     use crate::cluster::testing::TestStores;
+    use crate::mock_api::{self, Log};
 
     /// An API server where pod `stuck` cannot be written (500) and pod `gone` is gone (404);
-    /// every other pod write lands, and queues have no reclaim in flight. The path of each
-    /// request it saw.
-    fn api() -> (Client, Arc<Mutex<Vec<String>>>) {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let seen: Arc<Mutex<Vec<String>>> = Arc::default();
-        let paths = seen.clone();
-        tokio::spawn(async move {
-            while let Some((request, send)) = handle.next_request().await {
-                let path = request.uri().path().to_owned();
-                let _ = request.into_body().collect().await;
-                paths.lock().unwrap().push(path.clone());
-                let (code, answer) = if path.contains("/pods/stuck") {
-                    (
-                        500,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "InternalError", "code": 500, "message": "etcd restarting"}),
-                    )
-                } else if path.contains("/pods/gone") {
-                    (
-                        404,
-                        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "NotFound", "code": 404, "message": "pods \"gone\" not found"}),
-                    )
-                } else if path.contains("/pods/") {
-                    (200, victim("landed"))
-                } else {
-                    (
-                        200,
-                        json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
-                        "metadata": {"name": "online", "resourceVersion": "7"},
-                        "spec": {"namespaces": ["online"], "resources": []},
-                        "status": {"reclaimsInFlight": []}}),
-                    )
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(code)
-                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                        .unwrap(),
-                );
+    /// every other pod write lands, and queues have no reclaim in flight.
+    fn api() -> (Client, Log) {
+        mock_api::serve(|request| {
+            if request.path.contains("/pods/stuck") {
+                mock_api::failure(500, "InternalError", "etcd restarting")
+            } else if request.path.contains("/pods/gone") {
+                mock_api::failure(404, "NotFound", "pods \"gone\" not found")
+            } else if request.path.contains("/pods/") {
+                (200, victim("landed"))
+            } else {
+                (
+                    200,
+                    json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+                    "metadata": {"name": "online", "resourceVersion": "7"},
+                    "spec": {"namespaces": ["online"], "resources": []},
+                    "status": {"reclaimsInFlight": []}}),
+                )
             }
-        });
-        (Client::new(service, "default"), seen)
+        })
     }
 
     fn victim(name: &str) -> serde_json::Value {
@@ -629,10 +601,9 @@ mod tests {
         let (client, seen) = api();
         let reclaimer = Reclaimer::for_tests(client, TestStores::new().stores.clone());
         let queue_requests = || {
-            seen.lock()
-                .unwrap()
+            mock_api::requests(&seen)
                 .iter()
-                .filter(|path| path.contains("/gpuqueues/"))
+                .filter(|(_, path)| path.contains("/gpuqueues/"))
                 .count()
         };
 

@@ -412,19 +412,12 @@ fn delete_params(target: &EvictionTarget<'_>) -> DeleteParams {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use http::{Request, Response};
-    use http_body_util::BodyExt;
-    use kube::{Client, client::Body};
-    use serde_json::json;
-    use tower_test::mock;
+    use kube::Client;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::leader::{LeaderState, test_term};
-
-    /// Method, path and body of each request the mock API server saw.
-    type Seen = Arc<Mutex<Vec<(String, String, serde_json::Value)>>>;
+    use crate::mock_api::{self, Log, Seen};
 
     /// The victim as a read shows it: uid `uid-1`, no conditions.
     fn victim() -> serde_json::Value {
@@ -435,59 +428,39 @@ mod tests {
     /// A client whose API server answers each request by its method: the next of `answers`
     /// for evictions and status patches (the last one repeats), 200 for deletes, and the
     /// [`victim`] for reads.
-    fn api(answers: Vec<(u16, &'static str)>) -> (Client, Seen) {
+    fn api(answers: Vec<(u16, &'static str)>) -> (Client, Log) {
         api_reading(answers, Some(victim()))
     }
 
     /// [`api`], whose reads show `stored` (404 for `None`).
-    fn api_reading(
-        answers: Vec<(u16, &'static str)>,
-        stored: Option<serde_json::Value>,
-    ) -> (Client, Seen) {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let seen: Seen = Arc::default();
-        let log = seen.clone();
-        tokio::spawn(async move {
-            let mut answers = answers.into_iter().peekable();
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().to_string();
-                let path = request.uri().path().to_owned();
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                let body = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-                log.lock().unwrap().push((method.clone(), path, body));
-                let (code, reason) = if method == "DELETE" {
-                    (200, "Success")
-                } else if method == "GET" {
-                    if stored.is_some() {
-                        (200, "OK")
-                    } else {
-                        (404, "NotFound")
-                    }
-                } else if answers.len() > 1 {
+    fn api_reading(answers: Vec<(u16, &'static str)>, stored: Option<Value>) -> (Client, Log) {
+        let mut answers = answers.into_iter().peekable();
+        mock_api::serve(move |request| match (request.method.as_str(), &stored) {
+            ("DELETE", _) => (200, success(200)),
+            ("GET", Some(stored)) => (200, stored.clone()),
+            ("GET", None) => mock_api::failure(404, "NotFound", "NotFound (test)"),
+            (method, _) => {
+                let (code, reason) = if answers.len() > 1 {
                     answers.next().unwrap()
                 } else {
                     *answers.peek().unwrap()
                 };
                 // A patch that lands answers with the pod; anything else with a Status.
-                let status = if let (Some(stored), "GET") = (&stored, method.as_str()) {
-                    stored.clone()
-                } else if method == "PATCH" && code < 300 {
-                    json!({"kind": "Pod", "apiVersion": "v1",
-                        "metadata": {"name": "victim", "namespace": "batch"}})
-                } else {
-                    json!({"kind": "Status", "apiVersion": "v1",
-                        "status": if code < 300 { "Success" } else { "Failure" },
-                        "message": format!("{reason} (test)"), "reason": reason, "code": code})
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(code)
-                        .body(Body::from(serde_json::to_vec(&status).unwrap()))
-                        .unwrap(),
-                );
+                match code {
+                    ..300 if method == "PATCH" => (
+                        code,
+                        json!({"kind": "Pod", "apiVersion": "v1",
+                            "metadata": {"name": "victim", "namespace": "batch"}}),
+                    ),
+                    ..300 => (code, success(code)),
+                    _ => mock_api::failure(code, reason, &format!("{reason} (test)")),
+                }
             }
-        });
-        (Client::new(service, "batch"), seen)
+        })
+    }
+
+    fn success(code: u16) -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": code})
     }
 
     /// `evict` with its deadline already reached: one try, no backoff.
@@ -513,7 +486,9 @@ mod tests {
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 1);
-        let (method, path, body) = &seen[0];
+        let Seen {
+            method, path, body, ..
+        } = &seen[0];
         assert_eq!(method, "POST");
         assert_eq!(path, "/api/v1/namespaces/batch/pods/victim/eviction");
         assert_eq!(body["apiVersion"], "policy/v1");
@@ -568,7 +543,9 @@ mod tests {
         // 0, 0.1, 0.3, 0.7, 1.5, 2.0 s: backoff doubles to at most a second, ends at the deadline.
         assert_eq!(refusals, 6);
         let seen = seen.lock().unwrap();
-        let (method, path, body) = seen.last().unwrap();
+        let Seen {
+            method, path, body, ..
+        } = seen.last().unwrap();
         assert_eq!(method, "DELETE");
         assert_eq!(path, "/api/v1/namespaces/batch/pods/victim");
         assert_eq!(body["preconditions"]["uid"], "uid-1");
@@ -635,7 +612,7 @@ mod tests {
         let seen = seen.lock().unwrap();
         let calls: Vec<(&str, &str)> = seen
             .iter()
-            .map(|(method, path, _)| (method.as_str(), path.as_str()))
+            .map(|s| (s.method.as_str(), s.path.as_str()))
             .collect();
         assert_eq!(
             calls,
@@ -645,13 +622,13 @@ mod tests {
                 ("DELETE", "/api/v1/namespaces/batch/pods/victim"),
             ]
         );
-        let marked = &seen[1].2;
+        let marked = &seen[1].body;
         assert_eq!(marked["metadata"]["uid"], "uid-1");
         let condition = &marked["status"]["conditions"][0];
         assert_eq!(condition["type"], "DisruptionTarget");
         assert_eq!(condition["status"], "True");
         assert_eq!(condition["reason"], DISRUPTION_REASON);
-        let deleted = &seen[2].2;
+        let deleted = &seen[2].body;
         assert_eq!(deleted["preconditions"]["uid"], "uid-1");
         assert_eq!(deleted["gracePeriodSeconds"], 1);
     }
@@ -665,7 +642,7 @@ mod tests {
         let outcome = evict_now(&api, Guard::Unbudgeted).await;
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
-        let calls: Vec<&str> = seen.iter().map(|(method, _, _)| method.as_str()).collect();
+        let calls: Vec<&str> = seen.iter().map(|s| s.method.as_str()).collect();
         assert_eq!(calls, ["GET", "DELETE"]);
     }
 
@@ -675,7 +652,7 @@ mod tests {
         let outcome = evict_now(&api, Guard::Unbudgeted.marked(true)).await;
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
-        let calls: Vec<&str> = seen.iter().map(|(method, _, _)| method.as_str()).collect();
+        let calls: Vec<&str> = seen.iter().map(|s| s.method.as_str()).collect();
         assert_eq!(calls, ["DELETE"]);
         // A budget that guards the victim still sends it through the Eviction API.
         assert_eq!(Guard::Budgeted.marked(true), Guard::Budgeted);
@@ -687,12 +664,12 @@ mod tests {
         let outcome = evict_now(&api, Guard::Unbudgeted).await;
         assert_eq!(outcome, Eviction::Evicted { refusals: 0 });
         let seen = seen.lock().unwrap();
-        let (method, path, _) = seen.last().unwrap();
+        let Seen { method, path, .. } = seen.last().unwrap();
         assert_eq!(
             (method.as_str(), path.as_str()),
             ("POST", "/api/v1/namespaces/batch/pods/victim/eviction")
         );
-        assert!(seen.iter().all(|(method, _, _)| method != "DELETE"));
+        assert!(seen.iter().all(|s| s.method != "DELETE"));
     }
 
     #[tokio::test]
@@ -722,6 +699,6 @@ mod tests {
         );
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 3);
-        assert!(seen.iter().all(|(method, _, _)| method != "DELETE"));
+        assert!(seen.iter().all(|s| s.method != "DELETE"));
     }
 }

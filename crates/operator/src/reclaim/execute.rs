@@ -760,64 +760,45 @@ fn checkpoint_result(victim: &Victim, report: &CheckpointReport) -> CheckpointRe
     }
 }
 
-/// Enough of a victim for the progress patch's tests (uid and reclaim id).
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
-
-    use http_body_util::BodyExt;
-    use hyper::{Request, Response};
-    use kube::{Client, client::Body};
+    use kube::Client;
     use serde_json::{Value, json};
-    use tower_test::mock;
 
     use super::*;
-    use crate::{cluster::testing::TestStores, leader::test_term};
-
-    /// Path and body of each patch the mock API server saw.
-    type Patches = Arc<Mutex<Vec<(String, Value)>>>;
+    use crate::cluster::testing::TestStores;
+    use crate::leader::test_term;
+    use crate::mock_api::{self, Log};
 
     /// An API server whose queues have an empty status and whose pods are `owner`, answering
     /// the first `fail` status patches of queue `batch` with 500.
-    fn api(owner: Value, mut fail: usize) -> (Client, Patches) {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let patches: Patches = Arc::default();
-        let seen = patches.clone();
-        tokio::spawn(async move {
-            while let Some((request, send)) = handle.next_request().await {
-                let (method, path) = (request.method().clone(), request.uri().path().to_owned());
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                let mut code = 200;
-                if method == hyper::Method::PATCH {
-                    seen.lock()
-                        .unwrap()
-                        .push((path.clone(), serde_json::from_slice(&body).unwrap()));
-                    if path.contains("/gpuqueues/batch/") && fail > 0 {
-                        fail -= 1;
-                        code = 500;
-                    }
-                }
-                let answer = if code == 500 {
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "InternalError", "code": 500, "message": "etcd restarting"})
-                } else if path.contains("/pods/") {
-                    owner.clone()
-                } else {
-                    let name = path.split('/').nth(5).unwrap_or_default();
-                    json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
-                        "metadata": {"name": name, "resourceVersion": "7"},
-                        "spec": {"namespaces": [name], "resources": []},
-                        "status": {"lastHandovers": [], "reclaimsInFlight": []}})
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(code)
-                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                        .unwrap(),
-                );
+    fn api(owner: Value, mut fail: usize) -> (Client, Log) {
+        mock_api::serve(move |request| {
+            if request.method == "PATCH" && request.path.contains("/gpuqueues/batch/") && fail > 0 {
+                fail -= 1;
+                return mock_api::failure(500, "InternalError", "etcd restarting");
             }
-        });
-        (Client::new(service, "default"), patches)
+            if request.path.contains("/pods/") {
+                return (200, owner.clone());
+            }
+            let name = request.path.split('/').nth(5).unwrap_or_default();
+            (
+                200,
+                json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+                    "metadata": {"name": name, "resourceVersion": "7"},
+                    "spec": {"namespaces": [name], "resources": []},
+                    "status": {"lastHandovers": [], "reclaimsInFlight": []}}),
+            )
+        })
+    }
+
+    /// Path and body of each patch the server saw.
+    fn patches(log: &Log) -> Vec<(String, Value)> {
+        crate::sync::lock(log)
+            .iter()
+            .filter(|s| s.method == "PATCH")
+            .map(|s| (s.path.clone(), s.body.clone()))
+            .collect()
     }
 
     /// Review finding: one queue's record landing and another's failing (an API server
@@ -830,7 +811,7 @@ mod tests {
                 "annotations": {"gpuqueue.io/reclaim-id": "rc-1", "gpuqueue.io/reclaim-role": "owner"}}});
         let mut stores = TestStores::new();
         stores.add_pod(owner.clone());
-        let (client, patches) = api(owner.clone(), 1);
+        let (client, log) = api(owner.clone(), 1);
         let reclaimer = Reclaimer::for_tests(client, stores.stores.clone());
         let (term, _state) = test_term().await;
         let record = |role: &str| HandoverRecord {
@@ -850,24 +831,22 @@ mod tests {
         let first = reclaimer.write_out(&term, "rc-1".into(), unwritten).await;
         assert!(!first.done);
         let kept = first.unwritten.expect("the records to write again");
-        let owner_cleared = |patches: &Patches| {
-            patches
-                .lock()
-                .unwrap()
+        let owner_cleared = || {
+            patches(&log)
                 .iter()
                 .filter(|(path, _)| path.contains("/pods/"))
                 .count()
         };
         assert_eq!(
-            owner_cleared(&patches),
+            owner_cleared(),
             0,
             "the intent goes only after every record"
         );
 
         let again = reclaimer.write_again(term, "rc-1".into(), kept).await;
         assert!(again.done && again.unwritten.is_none());
-        assert_eq!(owner_cleared(&patches), 1);
-        let patches = patches.lock().unwrap();
+        assert_eq!(owner_cleared(), 1);
+        let patches = patches(&log);
         let batch: Vec<&Value> = patches
             .iter()
             .filter(|(path, _)| path.contains("/gpuqueues/batch/"))

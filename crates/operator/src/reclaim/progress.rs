@@ -58,18 +58,10 @@ pub async fn record_call(
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)] // tests fail loudly
-    use std::sync::{Arc, Mutex};
-
-    use http_body_util::BodyExt;
-    use hyper::{Request, Response};
-    use kube::{Client, client::Body};
     use serde_json::{Value, json};
-    use tower_test::mock;
 
     use super::*;
-
-    /// Method and body of each request the mock API server saw.
-    type Seen = Arc<Mutex<Vec<(String, Value)>>>;
+    use crate::mock_api::{self, Log};
 
     /// The victim as the API server shows it: reclaim `rc-1`, version `version`, `progress`.
     fn victim(version: &str, progress: Option<&str>) -> Value {
@@ -83,39 +75,20 @@ mod tests {
 
     /// Pods whose reads show `reads` in turn (the last repeats), and whose patches are
     /// answered by `patches` in turn.
-    fn pods(reads: Vec<Value>, patches: Vec<u16>) -> (Api<Pod>, Seen) {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let seen: Seen = Arc::default();
-        let log = seen.clone();
-        tokio::spawn(async move {
-            let (mut reads, mut patches) = (reads.into_iter(), patches.into_iter());
-            let mut last = Value::Null;
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().to_string();
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                log.lock().unwrap().push((method.clone(), body));
-                let (code, answer) = if method == "GET" {
-                    last = reads.next().unwrap_or_else(|| last.clone());
-                    (200, last.clone())
-                } else {
-                    let code = patches.next().unwrap();
-                    let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "message": "the test failed", "reason": "Invalid", "code": code});
-                    (code, if code == 200 { last.clone() } else { status })
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(code)
-                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                        .unwrap(),
-                );
+    fn pods(reads: Vec<Value>, patches: Vec<u16>) -> (Api<Pod>, Log) {
+        let (mut reads, mut patches) = (reads.into_iter(), patches.into_iter());
+        let mut last = Value::Null;
+        let (client, log) = mock_api::serve(move |request| {
+            if request.method == "GET" {
+                last = reads.next().unwrap_or_else(|| last.clone());
+                return (200, last.clone());
+            }
+            match patches.next().unwrap() {
+                200 => (200, last.clone()),
+                code => mock_api::failure(code, "Invalid", "the test failed"),
             }
         });
-        (
-            Api::namespaced(Client::new(service, "batch"), "batch"),
-            seen,
-        )
+        (Api::namespaced(client, "batch"), log)
     }
 
     #[tokio::test]
@@ -124,7 +97,7 @@ mod tests {
         let recorded = record_call(&pods, "v", "uid-v", "rc-1").await;
         assert_eq!(recorded, Ok(CallRecord::MadeBefore));
         let seen = seen.lock().unwrap();
-        assert!(seen.iter().all(|(method, _)| method == "GET"), "{seen:?}");
+        assert!(seen.iter().all(|s| s.method == "GET"), "{seen:?}");
     }
 
     #[tokio::test]
@@ -134,10 +107,13 @@ mod tests {
         let recorded = record_call(&pods, "v", "uid-v", "rc-1").await;
         assert_eq!(recorded, Ok(CallRecord::Written));
         let seen = seen.lock().unwrap();
-        let methods: Vec<&str> = seen.iter().map(|(method, _)| method.as_str()).collect();
+        let methods: Vec<&str> = seen.iter().map(|s| s.method.as_str()).collect();
         assert_eq!(methods, ["GET", "PATCH", "GET", "PATCH"]);
         let version = json!({"op": "test", "path": "/metadata/resourceVersion", "value": "8"});
-        assert!(seen[3].1.as_array().unwrap().contains(&version), "{seen:?}");
+        assert!(
+            seen[3].body.as_array().unwrap().contains(&version),
+            "{seen:?}"
+        );
     }
 
     #[tokio::test]

@@ -308,25 +308,20 @@ async fn patch_list(
 #[cfg(test)]
 mod tests {
     use futures::future::join_all;
-    use http::{Request, Response};
-    use http_body_util::BodyExt;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use kube::{Client, client::Body};
-    use tower_test::mock;
 
     use super::*;
     use crate::leader::test_term;
+    use crate::mock_api::{self, Log};
 
     /// A client whose API server holds one empty queue status and answers every read and
-    /// patch of it with that; the bodies of the patches it saw.
-    fn queue_api() -> (Api<GpuQueue>, Arc<Mutex<Vec<serde_json::Value>>>) {
+    /// patch of it with that.
+    fn queue_api() -> (Api<GpuQueue>, Log) {
         queue_api_in_flight(&[])
     }
 
     /// As [`queue_api`], with the reclaims `in_flight` (ids) in the queue's status.
-    fn queue_api_in_flight(
-        in_flight: &[String],
-    ) -> (Api<GpuQueue>, Arc<Mutex<Vec<serde_json::Value>>>) {
+    fn queue_api_in_flight(in_flight: &[String]) -> (Api<GpuQueue>, Log) {
         let entries: Vec<serde_json::Value> = in_flight
             .iter()
             .map(|id| {
@@ -335,81 +330,51 @@ mod tests {
                     "deadline": "2026-01-10T11:00:03.000000Z"})
             })
             .collect();
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let patches: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
-        let seen = patches.clone();
-        tokio::spawn(async move {
-            while let Some((request, send)) = handle.next_request().await {
-                let patch = request.method() == http::Method::PATCH;
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                if patch {
-                    lock(&seen).push(serde_json::from_slice(&body).unwrap());
-                }
-                let queue = json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
-                    "metadata": {"name": "online", "resourceVersion": "7"},
-                    "spec": {"namespaces": ["online"], "resources": []},
-                    "status": {"lastHandovers": [], "reclaimsInFlight": entries.clone()}});
-                send.send_response(
-                    Response::builder()
-                        .body(Body::from(serde_json::to_vec(&queue).unwrap()))
-                        .unwrap(),
-                );
-            }
-        });
-        (Api::all(Client::new(service, "default")), patches)
+        let queue = json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "online", "resourceVersion": "7"},
+            "spec": {"namespaces": ["online"], "resources": []},
+            "status": {"lastHandovers": [], "reclaimsInFlight": entries}});
+        let (client, log) = mock_api::serve(move |_| (200, queue.clone()));
+        (Api::all(client), log)
     }
 
     /// An API server holding queue `online`, whose status another writer changes right before
     /// each of the first `interfere` patches arrives (it adds its own record `rc-other`), so
-    /// that each of them conflicts; the bodies of the patches it saw.
-    fn contended_queue_api(
-        interfere: usize,
-    ) -> (Api<GpuQueue>, Arc<Mutex<Vec<serde_json::Value>>>) {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let patches: Arc<Mutex<Vec<serde_json::Value>>> = Arc::default();
-        let seen = patches.clone();
-        tokio::spawn(async move {
-            let (mut version, mut list, mut interfered) = (7_u64, json!([]), 0);
-            while let Some((request, send)) = handle.next_request().await {
-                let patch = request.method() == http::Method::PATCH;
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                let mut status = http::StatusCode::OK;
-                if patch {
-                    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                    lock(&seen).push(body.clone());
-                    if interfered < interfere {
-                        interfered += 1;
-                        version += 1;
-                        let other = record("rc-other", "owner", 6, "Completed");
-                        list = json!([other]);
-                    }
-                    let written_on = body["metadata"]["resourceVersion"].as_str();
-                    if written_on.and_then(|v| v.parse().ok()) == Some(version) {
-                        version += 1;
-                        list = body["status"]["lastHandovers"].clone();
-                    } else {
-                        status = http::StatusCode::CONFLICT;
-                    }
+    /// that each of them conflicts.
+    fn contended_queue_api(interfere: usize) -> (Api<GpuQueue>, Log) {
+        let (mut version, mut list, mut interfered) = (7_u64, json!([]), 0);
+        let (client, log) = mock_api::serve(move |request| {
+            if request.method == "PATCH" {
+                if interfered < interfere {
+                    interfered += 1;
+                    version += 1;
+                    list = json!([record("rc-other", "owner", 6, "Completed")]);
                 }
-                let answer = if status == http::StatusCode::CONFLICT {
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "reason": "Conflict", "code": 409,
-                        "message": "the object has been modified"})
-                } else {
-                    json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
-                        "metadata": {"name": "online", "resourceVersion": version.to_string()},
-                        "spec": {"namespaces": ["online"], "resources": []},
-                        "status": {"lastHandovers": list.clone(), "reclaimsInFlight": []}})
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(status)
-                        .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                        .unwrap(),
-                );
+                let written_on = request.body["metadata"]["resourceVersion"].as_str();
+                if written_on.and_then(|v| v.parse().ok()) != Some(version) {
+                    return mock_api::failure(409, "Conflict", "the object has been modified");
+                }
+                version += 1;
+                list = request.body["status"]["lastHandovers"].clone();
             }
+            (
+                200,
+                json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+                    "metadata": {"name": "online", "resourceVersion": version.to_string()},
+                    "spec": {"namespaces": ["online"], "resources": []},
+                    "status": {"lastHandovers": list.clone(), "reclaimsInFlight": []}}),
+            )
         });
-        (Api::all(Client::new(service, "default")), patches)
+        (Api::all(client), log)
+    }
+
+    /// The bodies of the patches the server saw.
+    fn bodies(log: &Log) -> Vec<serde_json::Value> {
+        lock(log)
+            .iter()
+            .filter(|s| s.method == "PATCH")
+            .map(|s| s.body.clone())
+            .collect()
     }
 
     #[tokio::test(start_paused = true)]
@@ -419,7 +384,7 @@ mod tests {
         let writer = RecordWriter::default();
         let mine = record("rc-1", "owner", 7, "Completed");
         writer.write(&api, &term, "online", &mine).await.unwrap();
-        let patches = lock(&patches);
+        let patches = bodies(&patches);
         assert_eq!(
             patches.len(),
             2,
@@ -450,7 +415,7 @@ mod tests {
             .write(&api, &term, "online", &mine)
             .await
             .unwrap_err();
-        assert_eq!(lock(&patches).len(), ATTEMPTS);
+        assert_eq!(bodies(&patches).len(), ATTEMPTS);
         assert_eq!(error.queue, "online");
         assert!(error.reason.contains("Conflict"), "{error:?}");
     }
@@ -469,8 +434,8 @@ mod tests {
         });
         a.unwrap();
         b.unwrap();
-        assert_eq!(lock(&patches).len(), 1, "one write for both");
-        let ids: Vec<String> = lock(&patches)[0]["status"]["lastHandovers"]
+        assert_eq!(bodies(&patches).len(), 1, "one write for both");
+        let ids: Vec<String> = bodies(&patches)[0]["status"]["lastHandovers"]
             .as_array()
             .unwrap()
             .iter()
@@ -481,7 +446,7 @@ mod tests {
 
         // One that ends after the write is written on its own.
         writer.write(&api, &term, "online", &late).await.unwrap();
-        assert_eq!(lock(&patches).len(), 2);
+        assert_eq!(bodies(&patches).len(), 2);
     }
 
     #[tokio::test(start_paused = true)]
@@ -501,7 +466,7 @@ mod tests {
         aborted.abort();
         let kept = record("rc-2", "owner", 7, "Completed");
         writer.write(&api, &term, "online", &kept).await.unwrap();
-        let written = lock(&patches)[0]["status"]["lastHandovers"].clone();
+        let written = bodies(&patches)[0]["status"]["lastHandovers"].clone();
         assert_eq!(written.as_array().unwrap().len(), 1, "{written}");
         assert_eq!(written[0]["id"], "rc-2");
 
@@ -511,7 +476,7 @@ mod tests {
             state.send_modify(|s| s.acting_until = Some(crate::clock::now()));
         });
         assert!(result.unwrap_err().reason.contains("no longer the leader"));
-        assert_eq!(lock(&patches).len(), 1);
+        assert_eq!(bodies(&patches).len(), 1);
     }
 
     fn record(id: &str, role: &str, second: i64, outcome: &str) -> HandoverRecord {
@@ -674,7 +639,7 @@ mod tests {
         )
         .await;
         assert!(written.iter().all(Result::is_ok), "{written:?}");
-        let patches = lock(&patches);
+        let patches = bodies(&patches);
         // The ids a patch writes in the status list `field`.
         let listed = |patch: &serde_json::Value, field: &str| -> Vec<String> {
             patch["status"][field]

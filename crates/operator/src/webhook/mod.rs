@@ -353,48 +353,31 @@ mod tests {
     #![allow(clippy::unwrap_used)] // tests fail loudly
     use std::time::Duration;
 
-    use http_body_util::BodyExt;
-    use hyper::{Request, Response};
-    use kube::client::Body;
     use serde_json::json;
-    use tower_test::mock;
 
     use super::*;
-    use crate::{http::Readiness, metrics, webhook::certs::CertificateAuthority};
+    use crate::{http::Readiness, metrics, mock_api, webhook::certs::CertificateAuthority};
 
     /// A client whose API server shows one webhook with `bundle` and answers every patch with
     /// `patch_code` (a read with `read_code`).
     fn api(bundle: &str, read_code: u16, patch_code: u16) -> Api<MutatingWebhookConfiguration> {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let config = json!({
             "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": "gpuqueue-operator", "resourceVersion": "7"},
             "webhooks": [{"name": "gate.gpuqueue.io", "admissionReviewVersions": ["v1"],
                 "sideEffects": "None", "clientConfig": {"caBundle": bundle}}],
         });
-        tokio::spawn(async move {
-            while let Some((request, send)) = handle.next_request().await {
-                let code = if request.method() == "GET" {
-                    read_code
-                } else {
-                    patch_code
-                };
-                let _ = request.into_body().collect().await;
-                let body = if code == 200 {
-                    config.clone()
-                } else {
-                    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                        "message": "refused (test)", "reason": "Forbidden", "code": code})
-                };
-                send.send_response(
-                    Response::builder()
-                        .status(code)
-                        .body(Body::from(serde_json::to_vec(&body).unwrap()))
-                        .unwrap(),
-                );
+        let (client, _) = mock_api::serve(move |request| {
+            match if request.method == "GET" {
+                read_code
+            } else {
+                patch_code
+            } {
+                200 => (200, config.clone()),
+                code => mock_api::failure(code, "Forbidden", "refused (test)"),
             }
         });
-        Api::all(kube::Client::new(service, "default"))
+        Api::all(client)
     }
 
     /// Whether a replica that was ready still is after publishing, through an API server that

@@ -338,12 +338,8 @@ fn truncate(mut text: String, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use http::{Request, Response};
-    use http_body_util::BodyExt;
-    use kube::client::Body;
-    use tower_test::mock;
-
     use super::*;
+    use crate::mock_api;
 
     fn pod(name: &str) -> ObjectReference {
         ObjectReference {
@@ -370,48 +366,36 @@ mod tests {
     /// `cache_entries` events are kept.
     #[tokio::test]
     async fn the_recorder_keeps_a_bounded_number_of_events_for_series() {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let server = tokio::spawn(async move {
-            let mut methods = Vec::new();
-            while let Some((request, send)) = handle.next_request().await {
-                methods.push(request.method().to_string());
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                send.send_response(Response::new(Body::from(body.to_vec())));
-            }
-            methods
-        });
-        let (events, mut publisher) = Events::new(Client::new(service, "default"), "test");
+        let (client, log) = mock_api::serve(|request| (200, request.body.clone()));
+        let (events, mut publisher) = Events::new(client, "test");
         publisher.cache_entries = 2;
         for name in ["a", "a", "b", "a"] {
             events.send(pod(name), waiting());
         }
         drop(events);
         publisher.run().await;
-        assert_eq!(server.await.unwrap(), ["POST", "PATCH", "POST", "POST"]);
+        let methods: Vec<String> = mock_api::requests(&log).into_iter().map(|r| r.0).collect();
+        assert_eq!(methods, ["POST", "PATCH", "POST", "POST"]);
     }
 
     /// Events whose publisher writes to a mock API server that answers every request with its
-    /// body; the server's task returns when each request came, on tokio's clock, counted from
-    /// this call.
-    fn timed_events() -> (Events, Publisher, tokio::task::JoinHandle<Vec<Duration>>) {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    /// body; `arrivals` gives when each request came, on tokio's clock, counted from this call.
+    fn timed_events() -> (Events, Publisher, impl Fn() -> Vec<Duration>) {
         let start = tokio::time::Instant::now();
-        let server = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Some((request, send)) = handle.next_request().await {
-                seen.push(start.elapsed());
-                let body = request.into_body().collect().await.unwrap().to_bytes();
-                send.send_response(Response::new(Body::from(body.to_vec())));
-            }
-            seen
-        });
-        let (events, publisher) = Events::new(Client::new(service, "default"), "test");
-        (events, publisher, server)
+        let (client, log) = mock_api::serve(|request| (200, request.body.clone()));
+        let (events, publisher) = Events::new(client, "test");
+        let arrivals = move || {
+            crate::sync::lock(&log)
+                .iter()
+                .map(|s| s.at - start)
+                .collect()
+        };
+        (events, publisher, arrivals)
     }
 
     #[tokio::test(start_paused = true)]
     async fn events_wait_while_a_handover_holds_them_and_go_when_it_ends() {
-        let (events, publisher, server) = timed_events();
+        let (events, publisher, arrivals) = timed_events();
         let hold = events.hold();
         let second = events.hold();
         events.send(pod("a"), waiting());
@@ -425,12 +409,12 @@ mod tests {
         publisher.await.unwrap();
         let ms = Duration::from_millis;
         // Written once no hold is left.
-        assert_eq!(server.await.unwrap(), [ms(400), ms(400)]);
+        assert_eq!(arrivals(), [ms(400), ms(400)]);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_held_event_is_written_after_the_limit_and_one_waited_for_at_once() {
-        let (events, publisher, server) = timed_events();
+        let (events, publisher, arrivals) = timed_events();
         let hold = events.hold();
         events.send(pod("a"), waiting());
         let publisher = tokio::spawn(publisher.run());
@@ -448,7 +432,7 @@ mod tests {
         // `a` at its limit; `b` and `c` with `d`, which a caller waits for; `e` once the hold
         // is gone.
         assert_eq!(
-            server.await.unwrap(),
+            arrivals(),
             [ms(1000), ms(1500), ms(1500), ms(1500), ms(1500)]
         );
     }

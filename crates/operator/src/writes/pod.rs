@@ -308,11 +308,10 @@ pub(crate) fn escape(key: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use http::{Request, Response};
-    use kube::{Client, client::Body};
-    use tower_test::mock;
+    use kube::Client;
 
     use super::*;
+    use crate::mock_api;
 
     fn gated_pod(
         gates: &[&str],
@@ -434,50 +433,18 @@ mod tests {
         ));
     }
 
-    /// Method, URI and content type of each request the mock API server saw.
-    type Seen = Vec<(String, String, String)>;
-
-    /// A client whose API server is this test: every request is handed to `respond`.
-    fn mock_client(
-        respond: impl Fn(Request<Body>) -> Response<Body> + Send + 'static,
-    ) -> (Client, tokio::task::JoinHandle<Seen>) {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let server = tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Some((request, send)) = handle.next_request().await {
-                let method = request.method().to_string();
-                let uri = request.uri().to_string();
-                let content_type = request
-                    .headers()
-                    .get("content-type")
-                    .map(|v| v.to_str().unwrap().to_owned())
-                    .unwrap_or_default();
-                seen.push((method, uri, content_type));
-                send.send_response(respond(request));
-            }
-            seen
-        });
-        (Client::new(service, "default"), server)
-    }
-
-    fn status_response(code: u16, reason: &str) -> Response<Body> {
-        let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                          "message": reason, "reason": reason, "code": code});
-        Response::builder()
-            .status(code)
-            .body(Body::from(serde_json::to_vec(&body).unwrap()))
-            .unwrap()
+    /// The answer to every request: a failure with `code` and `message` as its reason.
+    fn refusing(code: u16, message: &str) -> Client {
+        let message = message.to_owned();
+        mock_api::serve(move |_| mock_api::failure(code, &message, &message)).0
     }
 
     #[tokio::test]
     async fn an_admission_is_sent_as_one_json_patch_to_the_pod() {
         let pod = gated_pod(&[ADMISSION_GATE], None, None);
         let answer = apply(&pod, &admission_patch(&pod, &admission()).unwrap()).unwrap();
-        let (client, server) = mock_client(move |_| {
-            Response::builder()
-                .body(Body::from(serde_json::to_vec(&answer).unwrap()))
-                .unwrap()
-        });
+        let answer = serde_json::to_value(answer).unwrap();
+        let (client, log) = mock_api::serve(move |_| (200, answer.clone()));
         let api: Api<Pod> = Api::namespaced(client, "batch");
         let patch = admission_patch(&pod, &admission()).unwrap();
         let admitted = send(&api, &pod, patch).await.unwrap();
@@ -489,24 +456,17 @@ mod tests {
                 .unwrap_or_default()
                 .is_empty()
         );
-        drop(api);
-        let seen = server.await.unwrap();
+        let seen = crate::sync::lock(&log);
         assert_eq!(seen.len(), 1);
-        assert_eq!(seen[0].0, "PATCH");
-        assert!(
-            seen[0]
-                .1
-                .starts_with("/api/v1/namespaces/batch/pods/vllm-0"),
-            "{}",
-            seen[0].1
-        );
-        assert_eq!(seen[0].2, "application/json-patch+json");
+        assert_eq!(seen[0].method, "PATCH");
+        assert_eq!(seen[0].path, "/api/v1/namespaces/batch/pods/vllm-0");
+        assert_eq!(seen[0].content_type, "application/json-patch+json");
     }
 
     #[tokio::test]
     async fn a_failed_test_is_reported_as_a_changed_pod_and_a_denial_as_a_refusal() {
         let pod = gated_pod(&[ADMISSION_GATE], None, None);
-        let (client, _server) = mock_client(|_| status_response(422, "Invalid"));
+        let client = refusing(422, "Invalid");
         let api: Api<Pod> = Api::namespaced(client, "batch");
         let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
             .await
@@ -514,7 +474,7 @@ mod tests {
         assert!(matches!(error, PatchError::Changed { .. }), "{error}");
         assert!(error.is_stale());
 
-        let (client, _server) = mock_client(|_| status_response(404, "NotFound"));
+        let client = refusing(404, "NotFound");
         let api: Api<Pod> = Api::namespaced(client, "batch");
         let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
             .await
@@ -523,7 +483,7 @@ mod tests {
 
         // A policy's denial answers 422 too, but is no pod that moved on.
         let denied = "ValidatingAdmissionPolicy 'p' with binding 'p' denied request: no";
-        let (client, _server) = mock_client(move |_| status_response(422, denied));
+        let client = refusing(422, denied);
         let api: Api<Pod> = Api::namespaced(client, "batch");
         let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
             .await
@@ -531,7 +491,7 @@ mod tests {
         assert!(matches!(error, PatchError::Refused { .. }), "{error}");
         assert!(!error.is_stale(), "{error}");
 
-        let (client, _server) = mock_client(|_| status_response(500, "InternalError"));
+        let client = refusing(500, "InternalError");
         let api: Api<Pod> = Api::namespaced(client, "batch");
         let error = send(&api, &pod, admission_patch(&pod, &admission()).unwrap())
             .await

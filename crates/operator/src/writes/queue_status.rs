@@ -78,12 +78,9 @@ pub async fn write(
 #[cfg(test)]
 mod tests {
     use gpuqueue_api::v1alpha1::ResourceStatus;
-    use http::{Request, Response};
-    use http_body_util::BodyExt;
-    use kube::{Client, client::Body};
-    use tower_test::mock;
 
     use super::*;
+    use crate::mock_api;
 
     fn status() -> GpuQueueStatus {
         GpuQueueStatus {
@@ -127,37 +124,27 @@ mod tests {
 
     #[tokio::test]
     async fn the_status_is_applied_through_the_status_subresource_with_our_field_manager() {
-        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let server = tokio::spawn(async move {
-            let (request, send) = handle.next_request().await.unwrap();
-            let method = request.method().clone();
-            let uri = request.uri().clone();
-            let content_type = request.headers()["content-type"]
-                .to_str()
-                .unwrap()
-                .to_owned();
-            let body = request.into_body().collect().await.unwrap().to_bytes();
-            let queue = json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
-                "metadata": {"name": "batch"},
-                "spec": {"namespaces": ["batch"], "resources": [{"name": "nvidia.com/gpu", "guaranteed": 8}]}});
-            send.send_response(Response::new(Body::from(
-                serde_json::to_vec(&queue).unwrap(),
-            )));
-            (method, uri, content_type, body)
-        });
-        let api: Api<GpuQueue> = Api::all(Client::new(service, "default"));
+        let queue = json!({"apiVersion": "gpuqueue.io/v1alpha1", "kind": "GpuQueue",
+            "metadata": {"name": "batch"},
+            "spec": {"namespaces": ["batch"], "resources": [{"name": "nvidia.com/gpu", "guaranteed": 8}]}});
+        let (client, log) = mock_api::serve(move |_| (200, queue.clone()));
+        let api: Api<GpuQueue> = Api::all(client);
         write(&api, "batch", &status()).await.unwrap();
-        let (method, uri, content_type, body) = server.await.unwrap();
-        assert_eq!(method, "PATCH");
+        let seen = crate::sync::lock(&log);
+        let [request] = seen.as_slice() else {
+            panic!("one request: {seen:?}")
+        };
+        assert_eq!(request.method, "PATCH");
         assert_eq!(
-            uri.path(),
+            request.path,
             "/apis/gpuqueue.io/v1alpha1/gpuqueues/batch/status"
         );
-        let query = uri.query().unwrap();
+        let query = &request.query;
         assert!(query.contains("fieldManager=gpuqueue-operator"), "{query}");
         assert!(query.contains("force=true"), "{query}");
-        assert_eq!(content_type, "application/apply-patch+yaml");
-        let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(request.content_type, "application/apply-patch+yaml");
+        let body = &request.body;
+        assert_eq!(body["status"]["observedGeneration"], 3, "{body}");
         assert!(body.get("spec").is_none());
     }
 }
