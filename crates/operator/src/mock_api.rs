@@ -51,6 +51,18 @@ pub(crate) fn serve(
     (Client::new(service, "default"), log)
 }
 
+/// A client whose API server takes each request and never answers it, as one that stalls.
+pub(crate) fn stalled() -> Client {
+    let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+    tokio::spawn(async move {
+        let mut unanswered = Vec::new();
+        while let Some(request) = handle.next_request().await {
+            unanswered.push(request);
+        }
+    });
+    Client::new(service, "default")
+}
+
 async fn read(request: Request<Body>) -> Seen {
     let at = Instant::now();
     let method = request.method().to_string();

@@ -558,6 +558,26 @@ async fn sidecar_on(addr: SocketAddr) -> (SocketAddr, Sidecar) {
             }),
         )
         .route(
+            "/accepted",
+            post({
+                let record = record(seen.clone(), "/accepted");
+                move |body: String| async move {
+                    record(body).await;
+                    (axum::http::StatusCode::ACCEPTED, r#"{"id":"e-1"}"#)
+                }
+            }),
+        )
+        .route(
+            "/manifest",
+            post({
+                let record = record(seen.clone(), "/manifest");
+                move |body: String| async move {
+                    record(body).await;
+                    (axum::http::StatusCode::OK, "x".repeat(1024 * 1024))
+                }
+            }),
+        )
+        .route(
             "/stuck",
             post({
                 let record = record(seen.clone(), "/stuck");
@@ -596,6 +616,42 @@ async fn http_driver_2xx_is_a_durable_checkpoint() {
     let body: serde_json::Value = serde_json::from_str(&bodies[0].1).unwrap();
     let deadline_ms = body["deadlineMs"].as_u64().unwrap();
     assert!(deadline_ms > 0 && deadline_ms <= 5000, "{body}");
+}
+
+/// Review finding: a sidecar answering 202 Accepted has only taken the work; counting it
+/// durable evicted the pod while it was still saving.
+#[tokio::test]
+async fn http_driver_202_accepted_is_not_a_durable_checkpoint() {
+    let (addr, sidecar) = sidecar(6).await;
+
+    let report = run(&http_policy(addr, "/accepted"), Some(addr.ip()), DEADLINE).await;
+
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Failed {
+            step: Step::Post,
+            error: CallError::Status(202)
+        }
+    );
+    assert!(
+        CallError::Status(202)
+            .to_string()
+            .contains("not made durable")
+    );
+    assert_eq!(sidecar.bodies.lock().unwrap().len(), 1);
+}
+
+/// Review finding: a 200 whose body was larger than the driver read was recorded as failed.
+#[tokio::test]
+async fn http_driver_2xx_with_a_large_body_is_durable() {
+    let (addr, _sidecar) = sidecar(7).await;
+
+    let report = run(&http_policy(addr, "/manifest"), Some(addr.ip()), DEADLINE).await;
+
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Acknowledged { status: 200 })
+    );
 }
 
 #[tokio::test]

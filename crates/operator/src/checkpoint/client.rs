@@ -39,6 +39,10 @@ impl CallError {
 impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Self::Status(202) => write!(
+                f,
+                "HTTP 202 Accepted: the work was taken, not made durable (answer 200 or 204 once it is)"
+            ),
             Self::Status(status) => write!(f, "HTTP {status}"),
             Self::Connect(why) => write!(f, "cannot connect: {why}"),
             Self::Transport(why) => write!(f, "transport error: {why}"),
@@ -82,18 +86,23 @@ impl CheckpointClient {
         Ok(Self { http })
     }
 
-    /// `POST url` with an optional JSON body; reads at most `cap` bytes of the answer.
-    pub(super) async fn post(
+    /// `POST url` without a body; reads at most `cap` bytes of the answer.
+    pub(super) async fn post(&self, url: &str, cap: usize) -> Result<Reply, CallError> {
+        let response = self.http.post(url).send().await;
+        read(response.map_err(|error| classify(&error))?, cap).await
+    }
+
+    /// `POST url` with a JSON body; the answer's status, its body left unread.
+    pub(super) async fn post_for_status(
         &self,
         url: &str,
-        json: Option<&serde_json::Value>,
-        cap: usize,
-    ) -> Result<Reply, CallError> {
-        let mut request = self.http.post(url);
-        if let Some(json) = json {
-            request = request.json(json);
-        }
-        read(request.send().await.map_err(|error| classify(&error))?, cap).await
+        json: &serde_json::Value,
+    ) -> Result<u16, CallError> {
+        let response = self.http.post(url).json(json).send().await;
+        Ok(response
+            .map_err(|error| classify(&error))?
+            .status()
+            .as_u16())
     }
 
     /// `GET url`; reads at most `cap` bytes of the answer.

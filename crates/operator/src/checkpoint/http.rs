@@ -1,6 +1,9 @@
 //! The `http` driver: a sidecar in the pod answers `POST <path>` with 2xx once the checkpoint is
-//! durable (our contract, research note §3.4). The body tells it how long it has:
-//! `{"deadlineMs": N}`. Any other status is a failure; the body is never read.
+//! durable. This is our contract: one call, answered when it is done (the research note's §3.4
+//! sketched a call answered 202 at once and polled after; a reclaim has no time to poll). The
+//! body tells the sidecar how long it has: `{"deadlineMs": N}`. A 202 Accepted says the work
+//! was taken, not that it is durable, so it is a failure like any status outside 2xx. The
+//! decision is the status line's: the answer's body is not read, so a large one loses nothing.
 
 use std::net::SocketAddr;
 
@@ -10,8 +13,6 @@ use tokio::time::Instant;
 use super::client::{CallError, CheckpointClient};
 use super::outcome::{CheckpointOutcome, Evidence, Step};
 use super::progress::Progress;
-
-const REPLY_BODY_CAP: usize = 64 * 1024;
 
 pub(super) async fn checkpoint(
     client: &CheckpointClient,
@@ -24,17 +25,22 @@ pub(super) async fn checkpoint(
     let remaining = deadline.saturating_duration_since(Instant::now());
     let body = json!({ "deadlineMs": remaining.as_millis() });
     let url = format!("http://{target}{path}");
-    match client.post(&url, Some(&body), REPLY_BODY_CAP).await {
-        Ok(reply) if reply.is_success() => CheckpointOutcome::Succeeded(Evidence::Acknowledged {
-            status: reply.status,
-        }),
-        Ok(reply) => CheckpointOutcome::Failed {
+    match client.post_for_status(&url, &body).await {
+        Ok(status) if durable(status) => {
+            CheckpointOutcome::Succeeded(Evidence::Acknowledged { status })
+        }
+        Ok(status) => CheckpointOutcome::Failed {
             step: Step::Post,
-            error: CallError::Status(reply.status),
+            error: CallError::Status(status),
         },
         Err(error) => CheckpointOutcome::Failed {
             step: Step::Post,
             error,
         },
     }
+}
+
+/// Whether a status says the checkpoint is durable: 2xx, but 202 Accepted (taken, not done).
+fn durable(status: u16) -> bool {
+    (200..300).contains(&status) && status != 202
 }

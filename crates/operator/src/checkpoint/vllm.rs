@@ -47,7 +47,7 @@ pub(super) async fn checkpoint(
 ) -> CheckpointOutcome {
     progress.at(Step::Pause);
     let pause = format!("http://{target}/pause?{}", pause_query(mode));
-    match client.post(&pause, None, CONTROL_BODY_CAP).await {
+    match client.post(&pause, CONTROL_BODY_CAP).await {
         Ok(reply) if reply.is_success() => {}
         // 404: dev mode off (the route is not registered); other 4xx: a release that does not
         // understand us. Either way there is nothing to wait for: evict.
@@ -92,7 +92,7 @@ pub(super) async fn checkpoint(
 /// `POST /resume`: lets a server a checkpoint paused serve again (its reclaim was abandoned).
 pub(super) async fn resume(client: &CheckpointClient, target: SocketAddr) -> Result<(), CallError> {
     let url = format!("http://{target}/resume");
-    let reply = client.post(&url, None, CONTROL_BODY_CAP).await?;
+    let reply = client.post(&url, CONTROL_BODY_CAP).await?;
     if reply.is_success() {
         Ok(())
     } else {

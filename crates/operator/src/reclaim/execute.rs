@@ -303,8 +303,9 @@ impl Reclaimer {
                 return None;
             }
             let pods: Api<Pod> = Api::namespaced(self.client.clone(), &victim.target.key.namespace);
-            let (name, uid) = (&victim.target.key.name, &victim.target.uid);
-            let marked = progress::record_call(&pods, name, uid, &handover.id).await;
+            let target = (victim.target.key.name.as_str(), victim.target.uid.as_str());
+            let marked =
+                progress::record_call(&pods, target, &handover.id, started + allowance).await;
             if marked == Ok(CallRecord::MadeBefore) {
                 let made_before = Victim {
                     progress: Progress::Checkpointed,
@@ -335,8 +336,9 @@ impl Reclaimer {
                 });
             }
         }
+        // The allowance counts from `started`: the mark's writes are part of it.
         let report = checkpointer
-            .checkpoint(victim.address.clone(), Instant::now() + allowance)
+            .checkpoint(victim.address.clone(), started + allowance)
             .await;
         let done = Instant::now();
         self.metrics
@@ -349,10 +351,6 @@ impl Reclaimer {
         })
     }
 
-    /// Releases the owner once its room is free and waits until the store shows every victim
-    /// gone and the owner bound, until `terminated` (the deadline plus the victims' grace) and
-    /// [`SETTLE_LIMIT`] more; only until `terminated` when each victim left is held by
-    /// finalizers then, which no wait of ours removes. `None` when the term ended first.
     async fn settle(
         &self,
         term: &Term,

@@ -6,6 +6,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, api::Patch};
+use tokio::time::Instant;
 
 use super::{
     intent::{self, Mark},
@@ -25,11 +26,26 @@ pub enum CallRecord {
     MadeBefore,
 }
 
-/// Marks pod `name` (uid `uid`) of reclaim `id` as being checkpointed; an error says why not.
+/// Marks pod `name` (uid `uid`) of reclaim `id` as being checkpointed by `deadline`, the
+/// checkpoint's own: an API server slow to take the mark would otherwise hold the checkpoint,
+/// and the eviction after it, past the time the budget keeps for them. An error says why not;
+/// a mark that may have landed unanswered only keeps the next leader from calling.
 pub async fn record_call(
     pods: &Api<Pod>,
-    name: &str,
-    uid: &str,
+    target: (&str, &str),
+    id: &str,
+    deadline: Instant,
+) -> Result<CallRecord, String> {
+    tokio::time::timeout_at(deadline, mark_call(pods, target, id))
+        .await
+        .unwrap_or_else(|_| {
+            Err("the API server did not answer before the checkpoint's deadline".into())
+        })
+}
+
+async fn mark_call(
+    pods: &Api<Pod>,
+    (name, uid): (&str, &str),
     id: &str,
 ) -> Result<CallRecord, String> {
     for _ in 0..ATTEMPTS {
@@ -60,8 +76,14 @@ mod tests {
     #![allow(clippy::unwrap_used)] // tests fail loudly
     use serde_json::{Value, json};
 
+    use std::time::Duration;
+
     use super::*;
     use crate::mock_api::{self, Log};
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(1)
+    }
 
     /// The victim as the API server shows it: reclaim `rc-1`, version `version`, `progress`.
     fn victim(version: &str, progress: Option<&str>) -> Value {
@@ -94,7 +116,7 @@ mod tests {
     #[tokio::test]
     async fn a_call_an_earlier_leader_recorded_is_never_made_again() {
         let (pods, seen) = pods(vec![victim("7", Some("checkpointing"))], vec![]);
-        let recorded = record_call(&pods, "v", "uid-v", "rc-1").await;
+        let recorded = record_call(&pods, ("v", "uid-v"), "rc-1", later()).await;
         assert_eq!(recorded, Ok(CallRecord::MadeBefore));
         let seen = seen.lock().unwrap();
         assert!(seen.iter().all(|s| s.method == "GET"), "{seen:?}");
@@ -104,7 +126,7 @@ mod tests {
     async fn the_mark_tests_the_version_read_and_is_read_again_when_it_changed() {
         let reads = vec![victim("7", None), victim("8", None)];
         let (pods, seen) = pods(reads, vec![422, 200]);
-        let recorded = record_call(&pods, "v", "uid-v", "rc-1").await;
+        let recorded = record_call(&pods, ("v", "uid-v"), "rc-1", later()).await;
         assert_eq!(recorded, Ok(CallRecord::Written));
         let seen = seen.lock().unwrap();
         let methods: Vec<&str> = seen.iter().map(|s| s.method.as_str()).collect();
@@ -121,6 +143,19 @@ mod tests {
         let mut namesake = victim("9", None);
         namesake["metadata"]["uid"] = json!("uid-other");
         let (pods, _) = pods(vec![namesake], vec![]);
-        assert!(record_call(&pods, "v", "uid-v", "rc-1").await.is_err());
+        assert!(
+            record_call(&pods, ("v", "uid-v"), "rc-1", later())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_mark_the_api_server_does_not_answer_is_given_up_at_the_checkpoints_deadline() {
+        let pods = Api::namespaced(mock_api::stalled(), "batch");
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let recorded = record_call(&pods, ("v", "uid-v"), "rc-1", deadline).await;
+        assert!(recorded.unwrap_err().contains("deadline"));
+        assert_eq!(Instant::now(), deadline);
     }
 }
