@@ -119,6 +119,8 @@ impl BudgetFit {
 pub struct Victim {
     pub pod: PodId,
     pub key: PodKey,
+    /// Its `metadata.uid`: the victim is this pod, not a later one of its name.
+    pub uid: Option<String>,
     pub queue: String,
     pub priority: i32,
     /// When it started the work a reclaim loses.
@@ -830,6 +832,7 @@ fn victims_of(snapshot: &Snapshot, plan: &NodePlan, now: Timestamp) -> Vec<Victi
             Some(Victim {
                 pod: *v,
                 key: slot.pod.key.clone(),
+                uid: slot.pod.uid.clone(),
                 queue: snapshot.queue(q).name.clone(),
                 priority: slot.pod.priority,
                 running_since: slot.pod.running_since(),

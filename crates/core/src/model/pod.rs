@@ -205,6 +205,10 @@ pub enum ReclaimRole {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pod {
     pub key: PodKey,
+    /// Its `metadata.uid`, when it has one (the simulator's pods do not): a pod deleted and
+    /// created again under its name is another pod, and a decision made for one must not be
+    /// applied to the other.
+    pub uid: Option<String>,
     pub requests: Requests,
     /// GPU models the pod may run on; empty: any.
     pub gpu_models: Vec<String>,
@@ -309,6 +313,7 @@ impl Pod {
     pub fn new(key: PodKey, requests: Requests, created_at: Timestamp) -> Self {
         Self {
             key,
+            uid: None,
             requests,
             gpu_models: Vec::new(),
             node_rules: None,
@@ -419,6 +424,7 @@ impl Pod {
         Ok(Some(Converted {
             value: Self {
                 key,
+                uid: pod.metadata.uid.clone(),
                 requests,
                 gpu_models,
                 node_rules: node_rules.map(Arc::new),

@@ -15,6 +15,7 @@ use gpuqueue_core::{
     admission::{self, Decision, WaitReason},
     model::{PodKey, is_gated},
     reclaim::ReclaimPlan,
+    snapshot::Snapshot,
 };
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
@@ -54,6 +55,7 @@ pub(super) struct ApplySummary {
 pub(super) fn apply(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
+    snapshot: &Snapshot,
     decisions: Vec<Decision>,
     unreadable_pods: Vec<(Arc<Pod>, String)>,
     waiting_since: &mut WaitingSince,
@@ -62,7 +64,7 @@ pub(super) fn apply(
     let seal = shared.context.seals.get();
     let planned = plan(
         &shared.context.assumed,
-        &shared.context.stores,
+        |key| decided_pod(&shared.context.stores, snapshot, key),
         seal.as_ref(),
         decisions,
         unreadable_pods,
@@ -120,7 +122,7 @@ pub(super) struct WritePlan {
 /// each done at once; touches no API. `waiting_since` is replaced by the pods still waiting.
 pub(super) fn plan(
     assumed: &Mutex<Assumed>,
-    stores: &Stores,
+    decided_pod: impl Fn(&PodKey) -> Option<Arc<Pod>>,
     seal: Option<&Seal>,
     decisions: Vec<Decision>,
     unreadable_pods: Vec<(Arc<Pod>, String)>,
@@ -141,7 +143,7 @@ pub(super) fn plan(
         }
     };
     for decision in decisions {
-        let Some(pod) = stored_pod(stores, decision.key()) else {
+        let Some(pod) = decided_pod(decision.key()) else {
             continue;
         };
         match decision {
@@ -358,6 +360,24 @@ fn plan_admission(
     })
 }
 
+/// Reads back the pod of an admission that may have landed unanswered, until the API server
+/// answers: the pod says whether it did, and until then the admission stays assumed, holding
+/// its room (given to another pod, it could be taken twice once the write shows). A term that
+/// ends meanwhile aborts this with the write left in flight, for the next to read.
+async fn read_back(api: &Api<Pod>, pod: &Pod, uid: &str, assumed: &Mutex<Assumed>) {
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
+    loop {
+        match api.get_opt(name).await {
+            Ok(fresh) => return crate::sync::lock(assumed).reconcile_pod(uid, fresh.as_ref()),
+            Err(error) => {
+                tracing::warn!(pod = %patch::describe(pod), %error,
+                    "cannot read back a pod whose admission may have landed; its room stays held");
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+        }
+    }
+}
+
 /// Performs one planned write in the background (see [`Shared::spawn`]); its answer corrects
 /// what was assumed.
 fn start(shared: &Shared, tasks: &mut JoinSet<()>, write: PodWrite, now: Timestamp) {
@@ -376,6 +396,10 @@ fn start(shared: &Shared, tasks: &mut JoinSet<()>, write: PodWrite, now: Timesta
                     crate::sync::lock(&assumed).admitted(patched);
                     admitted(&context, &pod, &admission, now);
                     WriteResult::Done
+                }
+                Err(error) if error.may_have_landed() => {
+                    read_back(&api, &pod, &uid, &assumed).await;
+                    write_failed(&context, &error)
                 }
                 Err(error) => {
                     crate::sync::lock(&assumed).forget_admission(&uid);
@@ -540,6 +564,13 @@ pub(super) fn stored_pod(stores: &Stores, key: &PodKey) -> Option<Arc<Pod>> {
         .get(&ObjectRef::new(&key.name).within(&key.namespace))
 }
 
+/// The stored pod named `key`, only if it is the one `snapshot` read (its uid): a pod deleted
+/// and created again under its name since is another pod, with requests nobody decided on.
+pub(super) fn decided_pod(stores: &Stores, snapshot: &Snapshot, key: &PodKey) -> Option<Arc<Pod>> {
+    let read = snapshot.pod_id(key).and_then(|id| snapshot.pod(id))?;
+    stored_pod(stores, key).filter(|stored| stored.metadata.uid == read.uid)
+}
+
 #[cfg(test)]
 mod tests {
     use gpuqueue_api::ADMISSION_GATE;
@@ -548,8 +579,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        admission::{at_creation::AtCreation, observe},
+        admission::{at_creation::AtCreation, context, observe},
         cluster::testing::{TestStores, queue},
+        mock_api,
     };
 
     const NOW: &str = "2026-01-01T00:10:00Z";
@@ -593,6 +625,14 @@ mod tests {
         waiting: &mut WaitingSince,
         now: Timestamp,
     ) -> WritePlan {
+        let decided = decide(stores, assumed, now);
+        plan_decided(stores, assumed, decided, waiting, now)
+    }
+
+    /// What a pass read and decided: its snapshot, decisions and unreadable pods.
+    type Decided = (Snapshot, Vec<Decision>, Vec<(Arc<Pod>, String)>);
+
+    fn decide(stores: &TestStores, assumed: &Mutex<Assumed>, now: Timestamp) -> Decided {
         let at_creation = AtCreation::new(false);
         let mut creation = at_creation.pass();
         let (observed, _) = observe::read(
@@ -611,15 +651,86 @@ mod tests {
         );
         let mut snapshot = observation.snapshot;
         let decisions = admission::admission_cycle(&mut snapshot, &Policy::default(), now);
+        (snapshot, decisions, observation.unreadable_pods)
+    }
+
+    /// The writes a pass plans for what it `decided`, with the pods `stores` hold by then.
+    fn plan_decided(
+        stores: &TestStores,
+        assumed: &Mutex<Assumed>,
+        (snapshot, decisions, unreadable): Decided,
+        waiting: &mut WaitingSince,
+        now: Timestamp,
+    ) -> WritePlan {
         plan(
             assumed,
-            &stores.stores,
+            |key| decided_pod(&stores.stores, &snapshot, key),
             None,
             decisions,
-            observation.unreadable_pods,
+            unreadable,
             waiting,
             now,
         )
+    }
+
+    /// Review finding: an admission whose write got no answer (a 504, an API server that
+    /// stopped after storing it) was forgotten at once, and the next pass could give its room
+    /// to another pod while the store had not shown it yet. Its pod is now read back first.
+    #[tokio::test(start_paused = true)]
+    async fn an_admission_that_may_have_landed_is_read_back_before_its_room_is_given_again() {
+        let mut stores = TestStores::new();
+        stores.add_queue(queue("batch", &["batch"], None));
+        stores.add_node(node("gpu-node-1", 8));
+        stores.add_pod(gated("p", "batch", 2));
+        for landed in [true, false] {
+            let mut read = gated("p", "batch", 2);
+            if landed {
+                read["spec"]["schedulingGates"] = json!([]);
+            }
+            let (client, log) = mock_api::serve(move |request| match request.method.as_str() {
+                "PATCH" => mock_api::failure(504, "Timeout", "the request did not complete"),
+                _ => (200, read.clone()),
+            });
+            let (shared, _term) = context::tests::shared(client, stores.stores.clone()).await;
+            let assumed = &shared.context.assumed;
+            let planned = pass(&stores, assumed, &mut WaitingSince::default(), at(NOW));
+            let mut tasks = JoinSet::new();
+            for write in planned.writes {
+                start(&shared, &mut tasks, write, at(NOW));
+            }
+            while tasks.join_next().await.is_some() {}
+            let methods: Vec<String> = mock_api::requests(&log).into_iter().map(|r| r.0).collect();
+            assert_eq!(methods, ["PATCH", "GET"]);
+            let pod = stored_pod(&stores.stores, &PodKey::new("batch", "p")).unwrap();
+            let view = crate::sync::lock(assumed);
+            assert_eq!(!is_gated(view.view(&pod)), landed, "landed: {landed}");
+            assert!(!view.in_flight("p"));
+        }
+    }
+
+    /// Review finding: a decision named its pod by name, and the writes were planned on the
+    /// pod the store held by then. A tenant deleting a gated pod and creating a larger one
+    /// under its name while the pass decided had the larger one admitted, unchecked.
+    #[test]
+    fn a_decision_is_not_applied_to_a_pod_created_again_under_its_name() {
+        let mut stores = TestStores::new();
+        stores.add_queue(queue("batch", &["batch"], None));
+        stores.add_node(node("gpu-node-1", 8));
+        stores.add_pod(gated("p", "batch", 1));
+        let assumed = Mutex::new(Assumed::default());
+        let decided = decide(&stores, &assumed, at(NOW));
+        let mut larger = gated("p", "batch", 8);
+        larger["metadata"]["uid"] = json!("p-again");
+        stores.add_pod(larger);
+        let mut waiting = WaitingSince::default();
+        let planned = plan_decided(&stores, &assumed, decided, &mut waiting, at(NOW));
+        assert!(planned.writes.is_empty(), "{:?}", planned.writes);
+        // The next pass decides on the pod that is there now.
+        let again = pass(&stores, &assumed, &mut waiting, at(NOW));
+        assert_eq!(
+            admissions(&again),
+            [("p-again", "gpu-node-1", AdmittedAs::Guaranteed)]
+        );
     }
 
     fn admissions(plan: &WritePlan) -> Vec<(&str, &str, AdmittedAs)> {

@@ -64,6 +64,32 @@ impl std::fmt::Debug for Context {
     }
 }
 
+#[cfg(test)]
+impl Context {
+    /// A context on `client` and `stores`, with metrics nobody reads and events nobody sends.
+    pub(super) fn for_tests(client: Client, stores: Stores) -> Self {
+        let mut registry = crate::metrics::registry();
+        let (events, _publisher) = Events::new(client.clone(), "test");
+        Self {
+            reclaimer: Reclaimer::for_tests(client.clone(), stores.clone()),
+            client,
+            stores,
+            metrics: AdmissionMetrics::register(&mut registry),
+            queue_gauges: QueueGauges::register(&mut registry),
+            fragmentation_gauges: FragmentationGauges::register(&mut registry),
+            events,
+            debounce: Debounce {
+                quiet: Duration::from_millis(10),
+                max: Duration::from_millis(100),
+            },
+            at_creation: AtCreation::new(false),
+            assumed: Arc::default(),
+            namespace: "gpuqueue-system".into(),
+            seals: Seals::default(),
+        }
+    }
+}
+
 /// State shared by the loop and the writes it started.
 #[derive(Clone)]
 pub(super) struct Shared {
@@ -97,10 +123,15 @@ impl Shared {
             }
             let written = write.await;
             shared.assumed().end(&uid);
-            // A stale object brings its own watch event; a failure has to be retried.
-            if written == WriteResult::Failed {
-                tokio::time::sleep(RETRY_AFTER).await;
-                shared.retry.notify_one();
+            match written {
+                WriteResult::Done => {}
+                // The object's watch event may have come while this write was assumed, and
+                // been read through it: nothing else would decide the object again.
+                WriteResult::Stale => shared.retry.notify_one(),
+                WriteResult::Failed => {
+                    tokio::time::sleep(RETRY_AFTER).await;
+                    shared.retry.notify_one();
+                }
             }
         });
     }
@@ -113,4 +144,42 @@ pub(super) enum WriteResult {
     /// The object moved on under it; decided again from the store.
     Stale,
     Failed,
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use tokio::sync::watch;
+
+    use super::*;
+    use crate::{cluster::testing::TestStores, leader::LeaderState};
+
+    /// Shared state on `client` and `stores`, with the sender that holds its term.
+    pub(crate) async fn shared(
+        client: Client,
+        stores: Stores,
+    ) -> (Shared, watch::Sender<LeaderState>) {
+        let (term, state) = crate::leader::test_term().await;
+        let shared = Shared {
+            context: Context::for_tests(client, stores),
+            term,
+            retry: Arc::new(Notify::new()),
+            permits: Arc::new(Semaphore::new(WRITE_CONCURRENCY)),
+        };
+        (shared, state)
+    }
+
+    /// Review finding: a write that found its pod changed woke no pass, on the belief that
+    /// the change brings its own watch event; but that event could come while the write was
+    /// assumed, be read through it, and leave the pod gated with no pass to come.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_found_its_object_changed_wakes_a_pass_at_once() {
+        let stores = TestStores::new().stores;
+        let (shared, _term) = shared(crate::mock_api::stalled(), stores).await;
+        let mut tasks = JoinSet::new();
+        let start = tokio::time::Instant::now();
+        shared.spawn(&mut tasks, "p".into(), async { WriteResult::Stale });
+        shared.retry.notified().await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "not after RETRY_AFTER");
+        assert!(!shared.assumed().in_flight("p"));
+    }
 }

@@ -28,7 +28,7 @@ use kube::Resource;
 use tokio::task::JoinSet;
 
 use super::{
-    apply::stored_pod,
+    apply::{decided_pod, stored_pod},
     context::{Shared, WriteResult},
     observe::Unbelieved,
 };
@@ -70,7 +70,7 @@ impl EnforceMemory {
         decisions: &[Decision],
         stuck: &[StuckPin],
     ) {
-        evict(shared, tasks, enforce(snapshot, decisions), self);
+        evict(shared, tasks, snapshot, enforce(snapshot, decisions), self);
         announce_pins(shared, stuck, self);
     }
 
@@ -113,6 +113,7 @@ impl EnforceMemory {
 fn evict(
     shared: &Shared,
     tasks: &mut JoinSet<()>,
+    snapshot: &Snapshot,
     enforcements: Vec<Enforcement>,
     memory: &EnforceMemory,
 ) {
@@ -125,7 +126,7 @@ fn evict(
         }
     }
     for enforcement in enforcements {
-        let Some(pod) = stored_pod(stores, &enforcement.key) else {
+        let Some(pod) = decided_pod(stores, snapshot, &enforcement.key) else {
             continue;
         };
         let Some(uid) = pod.metadata.uid.clone() else {

@@ -361,6 +361,7 @@ fn run_pass(
     let applied = apply(
         shared,
         tasks,
+        &snapshot,
         decisions,
         unreadable_pods,
         &mut carried.waiting_since,

@@ -324,6 +324,8 @@ impl Reclaimer {
                 self.stores
                     .pods
                     .get(&ObjectRef::new(&victim.key.name).within(&victim.key.namespace))
+                    // A pod created under its name since is not the victim planned.
+                    .filter(|stored| stored.metadata.uid == victim.uid)
                     .ok_or_else(|| BeginError::VictimGone(victim.key.clone()))
             })
             .collect()

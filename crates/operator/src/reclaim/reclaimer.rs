@@ -104,7 +104,7 @@ impl Reclaimer {
 
     /// A reclaimer on `client` and `stores`, for tests; its events go nowhere.
     #[cfg(test)]
-    pub(super) fn for_tests(client: Client, stores: Stores) -> Self {
+    pub(crate) fn for_tests(client: Client, stores: Stores) -> Self {
         let mut registry = crate::metrics::registry();
         let (events, _publisher) = Events::new(client.clone(), "test");
         Self::new(

@@ -74,6 +74,20 @@ impl PatchError {
             Self::NotGated { .. } | Self::Changed { .. } | Self::Gone { .. }
         )
     }
+
+    /// Whether the write may have landed though no answer said so: the connection broke or
+    /// timed out, or the API server failed after storage may have taken it (5xx, such as a
+    /// 504 or an API server stopping).
+    pub fn may_have_landed(&self) -> bool {
+        match self {
+            Self::Api {
+                source: kube::Error::Api(status),
+                ..
+            } => status.code >= 500,
+            Self::Api { .. } => true,
+            _ => false,
+        }
+    }
 }
 
 /// What an admission writes on the pod besides releasing the gate.
