@@ -13,16 +13,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{
-    Operator, Options, all_running, annotation, apply_queue, bound, condition, create, event,
-    events, free_port, install, is_gated, numbers, queue_status,
+    OPERATOR_ACCOUNT, OPERATOR_NAMESPACE, Operator, Options, all_running, annotation, apply_queue,
+    bound, condition, create, event, events, free_port, install, is_gated, numbers, queue_status,
 };
 use gpuqueue_api::{
     NVIDIA_GPU, annotations, conditions,
     v1alpha1::{GpuQueue, HandoverRecord},
 };
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    bound_replacement, describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition, wait_for,
+    AuditTail, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace,
+    apply_yaml, bound_replacement, describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition,
+    wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm, FaultAction, Phase};
 use k8s_openapi::api::core::v1::Pod;
@@ -732,6 +733,9 @@ async fn a_disruption_budget_holds_the_eviction_until_the_deadline_then_the_borr
 /// with a fake vLLM each, online's owner of one GPU, and no operator running.
 struct Crashed {
     world: World,
+    /// The operators' evictions and deletions, from kube-apiserver's audit log since the
+    /// owner was created: the dead operator's events died with it, the audit did not.
+    audit: AuditTail,
     pods: Api<Pod>,
     owners: Api<Pod>,
     borrowers: Vec<Pod>,
@@ -783,6 +787,8 @@ async fn crash_in_handover(phase: &str, outranks: bool) -> Crashed {
         apply_yaml(&client, OUTRANKS, None).await.unwrap();
         owner.spec.as_mut().unwrap().priority_class_name = Some("online-first".into());
     }
+    let operator = format!("system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_ACCOUNT}");
+    let audit = AuditTail::new(world.cluster.audit_log_path(), operator);
     create(&owners, &owner).await;
     // The hook ends the first operator in the middle of the handover.
     let status = world.operator.process.wait(DEFAULT_TIMEOUT).await.unwrap();
@@ -798,6 +804,7 @@ async fn crash_in_handover(phase: &str, outranks: bool) -> Crashed {
     );
     Crashed {
         world,
+        audit,
         pods,
         owners,
         borrowers,
@@ -813,6 +820,7 @@ async fn crash_in_handover(phase: &str, outranks: bool) -> Crashed {
 async fn crash_after(phase: &str, outranks: bool) -> (World, HandoverRecord, String, String) {
     let Crashed {
         mut world,
+        mut audit,
         pods,
         owners,
         borrowers,
@@ -836,13 +844,39 @@ async fn crash_after(phase: &str, outranks: bool) -> (World, HandoverRecord, Str
     let now = pods.get(&name(survivor)).await.unwrap();
     assert_eq!(uid(&now), uid(survivor), "only the victim was evicted");
 
-    // No double action: one checkpoint call and at most one eviction event per pod.
+    // No double action: one checkpoint call and one eviction per pod, by either operator.
     assert_eq!(
         servers[&victim].calls_to("/pause").len(),
         1,
         "checkpointed once"
     );
     assert!(servers[&name(survivor)].calls_to("/pause").is_empty());
+    let victim_key = format!("{batch}/{victim}");
+    let mut evicted = Vec::new();
+    wait_for(
+        "the victim's eviction in the audit log",
+        DEFAULT_TIMEOUT,
+        || {
+            evicted.extend(audit.read());
+            let found = evicted.iter().any(|e| e.pod == victim_key);
+            async move {
+                found
+                    .then_some(())
+                    .ok_or_else(|| "not audited yet".to_owned())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        evicted.iter().filter(|e| e.pod == victim_key).count(),
+        1,
+        "evicted once by the two operators: {evicted:?}"
+    );
+    assert!(
+        evicted.iter().all(|e| e.pod == victim_key),
+        "nobody else evicted: {evicted:?}"
+    );
     for pod in &borrowers {
         let evictions = events(&client, &batch, &name(pod), "Evicted").await;
         assert!(evictions.len() <= 1, "{evictions:?}");

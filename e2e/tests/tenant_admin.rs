@@ -211,6 +211,18 @@ fn policy_refusals() -> Vec<Refusal> {
             Box::new(|q| q.spec.namespaces.push("online".into())),
         ),
         (
+            "spec.namespaces",
+            Box::new(|q| q.spec.namespaces.retain(|n| n != "batch-2")),
+        ),
+        (
+            "spec.resources: a tenant admin may not add or remove",
+            Box::new(|q| q.spec.resources[0].name = "nvidia.com/mig-1g.10gb".into()),
+        ),
+        (
+            "spec.resources[].gpuCores",
+            Box::new(|q| q.spec.resources[0].gpu_cores = Some(50)),
+        ),
+        (
             "spec.namespaceSelector",
             Box::new(|q| {
                 q.spec.namespace_selector = Some(LabelSelector {
@@ -353,6 +365,12 @@ async fn a_tenant_admin_cannot_change_guarantees_namespaces_the_cap_or_another_q
     let access = tenant_admin(&cluster, admins.name(), "batch").await;
     let queues: Api<GpuQueue> = Api::all(access.client.clone());
     policy_enforced(&queues, "batch").await;
+    // A second namespace, for the tenant admin to try removing one.
+    edit(&Api::all(cluster.client()), "batch", |q| {
+        q.spec.namespaces.push("batch-2".into());
+    })
+    .await
+    .unwrap();
     let before = queues.get("batch").await.unwrap().spec;
 
     for (field, change) in policy_refusals() {
