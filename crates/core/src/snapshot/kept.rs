@@ -165,7 +165,11 @@ impl Last {
             .set_reclaimed_from(builder.reclaimed_from.clone());
         // The mix follows the pods, so it changes with almost every update that changes a
         // pod; `build` measures the nodes against it last, and so does this.
-        let unchanged = changes.gone.is_empty() && changes.added.is_empty();
+        // Pods left out before are given again only with a change: the same pods of the same
+        // cluster leave them out again, and trying cost a reseat of their nodes every pass
+        // (a rebuild where one of those is oversubscribed).
+        let unchanged =
+            changes.gone.is_empty() && matches!(changes.made, Made::Updated { added: 0, .. });
         let mix = match &self.shapes {
             Some(_) if unchanged => None,
             Some((counts, popularity)) => Some(counts.mix(*popularity)),
