@@ -66,12 +66,13 @@ async fn all_bound(pods: &Api<Pod>, count: usize) {
     .unwrap();
 }
 
+// Ignored, not skipped in silence: a run that passes has run it.
 #[tokio::test]
+#[ignore = "needs Kueue, built by e2e/scripts/build-tools.sh --peers; run with --ignored"]
 async fn kueue_starts_and_reclaims_one_borrowed_gpu_for_its_owner() {
     let bin_dir = gpuqueue_e2e::bin_dir().unwrap();
     if let Some(reason) = Kueue::unavailable(bin_dir) {
-        eprintln!("skipped: {reason}");
-        return;
+        panic!("{reason}");
     }
     // Fast stages: a preempted borrower goes at once, so the owner is bound without waiting
     // out a grace period; the test is about Kueue's decision, not the kubelet.

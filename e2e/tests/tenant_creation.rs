@@ -248,6 +248,12 @@ async fn a_forged_review_without_the_api_servers_client_certificate_is_refused_a
         .unwrap();
     assert!(!is_gated(&pod));
     assert!(annotation(&pod, annotations::ADMITTED_AT_CREATION).is_some());
+    // The counter the forged reviews were checked against counts the webhook's answers.
+    assert!(
+        world.answered_at_all().await > answered,
+        "{:?}",
+        world.webhook_counts().await
+    );
     bound(&pods, "vllm").await;
 }
 

@@ -120,6 +120,9 @@ pub struct Snapshot {
     pub offload_pending_bytes: u64,
     /// HTTP generation requests in flight (`/load`).
     pub server_load: usize,
+    /// Engine steps taken, paused or not: a test that something does not happen over some
+    /// steps waits for them, not for a time a starved runtime may not step in.
+    pub steps: u64,
 }
 
 /// The coarse state-machine phase.
@@ -186,6 +189,7 @@ struct State {
     offload_total: u64,
     offload_seconds: f64,
     last_step: Instant,
+    steps: u64,
     server_load: usize,
 }
 
@@ -223,6 +227,7 @@ impl Engine {
             offload_total: 0,
             offload_seconds: 0.0,
             last_step: Instant::now(),
+            steps: 0,
             server_load: 0,
         };
         Arc::new(Self {
@@ -571,6 +576,7 @@ impl Engine {
             offload_seconds_total: state.offload_seconds,
             offload_pending_bytes: state.offload_pending,
             server_load: state.server_load,
+            steps: state.steps,
         }
     }
 
@@ -604,6 +610,7 @@ impl Engine {
         let mut state = self.lock();
         let elapsed = now.saturating_duration_since(state.last_step);
         state.last_step = now;
+        state.steps += 1;
 
         state.draining.retain(|(until, _)| *until > now);
         offload(&mut state, config, elapsed);

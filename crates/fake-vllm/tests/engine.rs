@@ -120,8 +120,10 @@ async fn pause_keep_freezes_requests_and_resume_continues_them() {
     eventually(|| server.snapshot().running == 2).await;
 
     post(&server, "/pause?mode=keep&clear_cache=false", None).await;
-    let frozen = server.snapshot().generation_tokens_total;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = server.snapshot();
+    let frozen = before.generation_tokens_total;
+    // Five engine steps, each of which would decode a token of every request it runs.
+    eventually(|| server.snapshot().steps >= before.steps + 5).await;
 
     let state = server.snapshot();
     assert_eq!(
