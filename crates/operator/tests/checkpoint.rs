@@ -322,6 +322,22 @@ async fn vllm_metrics_that_hang_time_out_while_draining() {
     assert_one_pause_never_sleep(&server);
 }
 
+/// Review finding: a drain proven idle, then an `/is_paused` too slow for the deadline, was
+/// recorded as a timeout, though an unreadable `/is_paused` counts as confirmed.
+#[tokio::test]
+async fn vllm_drained_then_is_paused_hanging_is_a_checkpoint_made() {
+    let server = vllm(vllm_config(), 19, 1).await;
+    server.set_fault_action("/is_paused", FaultAction::Hang);
+
+    let report = vllm_checkpoint(&server, None, Duration::from_secs(2)).await;
+
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
+    assert_one_pause_never_sleep(&server);
+}
+
 #[tokio::test]
 async fn vllm_still_busy_at_the_deadline_times_out_with_the_last_load() {
     let config = Config {

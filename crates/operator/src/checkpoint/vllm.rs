@@ -77,6 +77,7 @@ pub(super) async fn checkpoint(
         Err(outcome) => return outcome,
     };
 
+    progress.drained(evidence);
     progress.at(Step::ConfirmPaused);
     match is_paused(client, target).await {
         Some(false) => CheckpointOutcome::Failed {
