@@ -248,6 +248,26 @@ async fn vllm_v0_14_ignores_mode_and_aborts_by_default() {
     assert_one_pause_never_sleep(&server);
 }
 
+/// Review finding: v0.14 aborts whatever mode it is asked; a `keep` was recorded as frozen
+/// requests a resume would continue, though they were gone.
+#[tokio::test]
+async fn vllm_v0_14_asked_to_keep_aborts_and_says_so() {
+    let config = Config {
+        profile: Profile::V0_14,
+        dev_mode: false,
+        ..vllm_config()
+    };
+    let server = vllm(config, 20, 2).await;
+
+    let report = vllm_checkpoint(&server, Some(PauseMode::Keep), DEADLINE).await;
+
+    assert_eq!(
+        report.outcome,
+        CheckpointOutcome::Succeeded(Evidence::Drained)
+    );
+    assert_eq!(server.snapshot().finished_abort, 2);
+}
+
 #[tokio::test]
 async fn vllm_v0_14_waits_when_asked_to_through_its_own_parameter() {
     let config = Config {

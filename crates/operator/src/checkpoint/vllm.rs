@@ -72,6 +72,7 @@ pub(super) async fn checkpoint(
     }
 
     progress.at(Step::Drain);
+    let mode = honoured(client, target, mode).await;
     let evidence = match drain(client, target, mode, progress).await {
         Ok(evidence) => evidence,
         Err(outcome) => return outcome,
@@ -175,6 +176,37 @@ fn gauge(value: f64) -> u64 {
     }
 }
 
+/// The pause mode the server applied. v0.13 and v0.14 ignore `mode` and abort (research note
+/// §3.2): a `keep` they took is drained as an abort, and never reported as frozen requests a
+/// resume would continue. Asked of `GET /version` for `keep` only; unreadable: as asked.
+async fn honoured(client: &CheckpointClient, target: SocketAddr, mode: PauseMode) -> PauseMode {
+    if mode != PauseMode::Keep {
+        return mode;
+    }
+    let reply = client
+        .get(&format!("http://{target}/version"), CONTROL_BODY_CAP)
+        .await
+        .ok()
+        .filter(super::client::Reply::is_success);
+    let version = reply
+        .and_then(|reply| serde_json::from_slice::<serde_json::Value>(&reply.body).ok())
+        .and_then(|body| body.get("version")?.as_str().map(str::to_owned));
+    match version.as_deref().map(ignores_mode) {
+        Some(true) => PauseMode::Abort,
+        Some(false) | None => mode,
+    }
+}
+
+/// Whether a release (`0.14.1`, `0.14.0rc2`) predates `/pause?mode=`: 0.14 or earlier.
+fn ignores_mode(version: &str) -> bool {
+    let mut parts = version.split('.');
+    let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
+        return false;
+    };
+    let minor: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    matches!((major.parse::<u32>(), minor.parse::<u32>()), (Ok(0), Ok(minor)) if minor <= 14)
+}
+
 /// `GET /is_paused` → `{"is_paused": bool}`; `None` when the answer is anything else.
 async fn is_paused(client: &CheckpointClient, target: SocketAddr) -> Option<bool> {
     let reply = client
@@ -195,6 +227,16 @@ mod tests {
         assert_eq!(pause_query(PauseMode::Keep), "mode=keep&clear_cache=false");
         assert!(pause_query(PauseMode::Wait).contains("wait_for_inflight_requests=true"));
         assert_eq!(pause_query(PauseMode::Abort), "mode=abort");
+    }
+
+    #[test]
+    fn releases_before_0_15_ignore_the_pause_mode() {
+        for old in ["0.14.1", "0.13.0", "0.14.0rc2", "0.9.2"] {
+            assert!(ignores_mode(old), "{old}");
+        }
+        for new in ["0.15.0", "0.19.1", "1.0.0", "0.20.0.dev3", "dev", ""] {
+            assert!(!ignores_mode(new), "{new}");
+        }
     }
 
     #[test]
