@@ -4,6 +4,8 @@
 //! body tells the sidecar how long it has: `{"deadlineMs": N}`. A 202 Accepted says the work
 //! was taken, not that it is durable, so it is a failure like any status outside 2xx. The
 //! decision is the status line's: the answer's body is not read, so a large one loses nothing.
+//! No call undoes it (a spared victim is not told): a sidecar that stopped serving serves again
+//! by itself once its pod outlives the deadline and its grace period.
 
 use std::net::SocketAddr;
 
