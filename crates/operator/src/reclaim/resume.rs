@@ -353,7 +353,8 @@ impl Reclaimer {
 
 #[cfg(test)]
 mod tests {
-    use gpuqueue_api::ADMISSION_GATE;
+    use gpuqueue_api::{ADMISSION_GATE, v1alpha1::ReclaimInFlight};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use serde_json::json;
 
     use super::*;
@@ -471,5 +472,45 @@ mod tests {
             serde_json::from_value(json!({"metadata": {"name": "p", "namespace": "ns"}})).unwrap(),
         );
         assert!(scan(&[plain], |_| false, deadline, at(DEADLINE)).is_empty());
+    }
+
+    /// Test audit finding: README promises that a resumed reclaim evicts no pod its queue
+    /// no longer claims (with a `ReclaimVictimRefused` event); only the predicate was tested.
+    #[tokio::test]
+    async fn a_resumed_reclaim_keeps_only_the_victims_their_queue_still_claims() {
+        let listed = |pod: &str| VictimInFlight {
+            pod: pod.into(),
+            uid: format!("uid-{pod}"),
+            queue: "batch".into(),
+        };
+        let recorded = Recorded {
+            queue: "online".into(),
+            entry: ReclaimInFlight {
+                id: "rc-1".into(),
+                owner_pod: "online/owner".into(),
+                owner_uid: "owner".into(),
+                node: "n1".into(),
+                // Online's namespace, listed as batch's: not batch's to give.
+                victims: vec![listed("batch/victim"), listed("online/not-batch")],
+                started_at: MicroTime(at("2026-01-01T00:00:00Z")),
+                deadline: MicroTime(at(DEADLINE)),
+            },
+        };
+        let stores = crate::cluster::testing::claiming_stores();
+        let claims = crate::reclaim::trust::Claims::read(&stores.stores);
+        let reclaimer = Reclaimer::for_tests(crate::mock_api::stalled(), stores.stores.clone());
+        let owner = pod("owner", "owner", "rc-1", DEADLINE, true);
+        let vouched = Vouched {
+            claims: &claims,
+            pods: &[],
+        };
+        let now = Instant::now();
+        let handover = reclaimer.rebuild(&recorded, &owner, &[], vouched, now, at(DEADLINE));
+        let kept: Vec<String> = handover
+            .victims
+            .iter()
+            .map(|v| v.target.key.to_string())
+            .collect();
+        assert_eq!(kept, ["batch/victim"]);
     }
 }
