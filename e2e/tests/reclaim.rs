@@ -1494,6 +1494,63 @@ async fn a_victim_whose_queue_shrinks_during_its_checkpoint_is_spared_and_its_ow
     );
 }
 
+/// An owner deleted while its victim's checkpoint runs (a Deployment scaled back down): nobody
+/// needs the room, so the victim is spared (resumed, unmarked, never evicted) and the
+/// handover's record says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_victim_whose_owner_is_deleted_during_its_checkpoint_is_spared() {
+    let (world, online, batch, borrowers, servers) = borrowed_by_bare_pods().await;
+    let client = &world.client;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
+    let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
+    create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
+    let victim = wait_for("a victim's checkpoint", DEFAULT_TIMEOUT, || async {
+        servers
+            .iter()
+            .find(|(_, server)| !server.calls_to("/pause").is_empty())
+            .map(|(pod, _)| pod.clone())
+            .ok_or_else(|| "no pause yet".to_owned())
+    })
+    .await
+    .unwrap();
+    owners
+        .delete("owner", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    let spared = event(client, batch.name(), &victim, "ReclaimAbandoned").await;
+    assert!(
+        spared.contains("owner")
+            && spared.contains("was deleted")
+            && spared.contains("was resumed"),
+        "{spared}"
+    );
+    intent_cleared(&pods, &victim).await;
+    assert_eq!(
+        servers[&victim].calls_to("/resume").len(),
+        1,
+        "resumed once"
+    );
+    let record = handover_record(
+        client,
+        "online",
+        "owner",
+        &format!("{}/owner", online.name()),
+    )
+    .await;
+    assert!(record.outcome.starts_with("OwnerGone: "), "{record:?}");
+    for pod in &borrowers {
+        let now = pods.get(&name(pod)).await.unwrap();
+        assert_eq!(uid(&now), uid(pod), "{} replaced", name(pod));
+        assert!(!preempted_by_us(&now), "{:?}", now.status);
+    }
+    assert!(
+        events(client, batch.name(), &victim, "Evicted")
+            .await
+            .is_empty()
+    );
+}
+
 /// The handover whose `victim` (`namespace/name`) was spared says so, and the owner of queue
 /// `online` in `namespace` is evicted, created again by its controller, planned anew and bound.
 async fn owner_planned_anew(client: &Client, namespace: &str, victim: &str) {

@@ -166,15 +166,15 @@ impl Reclaimer {
         let called = checkpoint.as_ref().is_some_and(|c| c.called);
         let result = checkpoint.map_or_else(|| skipped_checkpoint(handover, victim), |c| c.result);
         let leaving = victim.progress == Progress::Leaving;
+        let spared = if leaving || !(called || handover.resumed) {
+            None
+        } else {
+            self.no_longer_to_evict(handover, victim).await
+        };
         let eviction = if leaving {
             Eviction::AlreadyGone
-        } else if (called || handover.resumed)
-            && !self
-                .rechecks
-                .still_borrowed(&victim.target.key, Instant::now())
-                .await
-        {
-            self.spare(term, handover, victim, called).await
+        } else if let Some(reason) = spared {
+            self.spare(term, handover, victim, called, &reason).await
         } else {
             let target = evict::EvictionTarget {
                 namespace: &victim.target.key.namespace,
@@ -209,14 +209,41 @@ impl Reclaimer {
         }
     }
 
-    /// Takes a victim its queue no longer borrows out of the handover: its server resumed if
-    /// `checkpointed` paused it, its intent and mark taken back, never evicted.
+    /// Why `victim` is no longer to be evicted, asked once time passed since the plan: its
+    /// owner was deleted meanwhile (a Deployment scaled back down: nobody needs the room), or
+    /// its queue no longer borrows it ([`super::recheck`]).
+    async fn no_longer_to_evict(&self, handover: &Handover, victim: &Victim) -> Option<String> {
+        if self.owner_gone(handover) {
+            return Some(format!(
+                "its reclaim's owner {} was deleted, so nobody needs the room it holds",
+                handover.owner.key
+            ));
+        }
+        let borrowed = self
+            .rechecks
+            .still_borrowed(&victim.target.key, Instant::now())
+            .await;
+        (!borrowed).then(|| format!(
+            "its queue {} no longer borrows this pod (the queue shrank since the plan, and without the pod it would hold less than its guarantee), or the operator could not tell in time",
+            victim.queue
+        ))
+    }
+
+    /// Whether the handover's owner is deleted, or being deleted, as the store shows it.
+    fn owner_gone(&self, handover: &Handover) -> bool {
+        self.stored(&handover.owner)
+            .is_none_or(|pod| pod.metadata.deletion_timestamp.is_some())
+    }
+
+    /// Takes a victim no longer to evict out of the handover, for `reason`: its server resumed
+    /// if `checkpointed` paused it, its intent and mark taken back, never evicted.
     async fn spare(
         &self,
         term: &Term,
         handover: &Handover,
         victim: &Victim,
         checkpointed: bool,
+        reason: &str,
     ) -> Eviction {
         if !term.is_current() {
             return Eviction::NotLeader;
@@ -228,12 +255,8 @@ impl Reclaimer {
         else {
             return Eviction::AlreadyGone;
         };
-        let reason = format!(
-            "its queue {} no longer borrows this pod (the queue shrank since the plan, and without the pod it would hold less than its guarantee), or the operator could not tell in time",
-            victim.queue
-        );
         match self
-            .abandon_pod(&handover.id, &reason, &pod, &victim.target, checkpointed)
+            .abandon_pod(&handover.id, reason, &pod, &victim.target, checkpointed)
             .await
         {
             PodAbandon::Done(note) => {
@@ -263,6 +286,13 @@ impl Reclaimer {
             .iter()
             .zip(outcomes)
             .find(|(_, o)| matches!(o.eviction, Eviction::Spared))?;
+        if self.owner_gone(handover) {
+            let outcome = format!(
+                "OwnerGone: the owner was deleted during the handover, so its victims on node {} were spared",
+                handover.node
+            );
+            return Some(self.finish(term, handover, outcomes, &outcome).await);
+        }
         let cause = Cause::VictimSpared {
             victim: &spared.target.key,
             queue: &spared.queue,
@@ -351,6 +381,10 @@ impl Reclaimer {
         })
     }
 
+    /// Releases the owner once its room is free and waits until the store shows every victim
+    /// gone and the owner bound, until `terminated` (the deadline plus the victims' grace) and
+    /// [`SETTLE_LIMIT`] more; only until `terminated` when each victim left is held by
+    /// finalizers then, which no wait of ours removes. `None` when the term ended first.
     async fn settle(
         &self,
         term: &Term,
