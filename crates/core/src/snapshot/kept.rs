@@ -165,11 +165,7 @@ impl Last {
             .set_reclaimed_from(builder.reclaimed_from.clone());
         // The mix follows the pods, so it changes with almost every update that changes a
         // pod; `build` measures the nodes against it last, and so does this.
-        // Pods left out before are given again only with a change: the same pods of the same
-        // cluster leave them out again, and trying cost a reseat of their nodes every pass
-        // (a rebuild where one of those is oversubscribed).
-        let unchanged =
-            changes.gone.is_empty() && matches!(changes.made, Made::Updated { added: 0, .. });
+        let unchanged = changes.gone.is_empty() && changes.added.is_empty();
         let mix = match &self.shapes {
             Some(_) if unchanged => None,
             Some((counts, popularity)) => Some(counts.mix(*popularity)),
@@ -237,6 +233,12 @@ impl Last {
                     counts.remove(&given.pod);
                 }
             }
+        }
+        // Pods left out before are given again only with a change: the same pods of the same
+        // cluster leave them out again, and trying cost a reseat of their nodes every pass
+        // (and a rebuild where they are many, or one of those nodes is oversubscribed).
+        if new == 0 && gone.is_empty() {
+            added.clear();
         }
         let live = builder.pods.len().max(64);
         if (gone.len() + added.len()) * MAX_CHANGED_SHARE > live || self.holes.len() * 4 > live {

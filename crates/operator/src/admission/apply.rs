@@ -363,12 +363,19 @@ fn plan_admission(
 /// Reads back the pod of an admission that may have landed unanswered, until the API server
 /// answers: the pod says whether it did, and until then the admission stays assumed, holding
 /// its room (given to another pod, it could be taken twice once the write shows). A term that
-/// ends meanwhile aborts this with the write left in flight, for the next to read.
-async fn read_back(api: &Api<Pod>, pod: &Pod, uid: &str, assumed: &Mutex<Assumed>) {
+/// ends meanwhile aborts this with the write left in flight, for the next to read. Whether it
+/// landed.
+async fn read_back(api: &Api<Pod>, pod: &Pod, uid: &str, assumed: &Mutex<Assumed>) -> bool {
     let name = pod.metadata.name.as_deref().unwrap_or_default();
     loop {
         match api.get_opt(name).await {
-            Ok(fresh) => return crate::sync::lock(assumed).reconcile_pod(uid, fresh.as_ref()),
+            Ok(fresh) => {
+                let landed = fresh
+                    .as_ref()
+                    .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid) && !is_gated(p));
+                crate::sync::lock(assumed).reconcile_pod(uid, fresh.as_ref());
+                return landed;
+            }
             Err(error) => {
                 tracing::warn!(pod = %patch::describe(pod), %error,
                     "cannot read back a pod whose admission may have landed; its room stays held");
@@ -398,8 +405,13 @@ fn start(shared: &Shared, tasks: &mut JoinSet<()>, write: PodWrite, now: Timesta
                     WriteResult::Done
                 }
                 Err(error) if error.may_have_landed() => {
-                    read_back(&api, &pod, &uid, &assumed).await;
-                    write_failed(&context, &error)
+                    if read_back(&api, &pod, &uid, &assumed).await {
+                        tracing::info!(%error, "the admission landed though its answer was lost");
+                        admitted(&context, &pod, &admission, now);
+                        WriteResult::Done
+                    } else {
+                        write_failed(&context, &error)
+                    }
                 }
                 Err(error) => {
                     crate::sync::lock(&assumed).forget_admission(&uid);

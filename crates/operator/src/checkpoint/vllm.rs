@@ -21,6 +21,8 @@ const POLL_INTERVAL: Duration = Duration::from_millis(50);
 const SETTLE_WITHOUT_METRICS: Duration = Duration::from_millis(50);
 /// Answers of the control routes are tiny; anything bigger is not vLLM.
 const CONTROL_BODY_CAP: usize = 64 * 1024;
+/// How long a `keep` checkpoint waits for `GET /version`, asked alongside the pause.
+const VERSION_WAIT: Duration = Duration::from_millis(200);
 /// vLLM's exposition with histograms runs to a few hundred kB.
 const METRICS_BODY_CAP: usize = 8 * 1024 * 1024;
 
@@ -47,7 +49,11 @@ pub(super) async fn checkpoint(
 ) -> CheckpointOutcome {
     progress.at(Step::Pause);
     let pause = format!("http://{target}/pause?{}", pause_query(mode));
-    match client.post(&pause, CONTROL_BODY_CAP).await {
+    let (paused, mode) = tokio::join!(
+        client.post(&pause, CONTROL_BODY_CAP),
+        honoured(client, target, mode)
+    );
+    match paused {
         Ok(reply) if reply.is_success() => {}
         // 404: dev mode off (the route is not registered); other 4xx: a release that does not
         // understand us. Either way there is nothing to wait for: evict.
@@ -72,7 +78,6 @@ pub(super) async fn checkpoint(
     }
 
     progress.at(Step::Drain);
-    let mode = honoured(client, target, mode).await;
     let evidence = match drain(client, target, mode, progress).await {
         Ok(evidence) => evidence,
         Err(outcome) => return outcome,
@@ -178,15 +183,17 @@ fn gauge(value: f64) -> u64 {
 
 /// The pause mode the server applied. v0.13 and v0.14 ignore `mode` and abort (research note
 /// §3.2): a `keep` they took is drained as an abort, and never reported as frozen requests a
-/// resume would continue. Asked of `GET /version` for `keep` only; unreadable: as asked.
+/// resume would continue. Asked of `GET /version` for `keep` only, alongside the pause, for
+/// [`VERSION_WAIT`] at most; unreadable: as asked.
 async fn honoured(client: &CheckpointClient, target: SocketAddr, mode: PauseMode) -> PauseMode {
     if mode != PauseMode::Keep {
         return mode;
     }
-    let reply = client
-        .get(&format!("http://{target}/version"), CONTROL_BODY_CAP)
+    let url = format!("http://{target}/version");
+    let reply = tokio::time::timeout(VERSION_WAIT, client.get(&url, CONTROL_BODY_CAP))
         .await
         .ok()
+        .and_then(Result::ok)
         .filter(super::client::Reply::is_success);
     let version = reply
         .and_then(|reply| serde_json::from_slice::<serde_json::Value>(&reply.body).ok())
@@ -197,8 +204,12 @@ async fn honoured(client: &CheckpointClient, target: SocketAddr, mode: PauseMode
     }
 }
 
-/// Whether a release (`0.14.1`, `0.14.0rc2`) predates `/pause?mode=`: 0.14 or earlier.
+/// Whether a release (`0.14.1`, `0.14.0rc2`, `0.14.1+cu128`) predates `/pause?mode=`: 0.14 or
+/// earlier. A build between releases (`0.14.1.dev12`) may have it: it is taken at its word.
 fn ignores_mode(version: &str) -> bool {
+    if version.contains("dev") {
+        return false;
+    }
     let mut parts = version.split('.');
     let (Some(major), Some(minor)) = (parts.next(), parts.next()) else {
         return false;
@@ -231,10 +242,10 @@ mod tests {
 
     #[test]
     fn releases_before_0_15_ignore_the_pause_mode() {
-        for old in ["0.14.1", "0.13.0", "0.14.0rc2", "0.9.2"] {
+        for old in ["0.14.1", "0.13.0", "0.14.0rc2", "0.9.2", "0.14.1+cu128"] {
             assert!(ignores_mode(old), "{old}");
         }
-        for new in ["0.15.0", "0.19.1", "1.0.0", "0.20.0.dev3", "dev", ""] {
+        for new in ["0.15.0", "0.19.1", "1.0.0", "0.14.1.dev12", "dev", ""] {
             assert!(!ignores_mode(new), "{new}");
         }
     }
