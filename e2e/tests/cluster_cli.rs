@@ -192,4 +192,26 @@ fn make_demo_runs_twice_and_shows_why_a_pod_waits() {
             );
         }
     }
+
+    // `make demo-down` stops the demo's fake vLLM, its operator and its cluster: exactly those.
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("state.json")).unwrap()).unwrap();
+    let mut demo = live_processes(&state);
+    assert_eq!(demo.len(), 5, "the demo's cluster runs");
+    for file in ["fake-vllm.pid", "operator.pid"] {
+        let pid = std::fs::read_to_string(dir.join(file)).unwrap();
+        demo.push(pid.trim().parse().unwrap());
+    }
+    let down = make(&dir, "demo-down", &[]);
+    assert!(down.status.success());
+    let running: Vec<u64> = demo
+        .into_iter()
+        .filter(|pid| {
+            !std::fs::read(format!("/proc/{pid}/cmdline"))
+                .unwrap_or_default()
+                .is_empty()
+        })
+        .collect();
+    assert_eq!(running, Vec::<u64>::new(), "still running after demo-down");
+    assert!(!dir.exists(), "down removes the state directory");
 }
