@@ -851,6 +851,29 @@ async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_r
     .await
     .unwrap();
 
+    // The README's next commands: the rollout, then the example queues.
+    let kubectl = |args: &[&str]| {
+        let out = cluster.kubectl().args(args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "kubectl {}: {stderr}", args.join(" "));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let rollout = kubectl(&[
+        "-n",
+        OPERATOR_NAMESPACE,
+        "rollout",
+        "status",
+        "deploy/gpuqueue-operator",
+        "--timeout=120s",
+    ]);
+    assert!(rollout.contains("successfully rolled out"), "{rollout}");
+    let example = repo_root().join("examples/two-tenants.yaml");
+    kubectl(&["apply", "--server-side", "-f", example.to_str().unwrap()]);
+    let queues = kubectl(&["get", "gq"]);
+    for queue in ["online", "batch"] {
+        assert!(queues.lines().any(|l| l.starts_with(queue)), "{queues}");
+    }
+
     // The check is real: a pod that asks for root is refused in that namespace.
     let privileged: Pod = serde_json::from_value(json!({
         "metadata": {"name": "root"},
