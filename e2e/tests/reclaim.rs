@@ -1437,15 +1437,7 @@ async fn a_victim_whose_queue_shrinks_during_its_checkpoint_is_spared_and_its_ow
     apply_yaml(client, &deployment("owner", 1), Some(online.name()))
         .await
         .unwrap();
-    let victim = wait_for("a victim's checkpoint", DEFAULT_TIMEOUT, || async {
-        servers
-            .iter()
-            .find(|(_, server)| !server.calls_to("/pause").is_empty())
-            .map(|(pod, _)| pod.clone())
-            .ok_or_else(|| "no pause yet".to_owned())
-    })
-    .await
-    .unwrap();
+    let victim = first_paused(&servers).await;
     // While the pause runs, the tenant deletes two pods of its own: 6 stay, its guarantee.
     let deleted: Vec<String> = borrowers
         .iter()
@@ -1494,6 +1486,19 @@ async fn a_victim_whose_queue_shrinks_during_its_checkpoint_is_spared_and_its_ow
     );
 }
 
+/// The borrower whose server was paused first: the victim whose checkpoint runs.
+async fn first_paused(servers: &HashMap<String, FakeVllm>) -> String {
+    wait_for("a victim's checkpoint", DEFAULT_TIMEOUT, || async {
+        servers
+            .iter()
+            .find(|(_, server)| !server.calls_to("/pause").is_empty())
+            .map(|(pod, _)| pod.clone())
+            .ok_or_else(|| "no pause yet".to_owned())
+    })
+    .await
+    .unwrap()
+}
+
 /// An owner deleted while its victim's checkpoint runs (a Deployment scaled back down): nobody
 /// needs the room, so the victim is spared (resumed, unmarked, never evicted) and the
 /// handover's record says why.
@@ -1504,15 +1509,7 @@ async fn a_victim_whose_owner_is_deleted_during_its_checkpoint_is_spared() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
     let owners: Api<Pod> = Api::namespaced(client.clone(), online.name());
     create(&owners, &gpu_pod("owner", NVIDIA_GPU, 1)).await;
-    let victim = wait_for("a victim's checkpoint", DEFAULT_TIMEOUT, || async {
-        servers
-            .iter()
-            .find(|(_, server)| !server.calls_to("/pause").is_empty())
-            .map(|(pod, _)| pod.clone())
-            .ok_or_else(|| "no pause yet".to_owned())
-    })
-    .await
-    .unwrap();
+    let victim = first_paused(&servers).await;
     owners
         .delete("owner", &DeleteParams::default())
         .await
