@@ -182,6 +182,7 @@ async fn a_pod_that_ignores_sigterm_is_removed_at_its_deletion_timestamp_not_bef
     // (2-3 s away: the API server writes it in whole seconds). A stalled test only sees it
     // later, so a slow machine cannot fail this; a pod removed early is seen early.
     wait_gone(&pods, "stubborn").await;
+    #[allow(clippy::disallowed_methods)] // compared with a wall-clock time the API server wrote
     let seen_gone = Timestamp::now();
     assert!(
         seen_gone >= deadline,
