@@ -131,6 +131,8 @@ fn queue_yaml(
 /// The benchmark's cluster and what runs on it.
 struct Bench {
     client: Client,
+    /// kube-apiserver's audit log, whose timestamps time a burst on the API server's clock.
+    audit_log: std::path::PathBuf,
     borrowers: Api<Pod>,
     owners: Api<Pod>,
     online: String,
@@ -383,6 +385,7 @@ async fn main() {
 
     let mut bench = Bench {
         client: client.clone(),
+        audit_log: cluster.audit_log_path(),
         borrowers: Api::namespaced(client.clone(), batch.name()),
         owners: Api::namespaced(client.clone(), online.name()),
         online: online.name().to_owned(),

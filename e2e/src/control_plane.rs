@@ -293,8 +293,9 @@ impl ControlPlane {
             .to_owned()
     }
 
-    /// kube-apiserver's audit log: one JSON line (level `Metadata`) per eviction and per pod
-    /// deletion, whoever asked, with its answer; what the invariant checker counts evictions from.
+    /// kube-apiserver's audit log: one JSON line (level `Metadata`) per eviction, pod deletion,
+    /// binding and Deployment change, whoever asked, with its answer; what the invariant
+    /// checker counts evictions from, and what benchmarks time on the API server's clock.
     pub fn audit_log_path(&self) -> PathBuf {
         self.log_dir.join(AUDIT_LOG)
     }
@@ -1289,12 +1290,14 @@ const ADMISSION_CONFIG: &str = "admission.yaml";
 /// The audit policy (in the PKI folder) and the audit log (in the log folder, kept).
 const AUDIT_POLICY: &str = "audit-policy.yaml";
 const AUDIT_LOG: &str = "kube-apiserver-audit.log";
-/// Only evictions and pod deletions, once each when answered: a few lines per handover, so
-/// the audit log costs nothing measurable elsewhere.
+/// Only evictions, pod deletions and bindings, and changes of Deployments (a benchmark's
+/// scale request), once each when answered: a few lines per handover, so the audit log costs
+/// nothing measurable elsewhere. Its timestamps are the API server's, in microseconds.
 const AUDIT_POLICY_YAML: &str = "apiVersion: audit.k8s.io/v1\nkind: Policy\n\
     omitStages: [RequestReceived, ResponseStarted, Panic]\nrules:\n\
-    - level: Metadata\n  verbs: [create]\n  resources: [{group: \"\", resources: [pods/eviction]}]\n\
+    - level: Metadata\n  verbs: [create]\n  resources: [{group: \"\", resources: [pods/eviction, pods/binding]}]\n\
     - level: Metadata\n  verbs: [delete]\n  resources: [{group: \"\", resources: [pods]}]\n\
+    - level: Metadata\n  verbs: [patch, update]\n  resources: [{group: apps, resources: [deployments, deployments/scale]}]\n\
     - level: None\n";
 
 fn webhook_client_ca(pki: &Path) -> PathBuf {

@@ -48,9 +48,9 @@ pub use cutting_proxy::CuttingProxy;
 pub use error::{Error, Result};
 pub use faults::{FaultKind, FaultSchedule, compact_etcd};
 pub use invariants::{
-    Allowances, AuditTail, CheckerConfig, CheckpointCall, Eviction, InvariantChecker,
-    InvariantReport, InvariantViolation, QuotaReport, QuotaSampler, Rule, SAMPLE_INTERVAL,
-    TenantQuota, Violation, reflect, wall_clock_ms,
+    Allowances, AuditTail, AuditedRequest, CheckerConfig, CheckpointCall, Eviction,
+    InvariantChecker, InvariantReport, InvariantViolation, QuotaReport, QuotaSampler, Rule,
+    SAMPLE_INTERVAL, TenantQuota, Violation, reflect, wall_clock_ms,
 };
 pub use knobs::{env_number, env_numbers};
 pub use kueue::{KUEUE_GATE, KUEUE_NAMESPACE, Kueue, KueueConfig, KueueTenant, QUEUE_NAME_LABEL};

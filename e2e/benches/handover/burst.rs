@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use gpuqueue_api::v1alpha1::GpuQueue;
-use gpuqueue_e2e::{ServerMetrics, apply_yaml, node_of, pod_condition, wait_for};
+use gpuqueue_e2e::{AuditTail, AuditedRequest, ServerMetrics, apply_yaml, node_of, wait_for};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -42,9 +42,9 @@ pub struct Burst {
     /// The same from the operator's records: the latest found-blocked time plus its whole
     /// handover, minus the scale request (`None` when a record was not seen).
     pub last_bound_by_records_ms: Option<f64>,
-    /// The API server's clock, whole seconds: latest `PodScheduled` minus the Deployment's
-    /// update by the scale request.
-    pub last_scheduled_server_s: Option<i64>,
+    /// The same on the API server's clock (its audit log, in microseconds): the scale
+    /// request received → the last owner pod's binding answered (stored).
+    pub last_bound_server_ms: Option<f64>,
     /// Scale request → the last owner pod seen created by this process's watch: the
     /// ReplicaSet's slow start (batches of 1, 2, 4, … creates, each through the webhook).
     pub last_created_ms: Option<f64>,
@@ -106,7 +106,7 @@ pub async fn run(bench: &mut Bench, knobs: &Knobs) -> Vec<Burst> {
             let burst = one(bench, mode, pods).await;
             eprintln!(
                 "burst {mode} x{pods} {}: last bound {:.0} ms after the scale request \
-                 (records: {:?} ms, server: {:?} s), {} of {pods} records seen",
+                 (records: {:?} ms, server: {:?} ms), {} of {pods} records seen",
                 if round == 0 {
                     "warm-up (not counted)".to_owned()
                 } else {
@@ -114,7 +114,7 @@ pub async fn run(bench: &mut Bench, knobs: &Knobs) -> Vec<Burst> {
                 },
                 burst.last_bound_ms,
                 burst.last_bound_by_records_ms,
-                burst.last_scheduled_server_s,
+                burst.last_bound_server_ms,
                 burst.handovers.len()
             );
             eprintln!("  API writes: {:?}", burst.api_writes);
@@ -202,6 +202,7 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
     tokio::time::sleep(QUIET).await;
     let metrics_before = ServerMetrics::read(&bench.client).await;
     tokio::time::sleep(QUIET).await;
+    let mut audit = AuditTail::new(bench.audit_log.clone(), String::new());
     let requested = wall_clock();
     scale(bench, BASE_REPLICAS + pods).await;
     let new_pods = wait_for(format!("{pods} new owner pods bound"), WAIT, || {
@@ -255,7 +256,8 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
         *count -= writes_before.get(request).copied().unwrap_or_default();
     }
     writes.retain(|_, count| *count > 0.0);
-    let server = server_seconds(bench, &before).await;
+    let bound: HashSet<String> = new_pods.iter().map(|(n, _)| n.clone()).collect();
+    let server = server_millis(&mut audit, &bench.online, &bound).await;
     let created = sightings
         .snapshot()
         .into_iter()
@@ -270,32 +272,43 @@ async fn one(bench: &mut Bench, mode: &'static str, pods: usize) -> Burst {
     burst
 }
 
-/// Latest `PodScheduled` of the new owner pods minus the scale request's update time, on the
-/// API server's clock (whole seconds).
-async fn server_seconds(bench: &Bench, before: &HashSet<String>) -> Option<i64> {
-    let deployments: Api<Deployment> = Api::namespaced(bench.client.clone(), &bench.online);
-    let deployment = deployments.get(DEPLOYMENT).await.unwrap();
-    let updated = deployment
-        .metadata
-        .managed_fields
-        .unwrap_or_default()
-        .into_iter()
-        .find(|f| f.manager.as_deref() == Some(SCALER))?
-        .time?
-        .0;
-    let pods = bench.owners.list(&ListParams::default()).await.unwrap();
-    let scheduled = pods
-        .items
-        .iter()
-        .filter(|p| !before.contains(&name(p)))
-        .filter_map(|p| {
-            pod_condition(p, "PodScheduled")?
-                .last_transition_time
-                .clone()
-        })
-        .map(|t| t.0)
-        .max()?;
-    Some(scheduled.duration_since(updated).as_secs())
+/// The scale request received → the last binding of the `owners` (pods of `namespace`)
+/// answered, on the API server's clock, from its audit log; `None` when the log does not show
+/// them all within a few seconds.
+async fn server_millis(
+    audit: &mut AuditTail,
+    namespace: &str,
+    owners: &HashSet<String>,
+) -> Option<f64> {
+    let mut seen: Vec<AuditedRequest> = Vec::new();
+    let of_ours = |r: &AuditedRequest| r.namespace.as_deref() == Some(namespace);
+    let found = wait_for("the burst in the audit log", Duration::from_secs(5), || {
+        seen.extend(audit.requests().into_iter().filter(of_ours));
+        let scaled = seen
+            .iter()
+            .filter(|r| r.resource == "deployments" && r.name.as_deref() == Some(DEPLOYMENT))
+            .map(|r| r.received)
+            .min();
+        let bindings: Vec<Timestamp> = seen
+            .iter()
+            .filter(|r| {
+                r.subresource.as_deref() == Some("binding")
+                    && (200..300).contains(&r.code)
+                    && r.name.as_ref().is_some_and(|n| owners.contains(n))
+            })
+            .map(|r| r.answered)
+            .collect();
+        let all = bindings.len() >= owners.len();
+        let span = scaled.zip(bindings.into_iter().max());
+        async move {
+            match span {
+                Some((from, to)) if all => Ok(millis(from, to)),
+                _ => Err("not all audited yet".to_owned()),
+            }
+        }
+    })
+    .await;
+    found.ok()
 }
 
 fn measure(
@@ -304,7 +317,7 @@ fn measure(
     new_pods: &[(String, Timestamp)],
     reclaims: &[ReclaimSighting],
     namespace: &str,
-    last_scheduled_server_s: Option<i64>,
+    last_bound_server_ms: Option<f64>,
 ) -> Burst {
     let last_bound = new_pods.iter().map(|(_, at)| *at).max().unwrap();
     // A pod may be found blocked more than once (a reclaim given up and planned again): its
@@ -335,7 +348,7 @@ fn measure(
         last_bound_ms: millis(requested, last_bound),
         last_bound_by_records_ms: ends.and_then(|e| e.into_iter().max_by(f64::total_cmp)),
         reclaims: reclaims.len(),
-        last_scheduled_server_s,
+        last_bound_server_ms,
         last_created_ms: None,
         webhook_call_ms: None,
         first_found_blocked_ms: found.iter().min().map(|t| millis(requested, *t)),

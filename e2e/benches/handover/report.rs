@@ -109,12 +109,11 @@ fn burst_rows(bursts: &[Burst]) -> Vec<Row> {
             "",
         ));
         rows.push(row(
-            &format!("{prefix}same, API server clock in whole seconds ×1000, per round"),
+            &format!(
+                "{prefix}same, on the API server's clock (audit log: scale request received → last binding stored), per round"
+            ),
             mode,
-            of.iter()
-                .filter_map(|b| b.last_scheduled_server_s)
-                .map(|s| ms(s * 1000))
-                .collect(),
+            of.iter().filter_map(|b| b.last_bound_server_ms).collect(),
             "",
         ));
         rows.push(row(

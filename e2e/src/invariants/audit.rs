@@ -5,6 +5,7 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::PathBuf;
 
+use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
 
 use super::rules::Eviction;
@@ -33,27 +34,70 @@ impl AuditTail {
 
     /// The accepted evictions and deletions by the user written since the last call.
     pub fn read(&mut self) -> Vec<Eviction> {
+        let user = self.user.clone();
+        self.lines()
+            .lines()
+            .filter_map(|line| parse(line, &user))
+            .collect()
+    }
+
+    /// Every request audited since the last call, whoever made it.
+    pub fn requests(&mut self) -> Vec<AuditedRequest> {
+        self.lines().lines().filter_map(request).collect()
+    }
+
+    /// The complete lines written since the last call.
+    fn lines(&mut self) -> String {
         let Ok(mut file) = std::fs::File::open(&self.path) else {
-            return Vec::new();
+            return String::new();
         };
         if file.seek(SeekFrom::Start(self.offset)).is_err() {
-            return Vec::new();
+            return String::new();
         }
         let mut bytes = Vec::new();
         let Ok(read) = file.read_to_end(&mut bytes) else {
-            return Vec::new();
+            return String::new();
         };
         self.offset += read as u64;
         self.partial.push_str(&String::from_utf8_lossy(&bytes));
         let Some(end) = self.partial.rfind('\n') else {
-            return Vec::new();
+            return String::new();
         };
-        let complete: String = self.partial.drain(..=end).collect();
-        complete
-            .lines()
-            .filter_map(|line| parse(line, &self.user))
-            .collect()
+        self.partial.drain(..=end).collect()
     }
+}
+
+/// One request as the API server audited it, with its own timestamps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditedRequest {
+    pub verb: String,
+    pub user: String,
+    /// `pods`, `deployments`, ….
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub code: u16,
+    /// When the API server received it.
+    pub received: Timestamp,
+    /// When it answered it (the change stored, for a write that succeeded).
+    pub answered: Timestamp,
+}
+
+fn request(line: &str) -> Option<AuditedRequest> {
+    let line: Line = serde_json::from_str(line).ok()?;
+    let object = line.object_ref?;
+    Some(AuditedRequest {
+        verb: line.verb,
+        user: line.user.username,
+        resource: object.resource?,
+        subresource: object.subresource,
+        namespace: object.namespace,
+        name: object.name,
+        code: line.response_status?.code,
+        received: line.request_received_timestamp.parse().ok()?,
+        answered: line.stage_timestamp.parse().ok()?,
+    })
 }
 
 #[derive(Deserialize)]
@@ -64,6 +108,8 @@ struct Line {
     object_ref: Option<ObjectRef>,
     response_status: Option<ResponseStatus>,
     request_received_timestamp: String,
+    #[serde(default)]
+    stage_timestamp: String,
 }
 
 #[derive(Deserialize)]
@@ -100,7 +146,7 @@ pub(crate) fn parse(line: &str, user: &str) -> Option<Eviction> {
         ("delete", None) => "delete",
         _ => return None,
     };
-    let at: k8s_openapi::jiff::Timestamp = line.request_received_timestamp.parse().ok()?;
+    let at: Timestamp = line.request_received_timestamp.parse().ok()?;
     Some(Eviction {
         at_ms: u64::try_from(at.as_millisecond()).ok()?,
         pod: format!("{}/{}", object.namespace?, object.name?),
@@ -187,5 +233,25 @@ mod tests {
         assert_eq!(read.len(), 1);
         assert_eq!(read[0].verb, "delete");
         let _ = std::fs::remove_file(path);
+    }
+
+    #[test]
+    fn a_request_keeps_the_api_servers_microsecond_times() {
+        let line = serde_json::json!({
+            "kind": "Event", "level": "Metadata", "stage": "ResponseComplete", "verb": "create",
+            "user": {"username": "system:kube-scheduler"},
+            "objectRef": {"resource": "pods", "namespace": "o", "name": "p", "subresource": "binding"},
+            "responseStatus": {"code": 201},
+            "requestReceivedTimestamp": "2026-12-01T21:30:00.123456Z",
+            "stageTimestamp": "2026-12-01T21:30:00.130001Z",
+        })
+        .to_string();
+        let seen = request(&line).unwrap();
+        assert_eq!(seen.subresource.as_deref(), Some("binding"));
+        assert_eq!(
+            seen.answered.duration_since(seen.received).as_micros(),
+            6_545
+        );
+        assert_eq!(parse(&line, "system:kube-scheduler"), None, "no eviction");
     }
 }

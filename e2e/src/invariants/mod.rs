@@ -13,7 +13,7 @@ mod quota;
 mod rules;
 mod world;
 
-pub use audit::AuditTail;
+pub use audit::{AuditTail, AuditedRequest};
 pub use checker::{CheckerConfig, InvariantChecker, InvariantReport, reflect, wall_clock_ms};
 pub use quota::{QuotaReport, QuotaSampler, SAMPLE_INTERVAL, TenantQuota, Violation};
 pub use rules::{Allowances, CheckpointCall, Eviction, InvariantViolation, Rule};
