@@ -1,10 +1,11 @@
 //! How long a reclaim victim takes to terminate on each node, as observed, and what the
 //! handover budget keeps back for it (DESIGN §5 step 4).
 //!
-//! A victim's termination is the time from its eviction being accepted to its pod being gone:
+//! A victim's termination is the time from its eviction being accepted to its containers having
+//! ended (its phase terminal, when kube-scheduler counts its GPUs free) or its pod being gone:
 //! the victim's own exit after SIGTERM (at most its grace period, after which the kubelet kills
-//! it), plus what the node adds (the kubelet noticing the exit, its status write, the pod
-//! object's deletion). The budget keeps back that termination plus [`BIND_RESERVE`] for the
+//! it), plus what the node adds (the kubelet starting the kill and noticing the exit, a relist
+//! each with the generic PLEG, and its status write). The budget keeps back that termination plus [`BIND_RESERVE`] for the
 //! API calls around it, and only the rest goes to the checkpoint.
 //!
 //! The estimate for a victim with grace `g` on a node:
@@ -58,7 +59,7 @@ pub struct Terminations {
 
 impl Terminations {
     /// Records that a victim with grace period `grace` on `node` took `took` from its eviction
-    /// being accepted to its pod being gone.
+    /// being accepted to its end (see the module documentation).
     pub fn record(&mut self, node: &str, took: Duration, grace: Duration) {
         let history = self.nodes.entry(node.to_owned()).or_default();
         if history.len() == HISTORY {

@@ -30,7 +30,7 @@ use gpuqueue_api::annotations;
 use k8s_openapi::api::{core::v1 as core, resource::v1 as dra};
 
 use super::node::MAX_DEVICES_PER_POOL;
-use super::pod::{GpuRequest, Pod, PodKey, is_gated, uses_resource_claims};
+use super::pod::{GpuRequest, Pod, PodKey, has_finished, is_gated, uses_resource_claims};
 use crate::quantity::{DEVICE_CLASS_PREFIX, ResourceName, is_gpu_resource};
 
 /// What `allocationMode: All` is charged when no node shows how many devices it could take:
@@ -259,9 +259,7 @@ impl ClaimUsers {
             let unbound = pod.spec.as_ref().is_some_and(|spec| {
                 spec.node_name.is_none() && super::pod::uses_resource_claims(spec)
             });
-            let finished = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-            let schedulable = pod.metadata.deletion_timestamp.is_none()
-                && !matches!(finished, Some("Succeeded" | "Failed"));
+            let schedulable = pod.metadata.deletion_timestamp.is_none() && !has_finished(pod);
             if !unbound || !schedulable {
                 continue;
             }

@@ -20,8 +20,8 @@ pub use namespace::Namespace;
 pub use node::{GpuPool, HOSTNAME_LABEL, MAX_DEVICES_PER_POOL, Node, NodeError};
 pub use pod::{
     AdmittedAs, Assignment, DeviceMemory, DeviceSet, GpuRequest, Pod, PodError, PodKey, PodState,
-    ReclaimMark, ReclaimRole, Requests, asks_known_devices, gate_index, is_gated, is_gpu_pod,
-    is_held_owner, uses_resource_claims,
+    ReclaimMark, ReclaimRole, Requests, asks_known_devices, gate_index, has_finished, is_gated,
+    is_gpu_pod, is_held_owner, uses_resource_claims,
 };
 pub use queue::{
     CheckpointSettings, FieldError, MAX_BUDGET, MAX_MIN_BORROW, Queue, QueueError, ReclaimSettings,

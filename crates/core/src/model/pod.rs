@@ -275,6 +275,14 @@ pub fn gate_index(pod: &k8s::Pod) -> Option<usize> {
         .position(|gate| gate.name == ADMISSION_GATE)
 }
 
+/// Whether the pod's containers have all ended for good (phase `Succeeded` or `Failed`): it holds
+/// no devices any more, even while its object stays (finalizers, or the kubelet's delete still
+/// to come). kube-scheduler and the kubelet's device manager give its room away from then on.
+pub fn has_finished(pod: &k8s::Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
 /// Whether the pod waits at gpuqueue's scheduling gate.
 pub fn is_gated(pod: &k8s::Pod) -> bool {
     gate_index(pod).is_some()
@@ -386,8 +394,7 @@ impl Pod {
             field: field.to_string(),
             rule,
         };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
+        if has_finished(pod) {
             return Ok(None);
         }
         let Some(spec) = pod.spec.as_ref() else {

@@ -402,7 +402,7 @@ impl Reclaimer {
             changes.borrow_and_update();
             let now = Instant::now();
             for (victim, at) in handover.victims.iter().zip(&mut gone_at) {
-                if at.is_none() && !self.stored_uid_is(&victim.target) {
+                if at.is_none() && !self.holds_its_room(&victim.target) {
                     *at = Some(now);
                 }
             }
@@ -734,7 +734,7 @@ fn outcome(settled: &Settlement, removals: &[VictimRemoval]) -> String {
         (Some(_), true) => COMPLETED.into(),
         (_, false) => match settled.held.first() {
             Some((victim, finalizers)) => format!(
-                "VictimsNotGone: {victim} is held by the finalizer {}: it keeps its GPUs while it terminates, and the owner stays pinned to the node until it is gone: have whoever owns the finalizer finish or remove it",
+                "VictimsNotGone: {victim} is held by the finalizer {}: it has not ended, so it keeps its GPUs, and the owner stays pinned to the node until it ends or is gone: have whoever owns the finalizer finish or remove it",
                 finalizers.join(", ")
             ),
             None => "VictimsNotGone: a victim was still terminating at the limit".into(),

@@ -72,7 +72,7 @@ impl PendingRelease {
         now: Instant,
     ) -> Option<Instant> {
         let free = room_is_free(gone, &handover.release.awaits, |pod| {
-            reclaimer.stored_uid_is(pod)
+            reclaimer.holds_its_room(pod)
         });
         if !self.pending || !free {
             return None;

@@ -1,6 +1,6 @@
 //! The victim terminations the executor observes, per node, for the core's budget rule
 //! ([`gpuqueue_core::termination`]): each victim's time from its eviction being accepted to
-//! its pod being gone, recorded when a handover of this process settles, and read from the
+//! its end (phase terminal, or the pod gone), recorded when a handover of this process settles, and read from the
 //! queues' `status.lastHandovers` for the handovers other processes ran (an earlier leader),
 //! so that a new leader does not plan from the prior alone.
 //!
