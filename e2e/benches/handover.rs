@@ -1,8 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark fails loudly
 //! `make bench-handover`: how long a reclaim takes, phase by phase, on the local control plane
 //! (etcd, kube-apiserver, kube-scheduler, kube-controller-manager; KWOK runs the nodes with
-//! the harness's default `NodeBehaviour::Kubelet`, so an evicted pod terminates within its
-//! grace period) with the release build of the operator and its webhook in the path.
+//! the harness's default `NodeBehaviour::Kubelet`, so an evicted pod ends as on a kubelet:
+//! within its grace period, seen at the kubelet's relists) with the release build of the
+//! operator and its webhook in the path.
 //!
 //! `BENCH_NODES` nodes (default 3) of 8 GPUs are full of one-GPU borrower pods of queue
 //! `batch` (guaranteed 0, burstable all, victim grace 1 s), each with a fake vLLM on its pod
@@ -352,8 +353,8 @@ async fn main() {
     let nodes = (0..knobs.nodes)
         .map(|i| GpuNode::whole_gpus(format!("gpu-node-{i}"), 8))
         .collect();
-    // The default node behaviour: victims terminate within their grace period. The controller
-    // manager runs the owners' Deployment of the bursts.
+    // The default node behaviour: victims end as on a kubelet (grace period, relists). The
+    // controller manager runs the owners' Deployment of the bursts.
     let mut config = ControlPlaneConfig::new("bench_handover").with_nodes(nodes);
     if knobs.node_behaviour == "fast" {
         config = config.with_node_behaviour(NodeBehaviour::Fast);

@@ -57,7 +57,8 @@ pub use kueue::{KUEUE_GATE, KUEUE_NAMESPACE, Kueue, KueueConfig, KueueTenant, QU
 pub use namespace::{TEST_NAMESPACE_LABEL, TempNamespace};
 pub use nodes::{GpuNode, H100_MEMORY_MIB, H100_PRODUCT, MIG_1G_10GB, MIG_3G_40GB};
 pub use pods::{
-    bound_pod, bound_replacement, describe_pod, fake_vllm_on, gpu_pod, node_of, pod_condition,
+    bound_pod, bound_replacement, describe_pod, fake_vllm_on, gpu_pod, has_finished, node_of,
+    pod_condition,
 };
 pub use process::ManagedProcess;
 pub use prometheus::{Alert, Prometheus, PrometheusConfig, RuleHealth};

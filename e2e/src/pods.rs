@@ -42,6 +42,14 @@ pub fn gpu_pod(name: &str, resource: &str, count: u32) -> Pod {
     }
 }
 
+/// Whether the pod's containers have ended for good (phase `Succeeded` or `Failed`): a
+/// kubelet's device manager and kube-scheduler count its devices free from then on, while its
+/// object may stay a while longer.
+pub fn has_finished(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    matches!(phase, Some("Succeeded" | "Failed"))
+}
+
 /// The node the pod is bound to (`spec.nodeName`), if it is.
 pub fn node_of(pod: &Pod) -> Option<&str> {
     pod.spec.as_ref()?.node_name.as_deref()

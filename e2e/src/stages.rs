@@ -27,9 +27,10 @@ pub const READY_AFTER_ANNOTATION: &str = "e2e.gpuqueue.io/ready-after";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NodeBehaviour {
     /// A bound pod is Running with its IP at once and Ready after
-    /// [`KubeletTiming::ready_after`]; a Job's pod succeeds once Ready; a deleted pod goes at
-    /// a random moment before its deletionTimestamp (at it, with
-    /// [`IGNORES_SIGTERM_ANNOTATION`]), and only once its finalizers are gone.
+    /// [`KubeletTiming::ready_after`]; a Job's pod succeeds once Ready; a deleted pod's
+    /// containers end a relist or two after it exits within its grace period (when SIGKILL
+    /// comes, with [`IGNORES_SIGTERM_ANNOTATION`]), its phase turns terminal, and its object is
+    /// removed 50-750 ms later; a pod with finalizers waits, whole, until they are gone.
     Kubelet(KubeletTiming),
     /// KWOK's fast stages: Running and Ready at once, removed as soon as it has a deletion
     /// timestamp (no grace period). Only for tests that say why they need it.
@@ -47,13 +48,18 @@ impl Default for NodeBehaviour {
 pub struct KubeletTiming {
     /// From Running (containers started) to Ready.
     pub ready_after: Duration,
+    /// The kubelet's generic PLEG relist period: a deleted pod's kill starts at the first
+    /// relist after the deletion, and its containers' exit is seen at a later one.
+    pub relist: Duration,
 }
 
 impl Default for KubeletTiming {
-    /// Half a second to Ready: visible in a test, short enough not to slow the suite.
+    /// Half a second to Ready: visible in a test, short enough not to slow the suite; the
+    /// kubelet's own relist period (1 s).
     fn default() -> Self {
         Self {
             ready_after: Duration::from_millis(500),
+            relist: Duration::from_secs(1),
         }
     }
 }
@@ -87,8 +93,29 @@ fn kubelet_stages(module_text: &str, timing: KubeletTiming) -> Result<String> {
         .iter_mut()
         .find(|stage| stage["metadata"]["name"] == "pod-ready")
         .ok_or_else(|| invalid("e2e/stages/kubelet.yaml has no pod-ready stage"))?;
-    let millis = u64::try_from(timing.ready_after.as_millis()).unwrap_or(u64::MAX);
-    ready["spec"]["delay"]["durationMilliseconds"] = Value::from(millis);
+    ready["spec"]["delay"]["durationMilliseconds"] = Value::from(millis(timing.ready_after));
+    let relist = millis(timing.relist);
+    let grace = ".metadata.deletionGracePeriodSeconds * 1000";
+    for stage in &mut pod_stages {
+        let name = stage["metadata"]["name"].as_str().map(str::to_owned);
+        let delay = &mut stage["spec"]["delay"];
+        match name.as_deref() {
+            // Killed at the next relist, exited within the grace, seen at a later relist.
+            Some("pod-terminate") => {
+                delay["durationMilliseconds"] = Value::from(relist);
+                delay["jitterDurationFrom"]["expressionFrom"] =
+                    jq_millis(&format!("([{grace}, {relist}] | max) + {relist}"));
+            }
+            // Killed at the next relist, SIGKILLed at the grace's end, seen at the relist after.
+            Some("pod-terminate-ignoring-sigterm") => {
+                delay["durationMilliseconds"] = Value::from(2 * relist);
+                delay["durationFrom"]["expressionFrom"] = jq_millis(&format!("{grace} + {relist}"));
+                delay["jitterDurationFrom"]["expressionFrom"] =
+                    jq_millis(&format!("{grace} + {}", 2 * relist));
+            }
+            _ => {}
+        }
+    }
     node_stages
         .chain(pod_stages)
         .map(|stage| {
@@ -96,6 +123,15 @@ fn kubelet_stages(module_text: &str, timing: KubeletTiming) -> Result<String> {
         })
         .collect::<Result<Vec<_>>>()
         .map(|documents| documents.join("---\n"))
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A KWOK delay expression: jq computing `milliseconds` from the pod, as a Go duration.
+fn jq_millis(milliseconds: &str) -> Value {
+    Value::from(format!("\"\\({milliseconds})ms\""))
 }
 
 /// The non-empty documents of a multi-document stage file.
@@ -142,24 +178,54 @@ mod tests {
                 "pod-start",
                 "pod-ready",
                 "pod-complete",
-                "pod-delete",
-                "pod-delete-ignoring-sigterm"
+                "pod-terminate",
+                "pod-terminate-ignoring-sigterm",
+                "pod-remove"
             ]
         );
     }
 
-    #[test]
-    fn the_ready_delay_comes_from_the_timing() {
-        let timing = KubeletTiming {
-            ready_after: Duration::from_millis(1500),
-        };
-        let text = kubelet_stages(MODULE, timing).unwrap();
-        let ready = stages(&text, "test")
+    fn delay(text: &str, name: &str) -> Value {
+        stages(text, "test")
             .unwrap()
             .into_iter()
-            .find(|stage| stage["metadata"]["name"] == "pod-ready")
-            .unwrap();
-        assert_eq!(ready["spec"]["delay"]["durationMilliseconds"], 1500);
+            .find(|stage| stage["metadata"]["name"] == name)
+            .unwrap()["spec"]["delay"]
+            .clone()
+    }
+
+    #[test]
+    fn the_delays_come_from_the_timing() {
+        let timing = KubeletTiming {
+            ready_after: Duration::from_millis(1500),
+            relist: Duration::from_millis(400),
+        };
+        let text = kubelet_stages(MODULE, timing).unwrap();
+        assert_eq!(delay(&text, "pod-ready")["durationMilliseconds"], 1500);
+        let terminate = delay(&text, "pod-terminate");
+        assert_eq!(terminate["durationMilliseconds"], 400);
+        assert_eq!(
+            terminate["jitterDurationFrom"]["expressionFrom"],
+            r#""\(([.metadata.deletionGracePeriodSeconds * 1000, 400] | max) + 400)ms""#
+        );
+        let stubborn = delay(&text, "pod-terminate-ignoring-sigterm");
+        assert_eq!(
+            stubborn["durationFrom"]["expressionFrom"],
+            r#""\(.metadata.deletionGracePeriodSeconds * 1000 + 400)ms""#
+        );
+        assert_eq!(
+            stubborn["jitterDurationFrom"]["expressionFrom"],
+            r#""\(.metadata.deletionGracePeriodSeconds * 1000 + 800)ms""#
+        );
+    }
+
+    /// The file's own values are those of the default timing, so that it reads as it runs.
+    #[test]
+    fn the_file_holds_the_default_timing() {
+        let written = kubelet_stages(MODULE, KubeletTiming::default()).unwrap();
+        for name in ["pod-terminate", "pod-terminate-ignoring-sigterm"] {
+            assert_eq!(delay(&written, name), delay(KUBELET_STAGES, name), "{name}");
+        }
     }
 
     /// KWOK picks at random among stages matching the same pod, so the two deletion stages
@@ -184,8 +250,8 @@ mod tests {
                 requirement["values"].clone(),
             )
         };
-        let (normal, normal_values) = operator("pod-delete");
-        let (ignoring, ignoring_values) = operator("pod-delete-ignoring-sigterm");
+        let (normal, normal_values) = operator("pod-terminate");
+        let (ignoring, ignoring_values) = operator("pod-terminate-ignoring-sigterm");
         assert_eq!((normal.as_str(), ignoring.as_str()), ("NotIn", "In"));
         assert_eq!(normal_values, ignoring_values);
     }

@@ -69,8 +69,9 @@ fn slow_checkpoints<'a>(servers: impl Iterator<Item = &'a FakeVllm>) {
     }
 }
 
-/// A borrower that takes its whole grace period (2 s) to stop once evicted: the handover is
-/// still waiting for it when the API server goes.
+/// A borrower that ignores SIGTERM, so it takes the whole grace period its eviction gives it
+/// (its queue's) and a relist to stop: the handover is still waiting for it when the API
+/// server goes.
 fn slow_borrower(name: &str) -> Pod {
     let mut pod = gpu_pod(name, NVIDIA_GPU, 1);
     pod.metadata.annotations =

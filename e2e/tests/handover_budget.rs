@@ -36,7 +36,7 @@ fn queue(name: &str, namespace: &str, guaranteed: u32, burstable: u32, reclaim: 
 }
 
 /// A Deployment of `replicas` one-GPU pods that ignore SIGTERM, so their (kubelet-like) node
-/// removes them only when their grace period ends.
+/// ends them only when their grace period is over (and a relist after that).
 fn stubborn_deployment(name: &str, replicas: u32) -> String {
     format!(
         "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {name}\nspec:\n  replicas: {replicas}\n  selector:\n    matchLabels: {{app: {name}}}\n  template:\n    metadata:\n      labels: {{app: {name}}}\n      annotations: {{{IGNORES_SIGTERM_ANNOTATION}: \"true\"}}\n    spec:\n      containers:\n        - name: trainer\n          image: trainer:latest\n          resources:\n            limits: {{nvidia.com/gpu: 1}}\n"

@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 //! A burst of owners end to end: an owner Deployment scaled up while borrowers hold every GPU
-//! of three nodes that terminate pods like kubelets (within the victims' grace period). The
+//! of three nodes that terminate pods like kubelets (within the victims' grace period, seen at
+//! the kubelet's relists). The
 //! real `gpuqueue-operator` hands the GPUs over to all of them: each owner's handover record
 //! keeps its seven phases in order and stays within its own budget (the server-side record,
 //! the product's promise), the victims are disjoint and minimal (one one-GPU borrower per
@@ -20,8 +21,8 @@ use common::{
 use gpuqueue_api::v1alpha1::{GpuQueue, HANDOVER_RECORDS_KEPT, HandoverRecord};
 use gpuqueue_e2e::{
     Allowances, CheckerConfig, CheckpointCall, ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT,
-    GpuNode, InvariantChecker, apply_yaml, describe_pod, fake_vllm_on, node_of, pod_condition,
-    wait_for,
+    GpuNode, InvariantChecker, apply_yaml, describe_pod, fake_vllm_on, has_finished, node_of,
+    pod_condition, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -178,8 +179,8 @@ async fn a_burst_of_owners_is_handed_over_with_disjoint_minimal_victims_each_wit
     let nodes = (0..NODES)
         .map(|i| GpuNode::whole_gpus(format!("gpu-node-{i}"), GPUS))
         .collect();
-    // The default node behaviour terminates an evicted pod within its grace period, as a
-    // kubelet does.
+    // The default node behaviour ends an evicted pod as a kubelet does: within its grace
+    // period, seen at a relist.
     let cluster = ControlPlane::start(ControlPlaneConfig::new("handover_burst").with_nodes(nodes))
         .await
         .unwrap();
@@ -362,12 +363,15 @@ async fn checkpointed_once_nobody_else_evicted(
         let expected = usize::from(victims.contains(pod));
         assert_eq!(pauses, expected, "{pod} was paused {pauses} times");
     }
+    // A victim whose containers have ended holds nothing, though the kubelet may not have
+    // removed its object yet.
     let left: BTreeSet<String> = pods
         .list(&ListParams::default())
         .await
         .unwrap()
         .items
         .iter()
+        .filter(|pod| !has_finished(pod))
         .map(key)
         .collect();
     for pod in borrowers {

@@ -1,9 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 //! A handover on nodes that honour the grace period (`NodeBehaviour::Kubelet`, the default):
 //! the victim ignores SIGTERM, so it takes its whole grace period to terminate. The owner is
-//! bound after it is gone, never before, and no other pod that wants the GPUs meanwhile (a
-//! borrower of a third queue, a new pod of the victim's queue) gets them. The order comes from
-//! one watch of every pod (the API server's order of changes), not from timings.
+//! bound after its containers have ended (its phase terminal: kube-scheduler and the device
+//! manager free its GPUs then, before its object goes), never before, and no other pod that
+//! wants the GPUs meanwhile (a borrower of a third queue, a new pod of the victim's queue) gets
+//! them. The order comes from one watch of every pod (the API server's order of changes), not
+//! from timings.
 
 mod common;
 
@@ -18,7 +20,7 @@ use futures::StreamExt;
 use gpuqueue_api::{NVIDIA_GPU, annotations, v1alpha1::HandoverRecord};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, IGNORES_SIGTERM_ANNOTATION,
-    apply_yaml, gpu_pod, node_of, pod_condition, wait_for,
+    apply_yaml, gpu_pod, has_finished, node_of, pod_condition, wait_for,
 };
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
@@ -37,6 +39,8 @@ const VICTIM_GRACE_SECONDS: u32 = 3;
 enum Change {
     /// The pod `namespace/name` got a deletion timestamp.
     Terminating(String),
+    /// The pod's containers ended: its phase turned `Succeeded` or `Failed`.
+    Finished(String),
     /// The pod was removed.
     Gone(String),
     /// The pod was bound to a node.
@@ -80,6 +84,7 @@ impl Changes {
                                 .as_ref()
                                 .map(|_| Change::Terminating(key.clone())),
                             disrupted(&pod).then(|| Change::Disrupted(key.clone())),
+                            has_finished(&pod).then(|| Change::Finished(key.clone())),
                         ]
                         .into_iter()
                         .flatten()
@@ -289,10 +294,10 @@ async fn an_owner_is_bound_only_after_a_victim_that_uses_its_whole_grace_period_
     let deadline = victim_pod.metadata.deletion_timestamp.unwrap().0;
 
     let owner = bound(&owners, "owner").await;
-    let gone = changes.wait_for(Change::Gone(victim.clone())).await;
+    let finished = changes.wait_for(Change::Finished(victim.clone())).await;
     let owner_bound = changes.wait_for(Change::Bound(owner_key.clone())).await;
     assert!(
-        gone < owner_bound,
+        finished < owner_bound,
         "the owner was bound while its victim still held the GPU: {:?}",
         changes.snapshot()
     );

@@ -1,19 +1,23 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // tests fail loudly
 //! The default node behaviour (`NodeBehaviour::Kubelet`, `e2e/stages/kubelet.yaml`) does what
 //! the reclaim tests and the handover benchmark rely on: a pod is Running with its IP at once
-//! and Ready later; a deleted pod stays Terminating while it has finalizers; a pod that
-//! ignores SIGTERM is not removed before its deletionTimestamp.
+//! and Ready later; a deleted pod's containers end no sooner than a kubelet's relist would
+//! see it (a pod that ignores SIGTERM: than its whole grace period and a relist), its phase
+//! turns terminal before its object goes; a deleted pod stays Terminating while it has
+//! finalizers.
 
 use std::collections::BTreeMap;
 
+use futures::StreamExt;
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, IGNORES_SIGTERM_ANNOTATION,
-    READY_AFTER_ANNOTATION, describe_pod, gpu_pod, pod_condition, wait_for,
+    ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, IGNORES_SIGTERM_ANNOTATION, KubeletTiming,
+    READY_AFTER_ANNOTATION, describe_pod, gpu_pod, has_finished, pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 
 async fn start(name: &str) -> ControlPlane {
@@ -136,8 +140,9 @@ async fn a_deleted_pod_with_a_finalizer_stays_terminating_until_it_is_removed() 
     pods.delete("held", &DeleteParams::default()).await.unwrap();
     let deleting = pods.get("held").await.unwrap();
     let deadline = deleting.metadata.deletion_timestamp.clone().unwrap().0;
-    // Past the grace period a pod without finalizers would be gone; this one must not be.
-    sleep_until(deadline + std::time::Duration::from_secs(2)).await;
+    // By then a pod without finalizers would be gone (its exit seen within two relists of
+    // the deletion, its object removed 750 ms after that at the latest); this one must not be.
+    sleep_until(deadline + std::time::Duration::from_secs(3)).await;
     let still = pods.get_opt("held").await.unwrap();
     assert!(
         still.is_some(),
@@ -154,8 +159,106 @@ async fn a_deleted_pod_with_a_finalizer_stays_terminating_until_it_is_removed() 
     wait_gone(&pods, "held").await;
 }
 
+/// What a watch saw of one pod from its deletion on: each version (`None`: gone), with when
+/// this process saw it.
+struct Deletion {
+    sent: Timestamp,
+    seen: Vec<(Timestamp, Option<Pod>)>,
+}
+
+impl Deletion {
+    /// Deletes `name` with a watch on it already running, and watches until it is gone.
+    #[allow(clippy::disallowed_methods)] // compared with each other, on this process's clock
+    async fn watch(pods: &Api<Pod>, name: &str) -> Self {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut stream = watcher::watcher(pods.clone(), config).boxed();
+        while !matches!(stream.next().await, Some(Ok(Event::InitDone))) {}
+        let sent = Timestamp::now();
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+        let mut seen = Vec::new();
+        let until_gone = async {
+            while let Some(event) = stream.next().await {
+                match event.unwrap() {
+                    Event::Apply(pod) => seen.push((Timestamp::now(), Some(pod))),
+                    Event::Delete(_) => {
+                        seen.push((Timestamp::now(), None));
+                        return;
+                    }
+                    _ => {}
+                }
+            }
+        };
+        tokio::time::timeout(DEFAULT_TIMEOUT, until_gone)
+            .await
+            .unwrap_or_else(|_| panic!("{name} not gone within {DEFAULT_TIMEOUT:?}"));
+        Self { sent, seen }
+    }
+
+    /// The first version seen with a terminal phase, and when; it must come before the pod is
+    /// gone, and no version after it may run again.
+    fn terminal(&self) -> (Timestamp, &Pod) {
+        let terminal = has_finished;
+        let first = self
+            .seen
+            .iter()
+            .position(|(_, pod)| pod.as_ref().is_none_or(terminal))
+            .unwrap();
+        let (at, Some(pod)) = &self.seen[first] else {
+            panic!("gone before its phase was terminal: {:?}", self.phases());
+        };
+        assert!(
+            self.seen[first..]
+                .iter()
+                .all(|(_, pod)| pod.as_ref().is_none_or(terminal)),
+            "a terminal pod ran again: {:?}",
+            self.phases()
+        );
+        (*at, pod)
+    }
+
+    fn phases(&self) -> Vec<Option<String>> {
+        self.seen
+            .iter()
+            .map(|(_, pod)| pod.as_ref().and_then(|p| p.status.as_ref()?.phase.clone()))
+            .collect()
+    }
+}
+
+fn exit_code(pod: &Pod) -> i32 {
+    let statuses = pod.status.as_ref().unwrap().container_statuses.as_ref();
+    let state = statuses.unwrap()[0].state.as_ref().unwrap();
+    state.terminated.as_ref().unwrap().exit_code
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pod_that_ignores_sigterm_is_removed_at_its_deletion_timestamp_not_before() {
+async fn a_deleted_pod_ends_no_sooner_than_a_relist_and_is_terminal_before_it_goes() {
+    let cluster = start("pod_ends_after_a_relist").await;
+    let ns = cluster.namespace("relist").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
+    let mut pod = gpu_pod("cooperative", NVIDIA_GPU, 1);
+    pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_running(&pods, "cooperative").await;
+
+    let deletion = Deletion::watch(&pods, "cooperative").await;
+    let (ended, pod) = deletion.terminal();
+    // The delete was sent before the node could see it: a stalled test only sees the end
+    // later, so a slow machine cannot fail this; a pod that ends early is seen early.
+    let relist = KubeletTiming::default().relist;
+    assert!(
+        ended >= deletion.sent + relist,
+        "its exit is seen at a relist after the kill, which starts at one: ended {ended}, deleted {}",
+        deletion.sent
+    );
+    assert_eq!(
+        pod.status.as_ref().unwrap().phase.as_deref(),
+        Some("Succeeded")
+    );
+    assert_eq!(exit_code(pod), 0, "{}", describe_pod(pod));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_ignores_sigterm_ends_no_sooner_than_its_grace_period_and_a_relist() {
     let cluster = start("pod_ignoring_sigterm").await;
     let ns = cluster.namespace("sigterm").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
@@ -163,29 +266,24 @@ async fn a_pod_that_ignores_sigterm_is_removed_at_its_deletion_timestamp_not_bef
         gpu_pod("stubborn", NVIDIA_GPU, 1),
         &[(IGNORES_SIGTERM_ANNOTATION, "true")],
     );
-    pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(3);
+    let grace = 2;
+    pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(grace);
     pods.create(&PostParams::default(), &pod).await.unwrap();
     wait_running(&pods, "stubborn").await;
 
-    pods.delete("stubborn", &DeleteParams::default())
-        .await
-        .unwrap();
-    let deadline = pods
-        .get("stubborn")
-        .await
-        .unwrap()
-        .metadata
-        .deletion_timestamp
-        .unwrap()
-        .0;
-    // Same machine, same clock: the pod is seen gone no earlier than its deletionTimestamp
-    // (2-3 s away: the API server writes it in whole seconds). A stalled test only sees it
-    // later, so a slow machine cannot fail this; a pod removed early is seen early.
-    wait_gone(&pods, "stubborn").await;
-    #[allow(clippy::disallowed_methods)] // compared with a wall-clock time the API server wrote
-    let seen_gone = Timestamp::now();
+    let deletion = Deletion::watch(&pods, "stubborn").await;
+    let (ended, pod) = deletion.terminal();
+    // As above, a slow machine only makes the end seen later.
+    let relist = KubeletTiming::default().relist;
+    let sigkill = std::time::Duration::from_secs(grace.unsigned_abs()) + relist;
     assert!(
-        seen_gone >= deadline,
-        "a pod ignoring SIGTERM is Terminating until its grace period ends: gone at {seen_gone}, deadline {deadline}"
+        ended >= deletion.sent + sigkill,
+        "a pod ignoring SIGTERM runs until SIGKILL, its end seen at the relist after: ended {ended}, deleted {}",
+        deletion.sent
     );
+    assert_eq!(
+        pod.status.as_ref().unwrap().phase.as_deref(),
+        Some("Failed")
+    );
+    assert_eq!(exit_code(pod), 137, "{}", describe_pod(pod));
 }

@@ -335,8 +335,9 @@ async fn replacement_waits_behind_the_owner(
         reason.starts_with("BorrowCooldown: queue batch"),
         "{reason}"
     );
+    // A 1 s grace: a kubelet ends a pod within its grace (30 s by default) and a relist or two.
     owners
-        .delete("owner", &DeleteParams::default())
+        .delete("owner", &DeleteParams::default().grace_period(1))
         .await
         .unwrap();
     gone(owners, "owner").await;
@@ -987,9 +988,10 @@ async fn a_checkpointed_victim_whose_owner_is_deleted_before_the_next_leader_is_
     let [victim] = paused[..] else {
         panic!("one victim paused: {paused:?}")
     };
+    // A 1 s grace: a kubelet ends a pod within its grace (30 s by default) and a relist or two.
     crashed
         .owners
-        .delete("owner", &DeleteParams::default())
+        .delete("owner", &DeleteParams::default().grace_period(1))
         .await
         .unwrap();
     gone(&crashed.owners, "owner").await;

@@ -143,7 +143,8 @@ fn burst_rows(bursts: &[Burst]) -> Vec<Row> {
             "",
         ));
         // A floor under the round that no scheduler removes: its owner binds only once the
-        // GPU is free, after this victim's process exited within its grace period.
+        // GPU is free, after this victim's process exited within its grace period and the
+        // kubelet saw it at a relist.
         rows.push(row(
             &format!("{prefix}slowest victim's termination (`victimsGone`), per round"),
             mode,
@@ -258,8 +259,9 @@ fn setup(knobs: &Knobs) -> String {
         "on KWOK's fast stages (an evicted victim vanishes at once)".to_owned()
     } else {
         format!(
-            "behaving like kubelets (a victim terminates within its {VICTIM_GRACE_SECONDS} s grace \
-             period)"
+            "behaving like kubelets (a victim exits within its {VICTIM_GRACE_SECONDS} s grace \
+             period, its end seen at the kubelet's next 1 s relist, its phase terminal 1-2 s after \
+             the eviction)"
         )
     };
     let mut setup = format!(

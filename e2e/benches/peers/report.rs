@@ -142,8 +142,8 @@ fn markdown(results: &Results) -> String {
          {} Operator build: {}. Load average before: {}; after: {}.\n\n\
          Reproduce: `{}`.\n\n",
         if k.node_behaviour == "kubelet" {
-            "KWOK stages that behave like kubelets: a victim terminates within its 1 s grace \
-             period"
+            "KWOK stages that behave like kubelets: a victim exits within its 1 s grace period, \
+             its end seen at the kubelet's next 1 s relist"
         } else {
             "KWOK fast stages"
         },

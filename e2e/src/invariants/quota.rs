@@ -22,7 +22,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use tokio::time::Instant;
 
 use super::world::gpus_of;
-use crate::pods::node_of;
+use crate::pods::{has_finished, node_of};
 
 /// How often the sampler looks when no pod changes.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
@@ -224,8 +224,7 @@ fn usage(pods: &[Arc<Pod>], namespace: &str) -> (u64, u64) {
         .iter()
         .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
     {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
+        if has_finished(pod) {
             continue;
         }
         let gpus = gpus_of(pod);

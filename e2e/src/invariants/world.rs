@@ -2,6 +2,7 @@
 //! state, each queue's quota and reclaims in flight, each node's GPUs. The rules read only
 //! these, so their tests build them by hand.
 
+use crate::pods::has_finished;
 use gpuqueue_api::v1alpha1::GpuQueue;
 use gpuqueue_api::{ADMISSION_GATE, NVIDIA_GPU, annotations};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -44,7 +45,6 @@ impl PodView {
                 .and_then(|a| a.get(key))
                 .cloned()
         };
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let spec = pod.spec.as_ref();
         Self {
             key: format!("{namespace}/{name}"),
@@ -52,7 +52,7 @@ impl PodView {
             namespace,
             node: spec.and_then(|s| s.node_name.clone()),
             gpus: gpus_of(pod),
-            terminal: matches!(phase, Some("Succeeded" | "Failed")),
+            terminal: has_finished(pod),
             deleting: pod.metadata.deletion_timestamp.is_some(),
             gated: spec
                 .and_then(|s| s.scheduling_gates.as_ref())
