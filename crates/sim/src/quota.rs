@@ -4,8 +4,9 @@
 //! The simulator plays the world around the operator: pods are created and removed, admitted
 //! pods are bound by kube-scheduler after an API round trip, batch jobs finish, and a reclaim
 //! takes the time its steps take (perf-anchors §4): intent annotations, a checkpoint cut at
-//! its deadline, the eviction call, the victim's exit within its grace period, the kubelet
-//! noticing it (PLEG relist), the pod object's deletion, then the owner's binding. Every one
+//! its deadline, the eviction call, the kubelet starting the kill at its next PLEG relist, the
+//! victim's exit within its grace period, the kubelet noticing it at a later relist and
+//! writing the pod's terminal phase, then the owner's binding. Every one
 //! of those delays is drawn per step from the scenario's latency model. Each victim's
 //! termination (eviction accepted to gone) is recorded into the snapshot's
 //! [`gpuqueue_core::termination::Terminations`] when it is gone, as the operator records it,
@@ -1089,7 +1090,7 @@ pub struct VictimTimeline {
 }
 
 impl VictimTimeline {
-    /// Its termination as the operator observes it: eviction accepted to pod gone.
+    /// Its termination as the operator observes it: eviction accepted to its phase terminal.
     pub fn termination(&self) -> Duration {
         self.gone.saturating_sub(self.evicted)
     }
@@ -1097,11 +1098,13 @@ impl VictimTimeline {
 
 /// Draws one handover's timeline: intent annotations (one API round trip); each victim's
 /// checkpoint, cut at the plan's checkpoint deadline (a cut or failed checkpoint loses the
-/// victim's work); the eviction call; the victim's exit, at most its grace period; the kubelet
-/// noticing it at its next relist (one kubelet per node, so the victims of a plan, all on the
-/// plan's node, share the relist ticks); the pod's deletion; then kube-scheduler binding the
-/// owner once the last victim is gone, after the operator released it from the gate (one more
-/// round trip) when the plan holds it there.
+/// victim's work); the eviction call; the kubelet's pod worker starting the kill at the node's
+/// first relist after it (it waits for a pod cache newer than its last sync); the victim's
+/// exit, at most its grace period; the kubelet noticing it at the next relist (one kubelet per
+/// node, so the victims of a plan, all on the plan's node, share the relist ticks) and writing
+/// the pod's terminal phase, when its GPUs are free; then kube-scheduler binding the owner once
+/// the last victim is gone, after the operator released it from the gate (one more round trip)
+/// when the plan holds it there.
 pub fn sample_handover(
     plan: &ReclaimPlan,
     model: &HandoverModel,
@@ -1115,11 +1118,15 @@ pub fn sample_handover(
     } else {
         0.0
     };
-    let noticed_at = |exited: f64| {
-        if relist > 0.0 && exited > first_tick {
-            first_tick + ((exited - first_tick) / relist).ceil() * relist
+    // The first relist strictly after `at`: the kubelet acts on what a relist newer than `at`
+    // shows.
+    let next_relist = |at: f64| {
+        if relist <= 0.0 {
+            at
+        } else if at < first_tick {
+            first_tick
         } else {
-            exited.max(first_tick)
+            first_tick + (((at - first_tick) / relist).floor() + 1.0) * relist
         }
     };
     let victims: Vec<VictimTimeline> = plan
@@ -1138,11 +1145,12 @@ pub fn sample_handover(
             };
             let evicted = intent + checkpoint + sample_latency(model.api, rng);
             let exit = sample_latency(model.victim_exit, rng).min(victim.grace);
-            let exited = (evicted + exit).as_secs_f64();
-            let deleted = sample_latency(model.api, rng);
+            let killed = next_relist(evicted.as_secs_f64());
+            let exited = killed + exit.as_secs_f64();
+            let status_written = sample_latency(model.api, rng);
             VictimTimeline {
                 evicted,
-                gone: Duration::from_secs_f64(noticed_at(exited)) + deleted,
+                gone: Duration::from_secs_f64(next_relist(exited)) + status_written,
                 saved,
                 checkpointed,
             }

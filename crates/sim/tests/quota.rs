@@ -251,8 +251,9 @@ fn handover_timeline_respects_its_steps() {
 #[test]
 fn victims_on_one_node_share_its_kubelet_relist() {
     // Two 1-GPU borrowers fill a 2-GPU node; a 2-GPU owner evicts both. With instant API calls
-    // and no checkpoint, each victim is gone at the node's first relist after its exit: the two
-    // differ by whole relist periods, never by a fraction of one.
+    // and no checkpoint, each victim is killed at the node's first relist after its eviction and
+    // gone at the first relist after its exit: the two differ by whole relist periods, never by
+    // a fraction of one.
     let gpu = convert::gpu_resource();
     let pod = |ns: &str, name: &str, gpus| {
         Pod::new(
@@ -319,11 +320,12 @@ fn victims_on_one_node_share_its_kubelet_relist() {
             (apart - apart.round()).abs() < 1e-6,
             "gone at {a} and {b}: not on the same relist ticks"
         );
-        // What the operator observes and the planner learns from: the exit within the 1 s
-        // grace plus the wait for the next relist, at most 1 s.
+        // What the operator observes and the planner learns from: the wait for the relist that
+        // starts the kill (at most 1 s), the exit within the 1 s grace, and the wait for the
+        // relist after it: never less than one relist, at most three.
         for v in &handover.victims {
-            assert!(v.gone >= v.evicted, "{v:?}");
-            assert!(v.termination() <= Duration::from_secs(2), "{v:?}");
+            assert!(v.termination() >= Duration::from_secs(1), "{v:?}");
+            assert!(v.termination() <= Duration::from_secs(3), "{v:?}");
         }
     }
 }
