@@ -101,6 +101,11 @@ fn vllm_checkpoint(timeout: &str) -> String {
     format!("{{checkpoint: {{driver: vllm, port: {VLLM_PORT}, timeout: {timeout}}}}}")
 }
 
+/// An owner queue's reclaim settings that let a 1.5 s checkpoint run whole: on these
+/// kubelet-like nodes the plan keeps back 2.25 s for a victim's termination (its 1 s grace and
+/// a 1 s relist) and the bind, which would cut it at 650 ms of the default 3 s budget.
+const ROOM_FOR_A_SLOW_CHECKPOINT: &str = "{budget: 4s}";
+
 /// A Deployment of `replicas` one-GPU pods, as a tenant writes it.
 fn deployment(name: &str, replicas: u32) -> String {
     format!(
@@ -450,7 +455,9 @@ async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
     for pod in &borrowers {
         servers.insert(
             uid(pod),
-            fake_vllm(pod, vllm(Duration::from_millis(1200))).await,
+            // A checkpoint the default 3 s budget holds whole on these nodes (it keeps
+            // 2.25 s back for the victim's termination and the bind).
+            fake_vllm(pod, vllm(Duration::from_millis(500))).await,
         );
     }
     queue_status(client, "batch", "8 allocated, 6 borrowed", |q| {
@@ -1222,6 +1229,8 @@ async fn a_handover_whose_owner_queue_is_deleted_meanwhile_still_ends_and_is_cou
     )
     .await;
     let client = &world.client;
+    let room = Some(ROOM_FOR_A_SLOW_CHECKPOINT);
+    apply_queue(client, &queue("online", online.name(), 2, 0, room)).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), batch.name());
     let mut servers = Vec::new();
     for pod in all_running(&pods, 2).await {
@@ -1312,7 +1321,8 @@ async fn an_owner_of_higher_priority_preempts_nothing_while_its_victim_is_checkp
     let online = world.cluster.namespace("online").await.unwrap();
     let batch = world.cluster.namespace("batch").await.unwrap();
     let labs = world.cluster.namespace("labs").await.unwrap();
-    apply_queue(client, &queue("online", online.name(), 1, 0, None)).await;
+    let room = Some(ROOM_FOR_A_SLOW_CHECKPOINT);
+    apply_queue(client, &queue("online", online.name(), 1, 0, room)).await;
     apply_queue(client, &queue("labs", labs.name(), 1, 0, None)).await;
     apply_queue(
         client,
@@ -1400,7 +1410,8 @@ async fn borrowed_by_bare_pods() -> (
 ) {
     let (world, online, batch) = two_nodes_of_four("reclaim_spared").await;
     let client = &world.client;
-    apply_queue(client, &queue("online", online.name(), 2, 0, None)).await;
+    let room = Some(ROOM_FOR_A_SLOW_CHECKPOINT);
+    apply_queue(client, &queue("online", online.name(), 2, 0, room)).await;
     let checkpoint = vllm_checkpoint("1500ms");
     apply_queue(
         client,

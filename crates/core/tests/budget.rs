@@ -49,21 +49,18 @@ fn plan_for_owner(mut snapshot: Snapshot) -> ReclaimPlan {
 #[test]
 fn with_no_history_the_plan_keeps_back_the_grace_the_prior_and_the_bind() {
     let snapshot = world(
-        vec![borrower("b", Duration::from_secs(1), ms(1200))],
+        vec![borrower("b", Duration::from_secs(1), ms(500))],
         &["n1"],
         vec![running("b/b0", 1, "n1", 0), running("b/b1", 1, "n1", 0)],
     );
     let plan = plan_for_owner(snapshot);
     assert_eq!(plan.termination, Duration::from_secs(1) + TERMINATION_PRIOR);
-    assert_eq!(plan.eviction_reserve, ms(1500));
-    // 3 s − 1.5 s leaves 1.5 s: the 1.2 s checkpoint fits, and its deadline is its timeout.
+    assert_eq!(plan.eviction_reserve, ms(2250));
+    // 3 s − 2.25 s leaves 750 ms: the 500 ms checkpoint fits, and its deadline is its timeout.
     assert_eq!(plan.fit, BudgetFit::Fits);
-    assert_eq!(
-        plan.checkpoint_deadline(&plan.victims[0], ms(100)),
-        ms(1200)
-    );
+    assert_eq!(plan.checkpoint_deadline(&plan.victims[0], ms(100)), ms(500));
     // Late in the handover the deadline is cut so termination and bind still fit.
-    assert_eq!(plan.checkpoint_deadline(&plan.victims[0], ms(600)), ms(900));
+    assert_eq!(plan.checkpoint_deadline(&plan.victims[0], ms(600)), ms(150));
 }
 
 #[test]
@@ -77,7 +74,7 @@ fn a_checkpoint_longer_than_the_budget_leaves_is_cut_up_front() {
     assert_eq!(
         plan.fit,
         BudgetFit::CheckpointCut {
-            allowed: ms(1500),
+            allowed: ms(750),
             timeout: ms(2000)
         }
     );
@@ -94,8 +91,8 @@ fn a_victim_whose_grace_does_not_fit_the_budget_is_planned_as_an_overrun() {
         ],
     );
     let plan = plan_for_owner(snapshot);
-    // 10 s grace + 250 ms prior + 250 ms bind against a 3 s budget.
-    assert_eq!(plan.fit, BudgetFit::Overruns { by: ms(7500) });
+    // 10 s grace + 1 s prior + 250 ms bind against a 3 s budget.
+    assert_eq!(plan.fit, BudgetFit::Overruns { by: ms(8250) });
 }
 
 #[test]
