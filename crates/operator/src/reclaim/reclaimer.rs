@@ -5,7 +5,6 @@
 use std::sync::Arc;
 
 use gpuqueue_api::FIELD_MANAGER;
-use gpuqueue_core::model::has_finished;
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use kube::{
     Api, Client, Resource,
@@ -161,12 +160,13 @@ impl Reclaimer {
         })
     }
 
-    /// Whether the target still holds its room: the store has it (same uid) and it has not
-    /// finished. A victim whose containers have ended (phase `Succeeded` or `Failed`) frees its
-    /// GPUs then, for kube-scheduler and the kubelet's device manager alike, while its object may
-    /// stay for a while (a real kubelet deletes it 50-750 ms later, a finalizer longer).
+    /// Whether the target still holds its room: the store has it (same uid). The pod watch
+    /// leaves out finished pods ([`crate::cluster::stores`]), so a victim whose containers
+    /// have ended (phase `Succeeded` or `Failed`: kube-scheduler and the kubelet's device manager
+    /// free its GPUs then) leaves the store at once, though its object may stay a while (the
+    /// kubelet deletes it 50-750 ms later, a finalizer longer).
     pub(super) fn holds_its_room(&self, target: &HandoverPod) -> bool {
-        self.stored(target).is_some_and(|pod| !has_finished(&pod))
+        self.stored(target).is_some()
     }
 
     pub(super) fn params() -> PatchParams {
@@ -245,47 +245,5 @@ impl Reclaimer {
     pub(super) fn queue_ref(&self, name: &str) -> Option<ObjectReference> {
         let stored = self.stores.queues.get(&ObjectRef::new(name))?;
         stored.0.as_ref().ok().map(|queue| queue.object_ref(&()))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-    use crate::cluster::testing::TestStores;
-
-    fn victim(uid: &str, phase: &str, finalizers: bool) -> serde_json::Value {
-        json!({
-            "metadata": {
-                "name": "v", "namespace": "batch", "uid": uid,
-                "deletionTimestamp": "2026-12-07T08:00:00Z",
-                "finalizers": if finalizers { json!(["backup.example.com/hold"]) } else { json!(null) },
-            },
-            "spec": {"nodeName": "n1", "containers": [{"name": "c"}]},
-            "status": {"phase": phase},
-        })
-    }
-
-    #[tokio::test]
-    async fn a_victim_holds_its_room_until_it_has_finished_even_while_its_object_stays() {
-        let mut stores = TestStores::new();
-        let reclaimer = Reclaimer::for_tests(crate::mock_api::stalled(), stores.stores.clone());
-        stores.add_pod(victim("u1", "Running", false));
-        let target = HandoverPod::of(&reclaimer.stores.pods.state()[0]);
-        assert!(
-            reclaimer.holds_its_room(&target),
-            "terminating, still running"
-        );
-        for phase in ["Succeeded", "Failed"] {
-            stores.add_pod(victim("u1", phase, true));
-            assert!(
-                !reclaimer.holds_its_room(&target),
-                "{phase}: its containers ended, its finalizer keeps only the object"
-            );
-        }
-        // A namesake is not the victim.
-        stores.add_pod(victim("u2", "Running", false));
-        assert!(!reclaimer.holds_its_room(&target));
     }
 }
