@@ -455,9 +455,9 @@ async fn an_owner_takes_one_gpu_back_from_a_borrower_on_a_full_cluster() {
     for pod in &borrowers {
         servers.insert(
             uid(pod),
-            // A checkpoint the default 3 s budget holds whole on these nodes (it keeps
-            // 2.25 s back for the victim's termination and the bind).
-            fake_vllm(pod, vllm(Duration::from_millis(500))).await,
+            // A checkpoint the default 3 s budget holds whole on these nodes: it keeps 2.25 s
+            // back for the victim's termination and the bind, and the intent comes first.
+            fake_vllm(pod, vllm(Duration::from_millis(300))).await,
         );
     }
     queue_status(client, "batch", "8 allocated, 6 borrowed", |q| {

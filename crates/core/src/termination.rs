@@ -9,8 +9,9 @@
 //! API calls around it, and only the rest goes to the checkpoint.
 //!
 //! The estimate for a victim with grace `g` on a node:
-//! - fewer than [`MIN_SAMPLES`] observations there: `g` + [`TERMINATION_PRIOR`], a victim that
-//!   uses its grace plus what a kubelet with the generic PLEG adds;
+//! - fewer than [`MIN_SAMPLES`] observations there: `g` + [`TERMINATION_PRIOR`], what a victim
+//!   that exits before its grace ends takes on a kubelet with the generic PLEG (one that runs
+//!   until SIGKILL takes up to another relist, which the node's history then shows);
 //! - otherwise the p95 of the node's last [`HISTORY`] observations, each raised by how much
 //!   longer `g` is than the grace of the victim observed, and never below `g`.
 //!

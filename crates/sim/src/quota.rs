@@ -331,7 +331,7 @@ struct Departure {
     /// Its checkpoint saved its work.
     saved: bool,
     node: NodeId,
-    /// Its termination: eviction accepted to pod gone.
+    /// Its termination: eviction accepted to its phase terminal.
     took: Duration,
     grace: Duration,
 }

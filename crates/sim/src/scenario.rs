@@ -288,8 +288,9 @@ pub struct HandoverModel {
     /// p99 1s.
     #[serde(default = "default_exit")]
     pub victim_exit: Latency,
-    /// Kubelet's generic PLEG relist period: an exit is noticed at the node's next relist,
-    /// one every this, at a random phase per handover. Default 1s.
+    /// Kubelet's generic PLEG relist period: the kill starts at the node's first relist after
+    /// the eviction and the exit is noticed at the relist after it, one every this, at a random
+    /// phase per handover. Default 1s.
     #[serde(default = "one_second")]
     pub kubelet_relist: GoDuration,
 }
