@@ -65,6 +65,7 @@ pub use prometheus::{Alert, Prometheus, PrometheusConfig, RuleHealth};
 pub use sightings::Sightings;
 pub use slot::{SLOTS, free_port, free_ports};
 pub use stages::{
-    IGNORES_SIGTERM_ANNOTATION, KubeletTiming, NodeBehaviour, READY_AFTER_ANNOTATION,
+    IGNORES_SIGTERM_ANNOTATION, KubeletTiming, NEVER_ENDS_ANNOTATION, NodeBehaviour,
+    READY_AFTER_ANNOTATION,
 };
 pub use wait::{DEFAULT_TIMEOUT, wait_for};

@@ -20,6 +20,11 @@ const MODULE_STAGES: &str = "kwok-stages.yaml";
 /// is removed at its deletionTimestamp (when the kubelet would SIGKILL it), not before.
 pub const IGNORES_SIGTERM_ANNOTATION: &str = "e2e.gpuqueue.io/ignores-sigterm";
 
+/// Annotation of a pod whose containers never end on [`NodeBehaviour::Kubelet`] nodes once it
+/// is deleted, as on a node whose kubelet has stopped: it stays Terminating until it is deleted
+/// with grace 0.
+pub const NEVER_ENDS_ANNOTATION: &str = "e2e.gpuqueue.io/never-ends";
+
 /// Annotation overriding [`KubeletTiming::ready_after`] for one pod (a Go duration, `"2s"`).
 pub const READY_AFTER_ANNOTATION: &str = "e2e.gpuqueue.io/ready-after";
 
@@ -29,8 +34,9 @@ pub enum NodeBehaviour {
     /// A bound pod is Running with its IP at once and Ready after
     /// [`KubeletTiming::ready_after`]; a Job's pod succeeds once Ready; a deleted pod's
     /// containers end a relist or two after it exits within its grace period (when SIGKILL
-    /// comes, with [`IGNORES_SIGTERM_ANNOTATION`]), its phase turns terminal, and its object is
-    /// removed 50-750 ms later; a pod with finalizers waits, whole, until they are gone.
+    /// comes, with [`IGNORES_SIGTERM_ANNOTATION`]; never, with [`NEVER_ENDS_ANNOTATION`]), its
+    /// phase turns terminal, and its object is removed 50-750 ms later, or once its finalizers
+    /// are gone.
     Kubelet(KubeletTiming),
     /// KWOK's fast stages: Running and Ready at once, removed as soon as it has a deletion
     /// timestamp (no grace period). Only for tests that say why they need it.
@@ -254,5 +260,18 @@ mod tests {
         let (ignoring, ignoring_values) = operator("pod-terminate-ignoring-sigterm");
         assert_eq!((normal.as_str(), ignoring.as_str()), ("NotIn", "In"));
         assert_eq!(normal_values, ignoring_values);
+        for name in ["pod-terminate", "pod-terminate-ignoring-sigterm"] {
+            let stage = all
+                .iter()
+                .find(|stage| stage["metadata"]["name"] == name)
+                .unwrap();
+            let key = format!(".metadata.annotations[\"{NEVER_ENDS_ANNOTATION}\"]");
+            let excludes = stage["spec"]["selector"]["matchExpressions"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|r| r["key"] == key.as_str() && r["operator"] == "NotIn");
+            assert!(excludes, "{name} must leave a pod that never ends alone");
+        }
     }
 }

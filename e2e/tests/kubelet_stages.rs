@@ -3,8 +3,8 @@
 //! the reclaim tests and the handover benchmark rely on: a pod is Running with its IP at once
 //! and Ready later; a deleted pod's containers end no sooner than a kubelet's relist would
 //! see it (a pod that ignores SIGTERM: than its whole grace period and a relist), its phase
-//! turns terminal before its object goes; a deleted pod stays Terminating while it has
-//! finalizers.
+//! turns terminal before its object goes; a deleted pod's finalizers keep its object, not its
+//! containers; a pod that never ends stays running until it is deleted with grace 0.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,8 @@ use futures::StreamExt;
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, IGNORES_SIGTERM_ANNOTATION, KubeletTiming,
-    READY_AFTER_ANNOTATION, describe_pod, gpu_pod, has_finished, pod_condition, wait_for,
+    NEVER_ENDS_ANNOTATION, READY_AFTER_ANNOTATION, describe_pod, gpu_pod, has_finished,
+    pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -127,7 +128,7 @@ async fn a_pod_runs_with_its_ip_at_once_and_becomes_ready_later() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deleted_pod_with_a_finalizer_stays_terminating_until_it_is_removed() {
+async fn a_deleted_pod_with_a_finalizer_ends_but_stays_until_it_is_removed() {
     let cluster = start("finalizer_holds_a_deleted_pod").await;
     let ns = cluster.namespace("finalizer").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
@@ -141,12 +142,13 @@ async fn a_deleted_pod_with_a_finalizer_stays_terminating_until_it_is_removed() 
     let deleting = pods.get("held").await.unwrap();
     let deadline = deleting.metadata.deletion_timestamp.clone().unwrap().0;
     // By then a pod without finalizers would be gone (its exit seen within two relists of
-    // the deletion, its object removed 750 ms after that at the latest); this one must not be.
+    // the deletion, its object removed 750 ms after that at the latest); this one has ended,
+    // as a kubelet ends it, but its object must stay.
     sleep_until(deadline + std::time::Duration::from_secs(3)).await;
     let still = pods.get_opt("held").await.unwrap();
     assert!(
-        still.is_some(),
-        "a pod with a finalizer stays until the finalizer is removed"
+        still.as_ref().is_some_and(has_finished),
+        "a pod with a finalizer ends and stays until the finalizer is removed: {still:?}"
     );
 
     pods.patch(
@@ -286,4 +288,39 @@ async fn a_pod_that_ignores_sigterm_ends_no_sooner_than_its_grace_period_and_a_r
         Some("Failed")
     );
     assert_eq!(exit_code(pod), 137, "{}", describe_pod(pod));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_never_ends_runs_on_until_it_is_deleted_at_once() {
+    let cluster = start("pod_never_ends").await;
+    let ns = cluster.namespace("never-ends").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
+    let mut pod = annotated(
+        gpu_pod("orphan", NVIDIA_GPU, 1),
+        &[(NEVER_ENDS_ANNOTATION, "true")],
+    );
+    pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    wait_running(&pods, "orphan").await;
+
+    pods.delete("orphan", &DeleteParams::default())
+        .await
+        .unwrap();
+    let deadline = pods
+        .get("orphan")
+        .await
+        .unwrap()
+        .metadata
+        .deletion_timestamp
+        .unwrap()
+        .0;
+    // Past the longest a pod that ends takes (two relists and its grace), it still runs.
+    sleep_until(deadline + std::time::Duration::from_secs(3)).await;
+    let still = pods.get("orphan").await.unwrap();
+    assert!(!has_finished(&still), "{}", describe_pod(&still));
+
+    pods.delete("orphan", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    wait_gone(&pods, "orphan").await;
 }

@@ -734,7 +734,7 @@ fn outcome(settled: &Settlement, removals: &[VictimRemoval]) -> String {
         (Some(_), true) => COMPLETED.into(),
         (_, false) => match settled.held.first() {
             Some((victim, finalizers)) => format!(
-                "VictimsNotGone: {victim} is held by the finalizer {}: it has not ended, so it keeps its GPUs, and the owner stays pinned to the node until it ends or is gone: have whoever owns the finalizer finish or remove it",
+                "VictimsNotGone: {victim} is held by the finalizer {}: it has not ended past its grace period (its node's kubelet has not stopped it), so it keeps its GPUs, and the owner stays pinned to the node until it ends or is gone: check its node, and have whoever owns the finalizer finish or remove it",
                 finalizers.join(", ")
             ),
             None => "VictimsNotGone: a victim was still terminating at the limit".into(),
