@@ -11,7 +11,7 @@ use std::process::Output;
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, GpuNode, TempNamespace, apply_yaml,
-    describe_pod, gpu_pod, node_of, wait_for,
+    describe_pod, gpu_pod, node_of, repo_root, wait_for,
 };
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::{
@@ -53,6 +53,18 @@ fn fails(output: &Output) -> String {
     );
     assert!(output.stdout.is_empty(), "{}", text(&output.stdout));
     text(&output.stderr)
+}
+
+/// The JSONPath of the README's command that starts with `command` (`kubectl get ... -o
+/// jsonpath='...'`, one line), so that the test runs what the README tells a user to type.
+fn readme_jsonpath(command: &str) -> String {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let line = readme
+        .lines()
+        .find(|line| line.starts_with(command))
+        .unwrap_or_else(|| panic!("README.md has no command starting with {command:?}"));
+    let (_, quoted) = line.split_once("-o jsonpath='").unwrap();
+    quoted.strip_suffix('\'').unwrap().to_owned()
 }
 
 /// The table row of `queue` (first resource), split on whitespace.
@@ -427,6 +439,8 @@ fn check_explain(ctx: &Ctx<'_>, admitted: &[Pod], waiting_name: &str) {
     assert_eq!(json["waitingReason"], reason);
     assert_eq!(json["claim"]["queue"], "batch");
 
+    check_waiting_with_kubectl(ctx, waiting_name, reason);
+
     // explain a pod in a namespace no queue claims.
     let out = ok(&run(&["gpuqueue", "explain", "render", "-n", web.name()]));
     assert!(
@@ -440,6 +454,36 @@ fn check_explain(ctx: &Ctx<'_>, admitted: &[Pod], waiting_name: &str) {
         field(&out, "Queue"),
         format!("none: no queue claims namespace {}", web.name())
     );
+}
+
+/// The README's plain kubectl commands for a waiting pod: its reason, and its events.
+fn check_waiting_with_kubectl(ctx: &Ctx<'_>, waiting_name: &str, reason: &str) {
+    let run = |args: &[&str]| ctx.run(args);
+    let batch = ctx.batch.name();
+    let jsonpath = format!(
+        "jsonpath={}",
+        readme_jsonpath("kubectl get pod <pod> -o jsonpath=")
+    );
+    let get = [
+        "get",
+        "pod",
+        waiting_name,
+        "-n",
+        batch,
+        "-o",
+        jsonpath.as_str(),
+    ];
+    assert_eq!(ok(&run(&get)), reason);
+    let selector = format!("involvedObject.name={waiting_name}");
+    let events = ok(&run(&[
+        "get",
+        "events",
+        "-n",
+        batch,
+        "--field-selector",
+        selector.as_str(),
+    ]));
+    assert!(events.contains("OverCeiling"), "{events}");
 }
 
 /// `handovers`: none, then records written as the reclaim path writes them.
@@ -531,6 +575,15 @@ async fn check_handovers(ctx: &Ctx<'_>) {
         row(&table, "online")[10..],
         ["rc-e2e", "2710ms", "Completed"],
         "{table}"
+    );
+    // The README's plain kubectl command for the records.
+    let jsonpath = format!(
+        "jsonpath={}",
+        readme_jsonpath("kubectl get gq online -o jsonpath=")
+    );
+    assert_eq!(
+        ok(&run(&["get", "gq", "online", "-o", jsonpath.as_str()])),
+        format!("rc-e2e {}/vllm-owner Completed 2710ms\n", online.name())
     );
 }
 
