@@ -17,7 +17,7 @@ const KUBELET_STAGES: &str = include_str!("../stages/kubelet.yaml");
 const MODULE_STAGES: &str = "kwok-stages.yaml";
 
 /// Annotation of a pod whose process ignores SIGTERM: on [`NodeBehaviour::Kubelet`] nodes it
-/// is removed at its deletionTimestamp (when the kubelet would SIGKILL it), not before.
+/// ends only when its grace period is over (the kubelet's SIGKILL), seen at the relist after.
 pub const IGNORES_SIGTERM_ANNOTATION: &str = "e2e.gpuqueue.io/ignores-sigterm";
 
 /// Annotation of a pod whose containers never end on [`NodeBehaviour::Kubelet`] nodes once it

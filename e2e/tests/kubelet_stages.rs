@@ -12,8 +12,8 @@ use futures::StreamExt;
 use gpuqueue_api::NVIDIA_GPU;
 use gpuqueue_e2e::{
     ControlPlane, ControlPlaneConfig, DEFAULT_TIMEOUT, IGNORES_SIGTERM_ANNOTATION, KubeletTiming,
-    NEVER_ENDS_ANNOTATION, READY_AFTER_ANNOTATION, describe_pod, gpu_pod, has_finished,
-    pod_condition, wait_for,
+    NEVER_ENDS_ANNOTATION, READY_AFTER_ANNOTATION, TempNamespace, describe_pod, gpu_pod,
+    has_finished, pod_condition, wait_for,
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -64,6 +64,16 @@ async fn wait_running(pods: &Api<Pod>, name: &str) -> Pod {
     )
     .await
     .unwrap()
+}
+
+/// A control plane of its own, named `cluster`, running `pod` in a namespace of its own.
+async fn running(cluster: &str, pod: &Pod) -> (ControlPlane, TempNamespace, Api<Pod>) {
+    let cluster = start(cluster).await;
+    let namespace = cluster.namespace("stages").await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), namespace.name());
+    pods.create(&PostParams::default(), pod).await.unwrap();
+    wait_running(&pods, pod.metadata.name.as_deref().unwrap()).await;
+    (cluster, namespace, pods)
 }
 
 /// Sleeps until the wall clock (the API server's and KWOK's too: one machine) reaches `when`.
@@ -129,14 +139,10 @@ async fn a_pod_runs_with_its_ip_at_once_and_becomes_ready_later() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_with_a_finalizer_ends_but_stays_until_it_is_removed() {
-    let cluster = start("finalizer_holds_a_deleted_pod").await;
-    let ns = cluster.namespace("finalizer").await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
     let mut pod = gpu_pod("held", NVIDIA_GPU, 1);
     pod.metadata.finalizers = Some(vec!["e2e.gpuqueue.io/hold".to_owned()]);
     pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    wait_running(&pods, "held").await;
+    let (_cluster, _namespace, pods) = running("finalizer_holds_a_deleted_pod", &pod).await;
 
     pods.delete("held", &DeleteParams::default()).await.unwrap();
     let deleting = pods.get("held").await.unwrap();
@@ -234,13 +240,9 @@ fn exit_code(pod: &Pod) -> i32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_pod_ends_no_sooner_than_a_relist_and_is_terminal_before_it_goes() {
-    let cluster = start("pod_ends_after_a_relist").await;
-    let ns = cluster.namespace("relist").await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
     let mut pod = gpu_pod("cooperative", NVIDIA_GPU, 1);
     pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    wait_running(&pods, "cooperative").await;
+    let (_cluster, _namespace, pods) = running("pod_ends_after_a_relist", &pod).await;
 
     let deletion = Deletion::watch(&pods, "cooperative").await;
     let (ended, pod) = deletion.terminal();
@@ -261,17 +263,13 @@ async fn a_deleted_pod_ends_no_sooner_than_a_relist_and_is_terminal_before_it_go
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_ignores_sigterm_ends_no_sooner_than_its_grace_period_and_a_relist() {
-    let cluster = start("pod_ignoring_sigterm").await;
-    let ns = cluster.namespace("sigterm").await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
     let mut pod = annotated(
         gpu_pod("stubborn", NVIDIA_GPU, 1),
         &[(IGNORES_SIGTERM_ANNOTATION, "true")],
     );
     let grace = 2;
     pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(grace);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    wait_running(&pods, "stubborn").await;
+    let (_cluster, _namespace, pods) = running("pod_ignoring_sigterm", &pod).await;
 
     let deletion = Deletion::watch(&pods, "stubborn").await;
     let (ended, pod) = deletion.terminal();
@@ -292,16 +290,12 @@ async fn a_pod_that_ignores_sigterm_ends_no_sooner_than_its_grace_period_and_a_r
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_that_never_ends_runs_on_until_it_is_deleted_at_once() {
-    let cluster = start("pod_never_ends").await;
-    let ns = cluster.namespace("never-ends").await.unwrap();
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), ns.name());
     let mut pod = annotated(
         gpu_pod("orphan", NVIDIA_GPU, 1),
         &[(NEVER_ENDS_ANNOTATION, "true")],
     );
     pod.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    wait_running(&pods, "orphan").await;
+    let (_cluster, _namespace, pods) = running("pod_never_ends", &pod).await;
 
     pods.delete("orphan", &DeleteParams::default())
         .await

@@ -5,8 +5,8 @@
 //! ended (its phase terminal, when kube-scheduler counts its GPUs free) or its pod being gone:
 //! the victim's own exit after SIGTERM (at most its grace period, after which the kubelet kills
 //! it), plus what the node adds (the kubelet starting the kill and noticing the exit, a relist
-//! each with the generic PLEG, and its status write). The budget keeps back that termination plus [`BIND_RESERVE`] for the
-//! API calls around it, and only the rest goes to the checkpoint.
+//! each with the generic PLEG, and its status write). The budget keeps back that termination
+//! plus [`BIND_RESERVE`] for the API calls around it, and only the rest goes to the checkpoint.
 //!
 //! The estimate for a victim with grace `g` on a node:
 //! - fewer than [`MIN_SAMPLES`] observations there: `g` + [`TERMINATION_PRIOR`], what a victim

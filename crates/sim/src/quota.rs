@@ -6,8 +6,8 @@
 //! takes the time its steps take (perf-anchors §4): intent annotations, a checkpoint cut at
 //! its deadline, the eviction call, the kubelet starting the kill at its next PLEG relist, the
 //! victim's exit within its grace period, the kubelet noticing it at a later relist and
-//! writing the pod's terminal phase, then the owner's binding. Every one
-//! of those delays is drawn per step from the scenario's latency model. Each victim's
+//! writing the pod's terminal phase, then the owner's binding. Every one of those delays is
+//! drawn per step from the scenario's latency model. Each victim's
 //! termination (eviction accepted to gone) is recorded into the snapshot's
 //! [`gpuqueue_core::termination::Terminations`] when it is gone, as the operator records it,
 //! so later plans on that node keep back what termination takes there.

@@ -2,10 +2,11 @@
 //! state, each queue's quota and reclaims in flight, each node's GPUs. The rules read only
 //! these, so their tests build them by hand.
 
-use crate::pods::has_finished;
 use gpuqueue_api::v1alpha1::GpuQueue;
 use gpuqueue_api::{ADMISSION_GATE, NVIDIA_GPU, annotations};
 use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::pods::has_finished;
 
 /// One pod as the rules need it.
 #[allow(clippy::struct_excessive_bools)] // each is one fact of the pod a rule reads

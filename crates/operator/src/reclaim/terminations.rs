@@ -1,8 +1,8 @@
 //! The victim terminations the executor observes, per node, for the core's budget rule
 //! ([`gpuqueue_core::termination`]): each victim's time from its eviction being accepted to
-//! its end (phase terminal, or the pod gone), recorded when a handover of this process settles, and read from the
-//! queues' `status.lastHandovers` for the handovers other processes ran (an earlier leader),
-//! so that a new leader does not plan from the prior alone.
+//! its end (phase terminal, or the pod gone), recorded when a handover of this process
+//! settles, and read from the queues' `status.lastHandovers` for the handovers other processes
+//! ran (an earlier leader), so that a new leader does not plan from the prior alone.
 //!
 //! A record holds the handover's phases, not each victim's: its sample is `victimsGone` minus
 //! `evictAccepted` (the last victim's termination after the last eviction), with the grace of
