@@ -85,6 +85,8 @@ E2E_DEBIAN_PACKAGES += podman:podman
 E2E_DEBIAN_PACKAGES += runc:runc
 # A fake vLLM that finds its pod's address taken names the listener with iproute2's ss.
 E2E_DEBIAN_PACKAGES += iproute2:ss
+# gitops_health.rs runs README's argocd-cm patch, a jq pipe.
+E2E_DEBIAN_PACKAGES += jq:jq
 E2E_DIR ?= .e2e
 E2E_CLUSTER = $(CARGO) run --quiet --locked -p gpuqueue-e2e --bin gpuqueue-e2e-cluster --
 # Options of `gpuqueue-e2e-cluster up`, such as --gpu-nodes 2 --gpus-per-node 4.

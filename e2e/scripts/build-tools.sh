@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the real control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl, etcd, kwok), helm (the chart's tests) and gpuqueue-argocd-lua (Argo CD's Lua
-# interpreter for the health check's tests) from the Go module proxy at the versions pinned in e2e/tools/*/go.mod,
-# and caches the binaries outside the repository, keyed by version and lockfile hash, so a
-# second run does nothing.
+# kubectl, etcd, kwok), helm (the chart's tests), gpuqueue-argocd-lua (Argo CD's Lua
+# interpreter for the health check's tests) and gpuqueue-flux-health (Flux's kstatus and CEL
+# health checks, for theirs) from the Go module proxy at the versions pinned in
+# e2e/tools/*/go.mod, and caches the binaries outside the repository, keyed by version and
+# lockfile hash, so a second run does nothing.
 #
 # Usage: e2e/scripts/build-tools.sh        prints the binary directory on its last line
 #        e2e/scripts/build-tools.sh --real-node
@@ -46,6 +47,7 @@ done
 log() { printf '[build-tools] %s\n' "$*" >&2; }
 
 argocd_lua_dir="$cache_root/argocd-lua-$(lock_hash "$tools/argocd-lua")"
+flux_health_dir="$cache_root/flux-health-$(lock_hash "$tools/flux-health")"
 kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
 plugin_dir="$cache_root/deviceplugin-$(lock_hash "$tools/deviceplugin")"
 kueue_version=$(version_of sigs.k8s.io/kueue "$tools/kueue")
@@ -54,7 +56,7 @@ kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
 # Everything this call needs, named by version and lock hash: when a finished run left its
 # stamp, print the directory without waiting on the lock (a long opt-in build, such as
 # Kueue's, must not hold up every test that only needs the cached control plane).
-needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $argocd_lua_dir"
+needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $argocd_lua_dir $flux_health_dir"
 $real_node && needed="$needed $kubelet_dir $plugin_dir"
 $peers && needed="$needed $kueue_dir"
 stamp="$bin_dir/.ready-$(echo "$needed" | sha256sum | cut -c1-12)"
@@ -111,6 +113,7 @@ build_into "$helm_dir" "$tools/helm" helm.sh/helm/v4/cmd/helm
 
 LDFLAGS="-s -w"
 build_into "$argocd_lua_dir" "$tools/argocd-lua" .
+build_into "$flux_health_dir" "$tools/flux-health" .
 
 # KWOK's fast stages ship in its module; the bare kwok binary needs them as a config file.
 stages="$kwok_dir/kwok-stages.yaml"
@@ -126,7 +129,8 @@ fi
 # One directory of links so callers need a single path.
 mkdir -p "$bin_dir"
 for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$helm_dir"/helm \
-  "$argocd_lua_dir"/gpuqueue-argocd-lua "$stages"; do
+  "$argocd_lua_dir"/gpuqueue-argocd-lua "$flux_health_dir"/gpuqueue-flux-health \
+  "$stages"; do
   ln -sfn "$f" "$bin_dir/$(basename "$f")"
 done
 
