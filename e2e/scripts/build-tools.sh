@@ -2,9 +2,9 @@
 # Builds the real control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
 # kubectl, etcd, kwok), helm (the chart's tests), gpuqueue-argocd-lua (Argo CD's Lua
 # interpreter for the health check's tests) and gpuqueue-flux-health (Flux's kstatus and CEL
-# health checks, for theirs) from the Go module proxy at the versions pinned in
-# e2e/tools/*/go.mod, and caches the binaries outside the repository, keyed by version and
-# lockfile hash, so a second run does nothing.
+# health checks, for theirs), and fetches the Prometheus Operator's CRDs (the chart's tests),
+# from the Go module proxy at the versions pinned in e2e/tools/*/go.mod; caches them outside
+# the repository, keyed by version and lockfile hash, so a second run does nothing.
 #
 # Usage: e2e/scripts/build-tools.sh        prints the binary directory on its last line
 #        e2e/scripts/build-tools.sh --real-node
@@ -48,6 +48,7 @@ log() { printf '[build-tools] %s\n' "$*" >&2; }
 
 argocd_lua_dir="$cache_root/argocd-lua-$(lock_hash "$tools/argocd-lua")"
 flux_health_dir="$cache_root/flux-health-$(lock_hash "$tools/flux-health")"
+prometheus_crds_dir="$cache_root/prometheus-operator-crds-$(lock_hash "$tools/prometheus-operator")"
 kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
 plugin_dir="$cache_root/deviceplugin-$(lock_hash "$tools/deviceplugin")"
 kueue_version=$(version_of sigs.k8s.io/kueue "$tools/kueue")
@@ -56,7 +57,7 @@ kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
 # Everything this call needs, named by version and lock hash: when a finished run left its
 # stamp, print the directory without waiting on the lock (a long opt-in build, such as
 # Kueue's, must not hold up every test that only needs the cached control plane).
-needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $argocd_lua_dir $flux_health_dir"
+needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $argocd_lua_dir $flux_health_dir $prometheus_crds_dir"
 $real_node && needed="$needed $kubelet_dir $plugin_dir"
 $peers && needed="$needed $kueue_dir"
 stamp="$bin_dir/.ready-$(echo "$needed" | sha256sum | cut -c1-12)"
@@ -126,11 +127,24 @@ if [[ ! -f "$stages" ]]; then
   mv "$stages.tmp" "$stages"
 fi
 
+# The Prometheus Operator's CRDs for the objects config/prometheus holds, from its module.
+prometheus_crds="$prometheus_crds_dir/prometheus-operator-crds.yaml"
+if [[ ! -f "$prometheus_crds" ]]; then
+  crd_mod=$(cd "$tools/prometheus-operator" && go mod download github.com/prometheus-operator/prometheus-operator &&
+    go list -m -f '{{.Dir}}' github.com/prometheus-operator/prometheus-operator)
+  mkdir -p "$prometheus_crds_dir"
+  for kind in servicemonitors prometheusrules; do
+    cat "$crd_mod/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml"
+    echo '---'
+  done >"$prometheus_crds.tmp"
+  mv "$prometheus_crds.tmp" "$prometheus_crds"
+fi
+
 # One directory of links so callers need a single path.
 mkdir -p "$bin_dir"
 for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$helm_dir"/helm \
   "$argocd_lua_dir"/gpuqueue-argocd-lua "$flux_health_dir"/gpuqueue-flux-health \
-  "$stages"; do
+  "$stages" "$prometheus_crds"; do
   ln -sfn "$f" "$bin_dir/$(basename "$f")"
 done
 

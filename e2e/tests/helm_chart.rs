@@ -3,7 +3,10 @@
 //! module proxy (`e2e/tools/helm`): with its defaults it renders exactly the objects
 //! `kubectl kustomize config/` does, `helm lint` passes, bad values are refused naming the
 //! value, and `helm install` into a real API server creates every object, with the three
-//! admission policies accepted and enforced for the release's own namespace.
+//! admission policies accepted and enforced for the release's own namespace. With the
+//! Prometheus Operator's CRDs (from its Go module, `e2e/tools/prometheus-operator`), the API
+//! server accepts `kubectl apply -k config/prometheus` as README has it and the chart's
+//! ServiceMonitor and PrometheusRule, and refuses a misspelt field.
 
 mod common;
 
@@ -426,6 +429,92 @@ async fn refusal_of_a_pinned_gpu_pod(pods: &Api<Pod>) -> String {
     .unwrap()
 }
 
+/// With the Prometheus Operator's CRDs installed, the API server (kubectl's strict field
+/// validation) accepts README's `kubectl apply -k config/prometheus` and the release upgraded
+/// with the chart's ServiceMonitor and PrometheusRule, and refuses a field the CRD lacks.
+fn prometheus_objects_are_accepted(cluster: &ControlPlane, namespace: &str) {
+    let crds = cluster.bin_dir().join("prometheus-operator-crds.yaml");
+    run_ok(
+        cluster
+            .kubectl()
+            .args(["apply", "--server-side", "-f"])
+            .arg(&crds),
+    );
+    run_ok(cluster.kubectl().args([
+        "wait",
+        "--for=condition=Established",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    ]));
+
+    run_ok(
+        cluster
+            .kubectl()
+            .args(["apply", "-f", "config/namespace.yaml"])
+            .current_dir(repo_root()),
+    );
+    run_ok(
+        cluster
+            .kubectl()
+            .args(["apply", "-k", "config/prometheus"])
+            .current_dir(repo_root()),
+    );
+    run_ok(cluster.kubectl().args([
+        "get",
+        "--namespace",
+        "gpuqueue-system",
+        "servicemonitor/gpuqueue-operator",
+        "prometheusrule/gpuqueue",
+    ]));
+
+    run_ok(
+        helm()
+            .args([
+                "upgrade",
+                "gpuqueue",
+                CHART,
+                "--namespace",
+                namespace,
+                "--reuse-values",
+            ])
+            .args([
+                "--set",
+                "serviceMonitor.enabled=true",
+                "--set",
+                "prometheusRule.enabled=true",
+            ])
+            .args(["--wait", "--timeout", "3m"])
+            .env("KUBECONFIG", cluster.kubeconfig_path()),
+    );
+    run_ok(cluster.kubectl().args([
+        "get",
+        "--namespace",
+        namespace,
+        "servicemonitor/gpuqueue-operator",
+        "prometheusrule/gpuqueue",
+    ]));
+
+    // The CRDs hold the objects to their schema: a misspelt field is refused, naming it.
+    let service_monitor =
+        std::fs::read_to_string(repo_root().join("config/prometheus/service_monitor.yaml"))
+            .unwrap();
+    let misspelt = service_monitor.replacen("endpoints:", "endpoint:", 1);
+    assert_ne!(misspelt, service_monitor);
+    let file = cluster.run_dir().join("misspelt_service_monitor.yaml");
+    std::fs::write(&file, misspelt).unwrap();
+    let refused = cluster
+        .kubectl()
+        .args(["apply", "--namespace", "gpuqueue-system", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let message = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && message.contains("endpoint"),
+        "{message}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_creates_every_object_and_the_api_server_enforces_its_policies() {
     let cluster = ControlPlane::start(ControlPlaneConfig::new("helm_chart"))
@@ -510,6 +599,8 @@ async fn helm_install_creates_every_object_and_the_api_server_enforces_its_polic
         refusal.contains("gpuqueue-queue-edits") && refusal.contains("spec.weight"),
         "{refusal}"
     );
+
+    prometheus_objects_are_accepted(&cluster, namespace);
 
     // Uninstall removes the release's objects but keeps the CRD (and so every GpuQueue).
     run_ok(
