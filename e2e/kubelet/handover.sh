@@ -61,11 +61,12 @@ kubectl --kubeconfig="$op_kubeconfig" config set-context --current --user=gpuque
   --metrics-addr="127.0.0.1:$metrics_port" --webhook-addr="127.0.0.1:$webhook_port" \
   --webhook-extra-san=127.0.0.1 --lease-identity=real-node >"$work/operator.log" 2>&1 &
 operator=$!
-trap 'kill $operator 2>/dev/null || true' EXIT
+# Waits for the operator to end (its webhook drains for 5 s), so that a next run finds its ports free.
+trap 'kill $operator 2>/dev/null && wait $operator 2>/dev/null || true' EXIT
 until_true "the operator to be ready" curl -fsS "http://127.0.0.1:$metrics_port/readyz"
 
 case $checkpoint in
-  vllm) reclaim="{checkpoint: {driver: vllm, port: 8000, timeout: 2s}, victimGracePeriodSeconds: 1}" ;;
+  vllm) reclaim="{checkpoint: {driver: vllm, port: 8000, timeout: 1500ms}, victimGracePeriodSeconds: 1}" ;;
   none) reclaim="{checkpoint: {driver: none}, victimGracePeriodSeconds: 1}" ;;
   *) echo "--checkpoint must be vllm or none" >&2; exit 1 ;;
 esac
