@@ -280,6 +280,22 @@ fn setup(knobs: &Knobs) -> String {
     setup
 }
 
+/// The median time from the scale request to the last owner bound over the rounds of `mode`,
+/// or "not run" where its burst size was set to 0.
+fn median_last_bound(bursts: &[Burst], mode: &str) -> String {
+    let mut values: Vec<f64> = bursts
+        .iter()
+        .filter(|b| b.mode == mode)
+        .map(|b| b.last_bound_ms)
+        .collect();
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() {
+        "not run".to_owned()
+    } else {
+        format!("{:.0} ms", percentile(&values, 0.5))
+    }
+}
+
 pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
     let single = single_rows(samples);
     let burst = burst_rows(bursts);
@@ -317,15 +333,6 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
         serde_json::to_string_pretty(&json).unwrap(),
     )
     .unwrap();
-    let median_last = |mode: &str| {
-        let mut values: Vec<f64> = bursts
-            .iter()
-            .filter(|b| b.mode == mode)
-            .map(|b| b.last_bound_ms)
-            .collect();
-        values.sort_by(f64::total_cmp);
-        percentile(&values, 0.5)
-    };
     let title = if knobs.node_behaviour == "fast" {
         "on KWOK's fast stages"
     } else {
@@ -344,8 +351,8 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
          A round starts on a settled cluster: the API server's counters are read {QUIET:?} after \
          the round before has left it as it found it, and the scale request is sent {QUIET:?} after \
          that read.\n\n\
-         Median time from the scale request to the last owner pod bound: {:.0} ms with the 1.2 s \
-         checkpoint (target < 3500 ms for 22 pods), {:.0} ms without (target < 330 ms for 12 pods).\n\n{}\n",
+         Median time from the scale request to the last owner pod bound: {} with the 1.2 s \
+         checkpoint (target < 3500 ms for 22 pods), {} without (target < 330 ms for 12 pods).\n\n{}\n",
         knobs.node_behaviour,
         knobs.operator_build,
         knobs.handovers,
@@ -357,8 +364,8 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst]) {
         knobs.burst_pods,
         knobs.burst_none_pods,
         knobs.burst_rounds,
-        median_last("vllm 1.2 s"),
-        median_last("none"),
+        median_last_bound(bursts, "vllm 1.2 s"),
+        median_last_bound(bursts, "none"),
         table(&burst),
     );
     for count in &counts {
