@@ -10,6 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 use gpuqueue_api::v1alpha1::GpuQueue;
 use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, bin_dir, repo_root};
@@ -75,19 +76,29 @@ fn flux_cel(file: &Path) -> Result<Value, String> {
     )
 }
 
+/// A file this test process writes for the tools, under the target directory.
+fn scratch(name: &str) -> PathBuf {
+    let dir = gpuqueue_e2e::target_dir().join("gitops-health");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(format!("{}-{name}", std::process::id()))
+}
+
 /// README's `healthCheckExprs` block, as a file: what a user copies into a Kustomization.
-fn readme_flux_checks() -> PathBuf {
-    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
-    let start = readme
-        .find("```yaml\n  healthCheckExprs:")
-        .expect("README.md has no healthCheckExprs block")
-        + "```yaml\n".len();
-    let block = &readme[start..];
-    let block = &block[..block.find("```").unwrap()];
-    let file =
-        std::env::temp_dir().join(format!("gpuqueue-flux-checks-{}.yaml", std::process::id()));
-    std::fs::write(&file, block).unwrap();
-    file
+/// Written once per process, so that tests running together never read it half written.
+fn readme_flux_checks() -> &'static Path {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+        let start = readme
+            .find("```yaml\n  healthCheckExprs:")
+            .expect("README.md has no healthCheckExprs block")
+            + "```yaml\n".len();
+        let block = &readme[start..];
+        let block = &block[..block.find("```").unwrap()];
+        let file = scratch("flux-checks.yaml");
+        std::fs::write(&file, block).unwrap();
+        file
+    })
 }
 
 /// Flux's name for the health Argo CD gives as `argo_cd`, as README pairs them.
@@ -168,10 +179,7 @@ fn a_reclaiming_queue_with_a_fault_fails_flux_as_it_degrades_argo_cd() {
             condition["message"] = "the guarantees add up to 40 but the cluster has 32".into();
         }
     }
-    let file = std::env::temp_dir().join(format!(
-        "gpuqueue-reclaiming-overcommitted-{}.json",
-        std::process::id()
-    ));
+    let file = scratch("reclaiming-overcommitted.json");
     std::fs::write(&file, serde_json::to_vec(&queue).unwrap()).unwrap();
 
     assert_eq!(argo_cd(&file)["status"], "Degraded");
