@@ -232,10 +232,13 @@ impl Deletion {
     }
 }
 
-fn exit_code(pod: &Pod) -> i32 {
-    let statuses = pod.status.as_ref().unwrap().container_statuses.as_ref();
+/// How the pod ended: its phase and its container's exit code.
+fn ending(pod: &Pod) -> (Option<&str>, i32) {
+    let status = pod.status.as_ref().unwrap();
+    let statuses = status.container_statuses.as_ref();
     let state = statuses.unwrap()[0].state.as_ref().unwrap();
-    state.terminated.as_ref().unwrap().exit_code
+    let code = state.terminated.as_ref().unwrap().exit_code;
+    (status.phase.as_deref(), code)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -254,11 +257,7 @@ async fn a_deleted_pod_ends_no_sooner_than_a_relist_and_is_terminal_before_it_go
         "its exit is seen at a relist after the kill, which starts at one: ended {ended}, deleted {}",
         deletion.sent
     );
-    assert_eq!(
-        pod.status.as_ref().unwrap().phase.as_deref(),
-        Some("Succeeded")
-    );
-    assert_eq!(exit_code(pod), 0, "{}", describe_pod(pod));
+    assert_eq!(ending(pod), (Some("Succeeded"), 0), "{}", describe_pod(pod));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,11 +280,7 @@ async fn a_pod_that_ignores_sigterm_ends_no_sooner_than_its_grace_period_and_a_r
         "a pod ignoring SIGTERM runs until SIGKILL, its end seen at the relist after: ended {ended}, deleted {}",
         deletion.sent
     );
-    assert_eq!(
-        pod.status.as_ref().unwrap().phase.as_deref(),
-        Some("Failed")
-    );
-    assert_eq!(exit_code(pod), 137, "{}", describe_pod(pod));
+    assert_eq!(ending(pod), (Some("Failed"), 137), "{}", describe_pod(pod));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
