@@ -150,7 +150,7 @@ bench-sim: ## Placement study on every openb trace and quota studies of examples
 	$(SIMULATE) --no-progress --scenario examples/sim/helios-venus.yaml --out $(SIM_RESULTS)/quota
 
 .PHONY: bench-handover
-bench-handover: ## Handover latency on nodes that behave like kubelets: 50 single reclaims with a 1.2 s vLLM checkpoint and 50 without, then bursts of 22 and 12 owner pods (5 rounds each; BENCH_* knobs in e2e/benches/handover.rs); writes e2e/results/handover.{json,md}
+bench-handover: ## Handover latency on nodes that behave like kubelets: 50 single reclaims with a 1.2 s vLLM checkpoint and 50 without, then bursts of 22 and 12 owner pods (5 rounds each), and with BENCH_REAL_NODE_HANDOVERS=N single handovers on one real kubelet (root, containerd; BENCH_* knobs in e2e/benches/handover.rs); writes e2e/results/handover.{json,md}
 	bin=$$($(E2E_TOOLS)) && GPUQUEUE_E2E_BIN="$$bin" $(CARGO) bench --locked -p gpuqueue-e2e --bench handover
 
 .PHONY: soak

@@ -28,6 +28,13 @@
 //! The control-plane share is the whole handover minus the checkpoint phase and minus the
 //! victims' termination (`victimsGone`).
 //!
+//! `BENCH_REAL_NODE_HANDOVERS=<n>` (default 0) then runs `n` single handovers per mode on one
+//! real kubelet node (`e2e/kubelet/real-node.sh`: containerd, runc, kubelet, our fake device
+//! plugin; the fake vLLM in containers), in a cluster of its own: a real SIGTERM and grace
+//! period, the kubelet's device manager freeing the GPU, the owner's container started (seen
+//! polled every 5 ms). It runs as root and needs `apt-get install -y containerd runc buildah
+//! gcc`.
+//!
 //! `BENCH_NODE_BEHAVIOUR=fast` runs KWOK's fast stages instead (a victim vanishes at once), for
 //! figures comparable with peers measured on those.
 //!
@@ -57,6 +64,8 @@ mod common;
 mod burst;
 #[path = "handover/observe.rs"]
 mod observe;
+#[path = "handover/real_node.rs"]
+mod real_node;
 #[path = "handover/record.rs"]
 mod record;
 #[path = "handover/report.rs"]
@@ -73,8 +82,8 @@ use tokio::time::Instant;
 use common::{Operator, Options, apply_queue, free_port, install};
 use gpuqueue_api::{NVIDIA_GPU, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
-    ControlPlane, ControlPlaneConfig, GpuNode, NodeBehaviour, describe_pod, env_number, gpu_pod,
-    node_of, wait_for,
+    ControlPlane, ControlPlaneConfig, GpuNode, NodeBehaviour, TempNamespace, describe_pod,
+    env_number, gpu_pod, node_of, wait_for,
 };
 use gpuqueue_fake_vllm::{Config as VllmConfig, FakeVllm};
 use k8s_openapi::api::core::v1::Pod;
@@ -115,6 +124,17 @@ struct Sample {
     mode: &'static str,
     handover: Handover,
     end_to_end_ms: f64,
+    /// On the real node: the owner seen bound → its container seen running.
+    owner_running_ms: Option<f64>,
+}
+
+/// Where the pods run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Nodes {
+    /// KWOK nodes: each pod IP gets a fake vLLM served by this process.
+    Kwok,
+    /// The real kubelet node: the fake vLLM runs in each pod's container.
+    RealKubelet,
 }
 
 fn queue_yaml(
@@ -147,9 +167,18 @@ struct Bench {
     next_owner: usize,
     /// The owners' PriorityClass, if they outrank the borrowers.
     owner_class: Option<String>,
+    nodes: Nodes,
 }
 
 impl Bench {
+    /// A one-GPU pod for the nodes of this bench.
+    fn pod(&self, name: &str) -> Pod {
+        match self.nodes {
+            Nodes::Kwok => gpu_pod(name, NVIDIA_GPU, 1),
+            Nodes::RealKubelet => real_node::vllm_pod(name),
+        }
+    }
+
     /// Sets the borrowers' checkpoint mode.
     async fn set_mode(&self, reclaim: &str) {
         apply_queue(
@@ -175,11 +204,16 @@ impl Bench {
             let name = format!("b-{:04}", self.next_borrower);
             self.next_borrower += 1;
             self.borrowers
-                .create(&PostParams::default(), &gpu_pod(&name, NVIDIA_GPU, 1))
+                .create(&PostParams::default(), &self.pod(&name))
                 .await
                 .unwrap();
-            let pod = running(&self.borrowers, &name).await;
-            self.serve(&pod).await;
+            match self.nodes {
+                Nodes::Kwok => {
+                    let pod = running(&self.borrowers, &name).await;
+                    self.serve(&pod).await;
+                }
+                Nodes::RealKubelet => real_node::ready(&self.borrowers, &name).await,
+            }
         }
     }
 
@@ -218,7 +252,7 @@ impl Bench {
         self.refill(self.gpus).await;
         let name = format!("o-{:04}", self.next_owner);
         self.next_owner += 1;
-        let mut owner = gpu_pod(&name, NVIDIA_GPU, 1);
+        let mut owner = self.pod(&name);
         owner
             .spec
             .as_mut()
@@ -230,17 +264,16 @@ impl Bench {
             .create(&PostParams::default(), &owner)
             .await
             .unwrap();
-        let bound = loop {
-            let pod = self.owners.get(&name).await.unwrap();
-            if node_of(&pod).is_some() {
-                break created.elapsed();
+        let bound = first_seen(&self.owners, &name, created, |pod| node_of(pod).is_some()).await;
+        let owner_running_ms = match self.nodes {
+            Nodes::Kwok => None,
+            Nodes::RealKubelet => {
+                let running = first_seen(&self.owners, &name, created, |pod| {
+                    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                })
+                .await;
+                Some(running.saturating_sub(bound).as_secs_f64() * 1000.0)
             }
-            assert!(
-                created.elapsed() < WAIT,
-                "owner not bound: {}",
-                describe_pod(&pod)
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
         };
         let owner = format!("{}/{name}", self.online);
         let queues: Api<GpuQueue> = Api::all(self.client.clone());
@@ -257,16 +290,37 @@ impl Bench {
         })
         .await
         .unwrap();
-        self.owners
-            .delete(&name, &DeleteParams::default().grace_period(0))
-            .await
-            .unwrap();
+        // A kubelet frees the GPU once the container has ended: no force delete there, or
+        // the next borrower could find its device still allocated.
+        let grace = match self.nodes {
+            Nodes::Kwok => DeleteParams::default().grace_period(0),
+            Nodes::RealKubelet => DeleteParams::default(),
+        };
+        self.owners.delete(&name, &grace).await.unwrap();
         gone(&self.owners, &name).await;
         Sample {
             mode,
             handover: Handover::of(&record),
             end_to_end_ms: bound.as_secs_f64() * 1000.0,
+            owner_running_ms,
         }
+    }
+}
+
+/// Polls the pod every 5 ms until `holds`; returns how long after `since` it was first seen so.
+async fn first_seen(
+    pods: &Api<Pod>,
+    name: &str,
+    since: Instant,
+    holds: impl Fn(&Pod) -> bool,
+) -> Duration {
+    loop {
+        let pod = pods.get(name).await.unwrap();
+        if holds(&pod) {
+            return since.elapsed();
+        }
+        assert!(since.elapsed() < WAIT, "{name}: {}", describe_pod(&pod));
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -312,6 +366,9 @@ struct Knobs {
     node_behaviour: &'static str,
     /// The owners' priority (`BENCH_OWNER_PRIORITY`, default 0: that of the borrowers).
     owner_priority: usize,
+    /// Single handovers per mode on one real kubelet node (`BENCH_REAL_NODE_HANDOVERS`,
+    /// default 0: it needs root, containerd, runc and buildah).
+    real_node_handovers: usize,
 }
 
 impl Knobs {
@@ -333,6 +390,7 @@ impl Knobs {
                 "kubelet"
             },
             owner_priority: env_number("BENCH_OWNER_PRIORITY", 0),
+            real_node_handovers: env_number("BENCH_REAL_NODE_HANDOVERS", 0),
         };
         let spare = knobs.nodes * GPUS_PER_NODE - burst::BASE_REPLICAS;
         assert!(
@@ -346,9 +404,94 @@ impl Knobs {
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let knobs = Knobs::from_env();
+/// The operator installed and running on a cluster, its queues, and the bench that drives it.
+struct Run {
+    bench: Bench,
+    _operator: Operator,
+    _namespaces: [TempNamespace; 2],
+}
+
+impl Run {
+    /// Installs and starts the operator on `cluster`, whose nodes hold `gpus` GPUs, and
+    /// creates queue `online`, guaranteed all of them.
+    async fn start(cluster: &ControlPlane, gpus: usize, knobs: &Knobs, nodes: Nodes) -> Self {
+        let client = cluster.client();
+        let online = cluster.namespace("online").await.unwrap();
+        let batch = cluster.namespace("batch").await.unwrap();
+        let webhook_port = free_port();
+        install(cluster, webhook_port).await;
+        apply_queue(&client, &queue_yaml("online", online.name(), gpus, 0, "{}")).await;
+        let owner_class = (knobs.owner_priority > 0).then(|| OWNER_CLASS.to_owned());
+        if owner_class.is_some() {
+            let class = format!(
+                "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {{name: {OWNER_CLASS}}}\nvalue: {}\n",
+                knobs.owner_priority
+            );
+            gpuqueue_e2e::apply_yaml(&client, &class, None)
+                .await
+                .unwrap();
+        }
+        let mut options = Options::new("bench", webhook_port);
+        // The release build is what is measured; a smoke run may take the debug build tests use.
+        options.release = knobs.operator_build == "release";
+        // `BENCH_OPERATOR_LOG` (a tracing filter) for the operator's debug log of a trial run.
+        options.log_filter =
+            std::env::var("BENCH_OPERATOR_LOG").unwrap_or_else(|_| "info".to_owned());
+        let operator = Operator::start(cluster, options).await;
+        let bench = Bench {
+            client: client.clone(),
+            audit_log: cluster.audit_log_path(),
+            borrowers: Api::namespaced(client.clone(), batch.name()),
+            owners: Api::namespaced(client.clone(), online.name()),
+            online: online.name().to_owned(),
+            batch: batch.name().to_owned(),
+            gpus,
+            servers: HashMap::new(),
+            next_borrower: 0,
+            next_owner: 0,
+            owner_class,
+            nodes,
+        };
+        Self {
+            bench,
+            _operator: operator,
+            _namespaces: [online, batch],
+        }
+    }
+}
+
+/// `handovers` single handovers in each mode, after one warm-up each (not counted).
+async fn singles(bench: &mut Bench, handovers: usize, on: &str) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    for (mode, reclaim) in modes().into_iter().filter(|_| handovers > 0) {
+        bench.set_mode(&reclaim).await;
+        let warm_up = bench.handover(mode).await;
+        eprintln!(
+            "{on}, {mode}: warm-up {} ms (not counted)",
+            warm_up.handover.total_ms
+        );
+        for i in 0..handovers {
+            let sample = bench.handover(mode).await;
+            let h = &sample.handover;
+            eprintln!(
+                "{on}, {mode} #{i}: total {} ms, checkpoint {} ms, victims gone {} ms, control plane {} ms, end to end {:.0} ms, owner running {:?} ms later ({})",
+                h.total_ms,
+                h.checkpoint_ms,
+                h.victims_gone_ms,
+                h.control_plane_ms,
+                sample.end_to_end_ms,
+                sample.owner_running_ms,
+                h.outcome
+            );
+            assert_eq!(h.outcome, "Completed", "{sample:?}");
+            samples.push(sample);
+        }
+    }
+    samples
+}
+
+/// The KWOK part: single handovers, then bursts.
+async fn on_kwok_nodes(knobs: &Knobs) -> (Vec<Sample>, Vec<burst::Burst>) {
     let gpus = knobs.nodes * GPUS_PER_NODE;
     let nodes = (0..knobs.nodes)
         .map(|i| GpuNode::whole_gpus(format!("gpu-node-{i}"), 8))
@@ -361,67 +504,32 @@ async fn main() {
     }
     let cluster = ControlPlane::start(config).await.unwrap();
     eprintln!("control plane up ({})", cluster.startup_summary());
-    let client = cluster.client();
-    let online = cluster.namespace("online").await.unwrap();
-    let batch = cluster.namespace("batch").await.unwrap();
-    let webhook_port = free_port();
-    install(&cluster, webhook_port).await;
-    apply_queue(&client, &queue_yaml("online", online.name(), gpus, 0, "{}")).await;
-    let owner_class = (knobs.owner_priority > 0).then(|| OWNER_CLASS.to_owned());
-    if owner_class.is_some() {
-        let class = format!(
-            "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {{name: {OWNER_CLASS}}}\nvalue: {}\n",
-            knobs.owner_priority
-        );
-        gpuqueue_e2e::apply_yaml(&client, &class, None)
-            .await
-            .unwrap();
-    }
-    let mut options = Options::new("bench", webhook_port);
-    // The release build is what is measured; a smoke run may take the debug build tests use.
-    options.release = knobs.operator_build == "release";
-    // `BENCH_OPERATOR_LOG` (a tracing filter) for the operator's debug log of a trial run.
-    options.log_filter = std::env::var("BENCH_OPERATOR_LOG").unwrap_or_else(|_| "info".to_owned());
-    let _operator = Operator::start(&cluster, options).await;
-
-    let mut bench = Bench {
-        client: client.clone(),
-        audit_log: cluster.audit_log_path(),
-        borrowers: Api::namespaced(client.clone(), batch.name()),
-        owners: Api::namespaced(client.clone(), online.name()),
-        online: online.name().to_owned(),
-        batch: batch.name().to_owned(),
-        gpus,
-        servers: HashMap::new(),
-        next_borrower: 0,
-        next_owner: 0,
-        owner_class,
-    };
-    let mut samples = Vec::new();
+    let mut run = Run::start(&cluster, gpus, knobs, Nodes::Kwok).await;
     // `BENCH_HANDOVERS=0` measures the bursts alone (no warm-up either).
-    for (mode, reclaim) in modes().into_iter().filter(|_| knobs.handovers > 0) {
-        bench.set_mode(&reclaim).await;
-        let warm_up = bench.handover(mode).await;
-        eprintln!(
-            "{mode}: warm-up {} ms (not counted)",
-            warm_up.handover.total_ms
-        );
-        for i in 0..knobs.handovers {
-            let sample = bench.handover(mode).await;
-            let h = &sample.handover;
-            eprintln!(
-                "{mode} #{i}: total {} ms, checkpoint {} ms, victims gone {} ms, control plane {} ms, end to end {:.0} ms ({})",
-                h.total_ms,
-                h.checkpoint_ms,
-                h.victims_gone_ms,
-                h.control_plane_ms,
-                sample.end_to_end_ms,
-                h.outcome
-            );
-            assert_eq!(h.outcome, "Completed", "{sample:?}");
-            samples.push(sample);
-        }
+    let samples = singles(&mut run.bench, knobs.handovers, "KWOK").await;
+    let bursts = burst::run(&mut run.bench, knobs).await;
+    (samples, bursts)
+}
+
+/// The real-node part: single handovers on one real kubelet, in a cluster of its own with no
+/// KWOK nodes.
+async fn on_the_real_node(knobs: &Knobs) -> Vec<Sample> {
+    if knobs.real_node_handovers == 0 {
+        return Vec::new();
     }
-    let bursts = burst::run(&mut bench, &knobs).await;
-    report::write(&knobs, &samples, &bursts);
+    let config = ControlPlaneConfig::new("bench_handover_real_node").with_nodes(Vec::new());
+    let cluster = ControlPlane::start(config).await.unwrap();
+    let mut run = Run::start(&cluster, real_node::GPUS, knobs, Nodes::RealKubelet).await;
+    let node = real_node::RealNode::up(&cluster).await;
+    let samples = singles(&mut run.bench, knobs.real_node_handovers, "real kubelet").await;
+    drop(node);
+    samples
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let knobs = Knobs::from_env();
+    let (samples, bursts) = on_kwok_nodes(&knobs).await;
+    let real = on_the_real_node(&knobs).await;
+    report::write(&knobs, &samples, &bursts, &real);
 }
