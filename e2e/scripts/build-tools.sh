@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the real control plane (kube-apiserver, kube-scheduler, kube-controller-manager,
-# kubectl, etcd, kwok), helm (the chart's tests), gpuqueue-argocd-lua (Argo CD's Lua
+# kubectl, etcd, kwok), helm (the chart's tests), kustomize (README's `kustomize edit`),
+# gpuqueue-argocd-lua (Argo CD's Lua
 # interpreter for the health check's tests) and gpuqueue-flux-health (Flux's kstatus and CEL
 # health checks, for theirs), and fetches the Prometheus Operator's CRDs (the chart's tests),
 # from the Go module proxy at the versions pinned in e2e/tools/*/go.mod; caches them outside
@@ -28,11 +29,13 @@ k8s_version=$(version_of k8s.io/kubernetes "$tools/k8s")
 etcd_version=$(version_of go.etcd.io/etcd/server/v3 "$tools/etcd")
 kwok_version=$(version_of sigs.k8s.io/kwok "$tools/kwok")
 helm_version=$(version_of helm.sh/helm/v4 "$tools/helm")
+kustomize_version=$(version_of sigs.k8s.io/kustomize/kustomize/v5 "$tools/kustomize")
 
 k8s_dir="$cache_root/kubernetes-$k8s_version-$(lock_hash "$tools/k8s")"
 etcd_dir="$cache_root/etcd-$etcd_version-$(lock_hash "$tools/etcd")"
 kwok_dir="$cache_root/kwok-$kwok_version-$(lock_hash "$tools/kwok")"
 helm_dir="$cache_root/helm-$helm_version-$(lock_hash "$tools/helm")"
+kustomize_dir="$cache_root/kustomize-$kustomize_version-$(lock_hash "$tools/kustomize")"
 bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
 
 real_node=false peers=false
@@ -57,7 +60,7 @@ kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
 # Everything this call needs, named by version and lock hash: when a finished run left its
 # stamp, print the directory without waiting on the lock (a long opt-in build, such as
 # Kueue's, must not hold up every test that only needs the cached control plane).
-needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $argocd_lua_dir $flux_health_dir $prometheus_crds_dir"
+needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $kustomize_dir $argocd_lua_dir $flux_health_dir $prometheus_crds_dir"
 $real_node && needed="$needed $kubelet_dir $plugin_dir"
 $peers && needed="$needed $kueue_dir"
 stamp="$bin_dir/.ready-$(echo "$needed" | sha256sum | cut -c1-12)"
@@ -112,6 +115,9 @@ build_into "$kwok_dir" "$tools/kwok" sigs.k8s.io/kwok/cmd/kwok
 LDFLAGS="-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
 build_into "$helm_dir" "$tools/helm" helm.sh/helm/v4/cmd/helm
 
+LDFLAGS="-s -w -X sigs.k8s.io/kustomize/api/provenance.version=$kustomize_version"
+build_into "$kustomize_dir" "$tools/kustomize" sigs.k8s.io/kustomize/kustomize/v5
+
 LDFLAGS="-s -w"
 build_into "$argocd_lua_dir" "$tools/argocd-lua" .
 build_into "$flux_health_dir" "$tools/flux-health" .
@@ -142,7 +148,7 @@ fi
 
 # One directory of links so callers need a single path.
 mkdir -p "$bin_dir"
-for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$helm_dir"/helm \
+for f in "$k8s_dir"/* "$etcd_dir"/etcd "$kwok_dir"/kwok "$helm_dir"/helm "$kustomize_dir"/kustomize \
   "$argocd_lua_dir"/gpuqueue-argocd-lua "$flux_health_dir"/gpuqueue-flux-health \
   "$stages" "$prometheus_crds"; do
   ln -sfn "$f" "$bin_dir/$(basename "$f")"

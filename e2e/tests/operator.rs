@@ -795,16 +795,42 @@ async fn a_stopping_replica_hands_on_its_lease_and_gates_pods_through_its_drain(
     assert!(exit.success(), "{exit}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_restricted() {
-    let cluster = start("operator_install", None).await;
-    let client = cluster.client();
-
-    // Exactly the README's install command, with the kubectl (and built-in kustomize) of v1.36.
+/// README's install: its image step, as README writes it (`cd config && kustomize edit set
+/// image …`, which edits kustomization.yaml in place; in a copy of the checkout's `config/`,
+/// with the kustomize CLI v5 from the Go module proxy), then exactly its install command with
+/// the kubectl (and built-in kustomize) of v1.36. Returns the image the edit set.
+fn install_with_readmes_image(cluster: &ControlPlane) -> String {
+    let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
+    let edit = readme
+        .lines()
+        .find(|line| line.starts_with("cd config && kustomize edit set image "))
+        .expect("README.md has no `cd config && kustomize edit set image` line");
+    let (_, image) = edit.rsplit_once('=').unwrap();
+    let image = image.split_whitespace().next().unwrap().to_owned();
+    let checkout = cluster.run_dir().join("checkout");
+    std::fs::create_dir_all(&checkout).unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(repo_root().join("config"))
+        .arg(&checkout)
+        .status()
+        .unwrap();
+    assert!(copied.success(), "cp -a config: {copied}");
+    let edited = cluster
+        .command("bash")
+        .args(["-c", edit])
+        .current_dir(&checkout)
+        .output()
+        .unwrap();
+    assert!(
+        edited.status.success(),
+        "{edit}: {}",
+        String::from_utf8_lossy(&edited.stderr)
+    );
     let applied = cluster
         .kubectl()
         .args(["apply", "--server-side", "-k"])
-        .arg(repo_root().join("config"))
+        .arg(checkout.join("config"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&applied.stderr);
@@ -813,6 +839,15 @@ async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_r
         "kubectl apply -k config/: {stderr}"
     );
     assert!(!stderr.contains("PodSecurity"), "{stderr}");
+    image
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_restricted() {
+    let cluster = start("operator_install", None).await;
+    let client = cluster.client();
+
+    let image = install_with_readmes_image(&cluster);
     // The opt-in NetworkPolicy is valid too (KWOK enforces none; a CNI would).
     let network_policy = cluster
         .kubectl()
@@ -841,6 +876,14 @@ async fn the_install_manifests_apply_with_kustomize_and_run_under_pod_security_r
                 .iter()
                 .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
                 .count();
+            let images: Vec<_> = list
+                .items
+                .iter()
+                .flat_map(|p| &p.spec.as_ref().unwrap().containers)
+                .filter_map(|c| c.image.as_deref())
+                .collect();
+            // The image the README's edit set, not the one config/ ships.
+            assert!(images.iter().all(|i| *i == image), "{images:?}");
             if running == 2 {
                 Ok(())
             } else {
