@@ -259,6 +259,12 @@ impl Bench {
             .unwrap()
             .priority_class_name
             .clone_from(&self.owner_class);
+        // A kubelet relists every second on its own clock, and this loop would meet it at the
+        // same point of that cycle round after round: a random pause spreads the rounds over
+        // it. (KWOK's kubelet-like stages draw their relist delay at random already.)
+        if self.nodes == Nodes::RealKubelet {
+            tokio::time::sleep(Duration::from_millis(rand::random_range(0..1000))).await;
+        }
         let created = Instant::now();
         self.owners
             .create(&PostParams::default(), &owner)

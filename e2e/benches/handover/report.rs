@@ -332,8 +332,9 @@ fn real_node_section(knobs: &Knobs, real: &[Sample], rows: &[Row]) -> String {
          scratch`, its `POST /pause` taking {} ms, exiting at once on SIGTERM; victim grace \
          {VICTIM_GRACE_SECONDS} s). A victim gets a real SIGTERM, the kubelet sees its exit at a \
          relist (generic PLEG, 1 s) and frees its GPU, and the owner's container is started. \
-         {} handovers per mode after one warm-up, the same queues and {} build of the operator \
-         as above.\n\n{}\n\
+         {} handovers per mode after one warm-up, each owner created after a random 0-1 s pause \
+         (so that the rounds fall at random points of the kubelet's relist cycle), the same \
+         queues and {} build of the operator as above.\n\n{}\n\
          Handovers over the 3 s budget: {} of {} with the 1.2 s checkpoint, {} of {} without.\n",
         super::real_node::GPUS,
         CHECKPOINT.as_millis(),
