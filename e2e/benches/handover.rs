@@ -33,7 +33,8 @@
 //! plugin; the fake vLLM in containers), in a cluster of its own: a real SIGTERM and grace
 //! period, the kubelet's device manager freeing the GPU, the owner's container started (seen
 //! polled every 5 ms). It runs as root and needs `apt-get install -y containerd runc buildah
-//! gcc`.
+//! gcc`. `BENCH_REAL_NODE_EVENTED_PLEG=1` runs that kubelet with the alpha Evented PLEG, on
+//! containerd v2 built from the Go module proxy.
 //!
 //! `BENCH_NODE_BEHAVIOUR=fast` runs KWOK's fast stages instead (a victim vanishes at once), for
 //! figures comparable with peers measured on those.
@@ -375,6 +376,9 @@ struct Knobs {
     /// Single handovers per mode on one real kubelet node (`BENCH_REAL_NODE_HANDOVERS`,
     /// default 0: it needs root, containerd, runc and buildah).
     real_node_handovers: usize,
+    /// That node's kubelet with the alpha Evented PLEG on containerd v2
+    /// (`BENCH_REAL_NODE_EVENTED_PLEG=1`) instead of the default 1 s relists.
+    real_node_evented_pleg: bool,
 }
 
 impl Knobs {
@@ -397,6 +401,8 @@ impl Knobs {
             },
             owner_priority: env_number("BENCH_OWNER_PRIORITY", 0),
             real_node_handovers: env_number("BENCH_REAL_NODE_HANDOVERS", 0),
+            real_node_evented_pleg: std::env::var("BENCH_REAL_NODE_EVENTED_PLEG").as_deref()
+                == Ok("1"),
         };
         let spare = knobs.nodes * GPUS_PER_NODE - burst::BASE_REPLICAS;
         assert!(
@@ -526,7 +532,7 @@ async fn on_the_real_node(knobs: &Knobs) -> Vec<Sample> {
     let config = ControlPlaneConfig::new("bench_handover_real_node").with_nodes(Vec::new());
     let cluster = ControlPlane::start(config).await.unwrap();
     let mut run = Run::start(&cluster, real_node::GPUS, knobs, Nodes::RealKubelet).await;
-    let node = real_node::RealNode::up(&cluster).await;
+    let node = real_node::RealNode::up(&cluster, knobs.real_node_evented_pleg).await;
     let samples = singles(&mut run.bench, knobs.real_node_handovers, "real kubelet").await;
     drop(node);
     samples

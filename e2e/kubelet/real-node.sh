@@ -5,7 +5,12 @@
 #
 # Usage (as root; needs `apt-get install -y containerd runc buildah`):
 #   e2e/kubelet/real-node.sh up   --kubeconfig FILE --run-dir DIR [--node-name real-node-0] [--gpus 8]
+#                                 [--evented-pleg]
 #   e2e/kubelet/real-node.sh down --run-dir DIR
+#
+# --evented-pleg runs containerd v2 (built from the Go module proxy: Debian's 1.6 sends no
+# container events) and the kubelet with its alpha EventedPLEG feature gate, which learns of a
+# container's exit from containerd's events instead of its 1 s relist.
 #
 # Everything lives under DIR (containerd root/state/socket, kubelet root, CNI state, logs),
 # except the kubelet's device-plugin socket directory, which kubelet v1.36 hard-codes to
@@ -20,9 +25,10 @@ log() { printf '[real-node] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 action=${1:-}; shift || true
-kubeconfig='' run='' node=real-node-0 gpus=8
+kubeconfig='' run='' node=real-node-0 gpus=8 evented_pleg=false
 while [[ $# -gt 0 ]]; do
   case $1 in
+    --evented-pleg) evented_pleg=true; shift ;;
     --kubeconfig) kubeconfig=$2; shift 2 ;;
     --run-dir) run=$2; shift 2 ;;
     --node-name) node=$2; shift 2 ;;
@@ -82,7 +88,11 @@ up() {
     command -v "$tool" >/dev/null || die "$tool is missing: apt-get install -y containerd runc buildah gcc"
   done
   local bin
-  bin=$("$repo/e2e/scripts/build-tools.sh" --real-node | tail -n1)
+  if $evented_pleg; then
+    bin=$("$repo/e2e/scripts/build-tools.sh" --real-node --containerd | tail -n1)
+  else
+    bin=$("$repo/e2e/scripts/build-tools.sh" --real-node | tail -n1)
+  fi
 
   mkdir -p "$run/logs" "$run/cni" "$run/kubelet" "$plugin_dir"
   exec 8>"$plugin_dir/.gpuqueue-real-node.lock"
@@ -91,7 +101,12 @@ up() {
   printf '%s\n%s\n%s\n' "$bin" "$kubeconfig" "$node" >"$run/node"
 
   sed "s|@RUN@|$run|g" "$here/containerd.toml.in" >"$run/containerd.toml"
-  spawn containerd containerd --config "$run/containerd.toml"
+  if $evented_pleg; then
+    # containerd finds its shim on its PATH: ours first.
+    spawn containerd env PATH="$bin/containerd-v2:$PATH" containerd --config "$run/containerd.toml"
+  else
+    spawn containerd containerd --config "$run/containerd.toml"
+  fi
   wait_until "containerd" 30 ctr_ version
   build_images
 
@@ -103,6 +118,7 @@ up() {
 EOF
   sed -e "s|@RUN@|$run|g" -e "s|@PORT@|10350|" -e "s|@HEALTHZ_PORT@|10348|" \
     -e "s|@POD_CIDR@|$pod_cidr|" "$here/kubelet.yaml.in" >"$run/kubelet.yaml"
+  if $evented_pleg; then printf 'featureGates:\n  EventedPLEG: true\n' >>"$run/kubelet.yaml"; fi
   local node_ip
   node_ip=$(ip -4 route get 1.1.1.1 | sed -n 's/.* src \([0-9.]*\).*/\1/p')
   spawn kubelet "$bin/kubelet" --config="$run/kubelet.yaml" --kubeconfig="$kubeconfig" \

@@ -11,6 +11,9 @@
 #        e2e/scripts/build-tools.sh --real-node
 #                                           also builds kubelet (same module) and our fake
 #                                           device plugin, for e2e/kubelet/ (opt-in: slow)
+#        e2e/scripts/build-tools.sh --containerd
+#                                           also builds containerd v2 and its runc shim, for a
+#                                           real node with the Evented PLEG (opt-in)
 #        e2e/scripts/build-tools.sh --peers also builds Kueue, the peer `make bench-peers`
 #                                           measures against (opt-in: ~280 CPU-seconds, 1.9 GB)
 set -euo pipefail
@@ -38,12 +41,13 @@ helm_dir="$cache_root/helm-$helm_version-$(lock_hash "$tools/helm")"
 kustomize_dir="$cache_root/kustomize-$kustomize_version-$(lock_hash "$tools/kustomize")"
 bin_dir="$cache_root/bin-k8s-$k8s_version-etcd-$etcd_version-kwok-$kwok_version"
 
-real_node=false peers=false
+real_node=false peers=false containerd=false
 for arg in "$@"; do
   case $arg in
     --real-node) real_node=true ;;
+    --containerd) containerd=true ;;
     --peers) peers=true ;;
-    *) echo "build-tools.sh: unknown flag $arg (known: --real-node, --peers)" >&2; exit 2 ;;
+    *) echo "build-tools.sh: unknown flag $arg (known: --real-node, --containerd, --peers)" >&2; exit 2 ;;
   esac
 done
 
@@ -54,6 +58,8 @@ flux_health_dir="$cache_root/flux-health-$(lock_hash "$tools/flux-health")"
 prometheus_crds_dir="$cache_root/prometheus-operator-crds-$(lock_hash "$tools/prometheus-operator")"
 kubelet_dir="$cache_root/kubelet-$k8s_version-$(lock_hash "$tools/kubelet")"
 plugin_dir="$cache_root/deviceplugin-$(lock_hash "$tools/deviceplugin")"
+containerd_version=$(version_of github.com/containerd/containerd/v2 "$tools/containerd")
+containerd_dir="$cache_root/containerd-$containerd_version-$(lock_hash "$tools/containerd")"
 kueue_version=$(version_of sigs.k8s.io/kueue "$tools/kueue")
 kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
 
@@ -62,6 +68,7 @@ kueue_dir="$cache_root/kueue-$kueue_version-$(lock_hash "$tools/kueue")"
 # Kueue's, must not hold up every test that only needs the cached control plane).
 needed="$k8s_dir $etcd_dir $kwok_dir $helm_dir $kustomize_dir $argocd_lua_dir $flux_health_dir $prometheus_crds_dir"
 $real_node && needed="$needed $kubelet_dir $plugin_dir"
+$containerd && needed="$needed $containerd_dir"
 $peers && needed="$needed $kueue_dir"
 stamp="$bin_dir/.ready-$(echo "$needed" | sha256sum | cut -c1-12)"
 if [[ -f "$stamp" ]]; then
@@ -164,6 +171,15 @@ if $real_node; then
   build_into "$plugin_dir" "$tools/deviceplugin" .
   ln -sfn "$kubelet_dir/kubelet" "$bin_dir/kubelet"
   ln -sfn "$plugin_dir/gpuqueue-fake-deviceplugin" "$bin_dir/gpuqueue-fake-deviceplugin"
+fi
+# containerd v2 (Debian's 1.6 sends the kubelet no container events), with its shim beside it
+# under their own names: the real node puts the directory first in containerd's PATH.
+if $containerd; then
+  LDFLAGS="-s -w -X github.com/containerd/containerd/v2/version.Version=$containerd_version"
+  build_into "$containerd_dir" "$tools/containerd" -tags "no_btrfs no_devmapper no_zfs" \
+    github.com/containerd/containerd/v2/cmd/containerd \
+    github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
+  ln -sfn "$containerd_dir" "$bin_dir/containerd-v2"
 fi
 # The peer: Kueue from its pinned module. Its CRDs and webhook manifest stay in the module
 # directory, linked beside the binary so the harness reads them from there at run time.

@@ -33,8 +33,9 @@ fn script() -> PathBuf {
 }
 
 impl RealNode {
-    /// Starts the node on `cluster` and returns once it is Ready with [`GPUS`] GPUs.
-    pub async fn up(cluster: &ControlPlane) -> Self {
+    /// Starts the node on `cluster` and returns once it is Ready with [`GPUS`] GPUs; its
+    /// kubelet with the Evented PLEG if `evented_pleg`.
+    pub async fn up(cluster: &ControlPlane, evented_pleg: bool) -> Self {
         let node = Self {
             run_dir: cluster.run_dir().join("real-node"),
             log_dir: cluster.log_dir().join("real-node"),
@@ -47,6 +48,7 @@ impl RealNode {
             .arg(&node.run_dir)
             .arg("--gpus")
             .arg(GPUS.to_string())
+            .args(evented_pleg.then_some("--evented-pleg"))
             .status()
             .await
             .unwrap();
