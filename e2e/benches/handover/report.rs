@@ -324,13 +324,22 @@ fn real_node_section(knobs: &Knobs, real: &[Sample], rows: &[Row]) -> String {
             .filter(|s| s.mode == mode && s.handover.over_budget())
             .count()
     };
+    let (runtime, sees_exit) = if knobs.real_node_evented_pleg {
+        (
+            "containerd v2 from the Go module proxy",
+            "through containerd's events (the alpha Evented PLEG; its pod workers wait for a \
+             cache update every 5 s, its relist every 300 s)",
+        )
+    } else {
+        ("containerd", "at a relist (generic PLEG, 1 s)")
+    };
     format!(
         "{title}\n\n\
          A cluster of its own whose one node is a real kubelet v1.36.3 (`e2e/kubelet/real-node.sh`: \
-         containerd and runc from Debian, our fake device plugin advertising {} `nvidia.com/gpu`), \
+         {runtime} and runc from Debian, our fake device plugin advertising {} `nvidia.com/gpu`), \
          full of one-GPU borrowers running the fake vLLM as containers (a static binary, `FROM \
          scratch`, its `POST /pause` taking {} ms, exiting at once on SIGTERM; victim grace \
-         {VICTIM_GRACE_SECONDS} s). A victim gets a real SIGTERM, the kubelet sees its exit {} \
+         {VICTIM_GRACE_SECONDS} s). A victim gets a real SIGTERM, the kubelet sees its exit {sees_exit} \
          and frees its GPU, and the owner's container is started. \
          {} handovers per mode after one warm-up, each owner created after a random 0-1 s pause \
          (so that the rounds fall at random points of the kubelet's relist cycle), the same \
@@ -338,12 +347,6 @@ fn real_node_section(knobs: &Knobs, real: &[Sample], rows: &[Row]) -> String {
          Handovers over the 3 s budget: {} of {} with the 1.2 s checkpoint, {} of {} without.\n",
         super::real_node::GPUS,
         CHECKPOINT.as_millis(),
-        if knobs.real_node_evented_pleg {
-            "through containerd v2's events (the alpha Evented PLEG; its pod workers wait \
-             for a cache update every 5 s, its relist every 300 s)"
-        } else {
-            "at a relist (generic PLEG, 1 s)"
-        },
         knobs.real_node_handovers,
         knobs.operator_build,
         table(rows),
