@@ -37,6 +37,38 @@ pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), PathBuf::from)
 }
 
+/// `command` (cargo, or a script or `make` target that runs it) without the variables cargo
+/// sets for the test or bench that starts it (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, …). Build
+/// scripts read some of them and rerun when they change (ring's reads `CARGO_PKG_NAME`): a
+/// nested build that inherits them rebuilds ring and all that depends on it, and the next
+/// build from a shell rebuilds it all again.
+pub fn without_crate_env(command: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_crate_env) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
+/// Whether cargo sets `name` for the crate it builds or runs (not for cargo itself, such as
+/// `CARGO_HOME` or `CARGO_TARGET_DIR`).
+fn is_crate_env(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_MANIFEST_LINKS"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "CARGO_TARGET_TMPDIR"
+                | "CARGO_RUSTC_CURRENT_DIR"
+                | "OUT_DIR"
+        )
+}
+
 /// The directory holding etcd, kube-apiserver, kube-scheduler, kube-controller-manager,
 /// kubectl, kwok and kwok's stage file; built on first use if needed.
 pub fn bin_dir() -> Result<&'static Path> {
@@ -83,5 +115,31 @@ fn run_build_script() -> Result<PathBuf> {
             script.display(),
             output.status
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_crate_env;
+
+    #[test]
+    fn a_nested_build_loses_the_crates_variables_and_keeps_cargos_own() {
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_BIN_EXE_x",
+            "OUT_DIR",
+        ] {
+            assert!(is_crate_env(name), "{name}");
+        }
+        for name in [
+            "CARGO",
+            "CARGO_HOME",
+            "CARGO_TARGET_DIR",
+            "CARGO_BUILD_JOBS",
+            "PATH",
+        ] {
+            assert!(!is_crate_env(name), "{name}");
+        }
     }
 }

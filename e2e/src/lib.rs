@@ -40,7 +40,7 @@ pub use apply::{
     FIELD_MANAGER, WriteMode, apply_file, apply_yaml, install_crds, write_file, write_yaml,
     yaml_files,
 };
-pub use binaries::{BIN_DIR_ENV, bin_dir, repo_root, target_dir};
+pub use binaries::{BIN_DIR_ENV, bin_dir, repo_root, target_dir, without_crate_env};
 pub use control_plane::{
     CONTROLLERS, Component, ControlPlane, ControlPlaneConfig, DetachedCluster, UserAccess,
 };

@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use gpuqueue_e2e::repo_root;
+use gpuqueue_e2e::{repo_root, without_crate_env};
 
 const CLI: &str = env!("CARGO_BIN_EXE_gpuqueue-e2e-cluster");
 
@@ -21,7 +21,7 @@ fn show(what: &str, output: &Output) {
 /// `make -s <target> E2E_DIR=<dir> [<vars>]` in the repository, as a user runs it, but with
 /// the cluster binary cargo built for this test instead of a `cargo run` that builds it again.
 fn make(dir: &Path, target: &str, vars: &[&str]) -> Output {
-    let output = Command::new("make")
+    let output = without_crate_env(&mut Command::new("make"))
         .args(["-s", target])
         .arg(format!("E2E_DIR={}", dir.display()))
         .arg(format!("E2E_CLUSTER={CLI}"))

@@ -13,7 +13,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::{Command, Output};
 
-use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, repo_root};
+use gpuqueue_e2e::{ControlPlane, ControlPlaneConfig, repo_root, without_crate_env};
 
 use common::{OPERATOR_NAMESPACE, free_port, install, operator_access, run_ok, wait_readyz};
 
@@ -59,7 +59,7 @@ impl Drop for Container {
 
 fn build_image() {
     let build = run_ok(
-        Command::new(repo_root().join("config/image/build.sh")).args([
+        without_crate_env(&mut Command::new(repo_root().join("config/image/build.sh"))).args([
             "--profile",
             "dev",
             "--tag",

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{ControlPlane, describe_pod, repo_root, wait_for};
+use gpuqueue_e2e::{ControlPlane, describe_pod, repo_root, wait_for, without_crate_env};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::json;
@@ -40,7 +40,9 @@ impl RealNode {
             run_dir: cluster.run_dir().join("real-node"),
             log_dir: cluster.log_dir().join("real-node"),
         };
-        let status = tokio::process::Command::new(script())
+        let mut up = std::process::Command::new(script());
+        without_crate_env(&mut up);
+        let status = tokio::process::Command::from(up)
             .arg("up")
             .arg("--kubeconfig")
             .arg(cluster.kubeconfig_path())

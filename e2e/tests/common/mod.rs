@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use gpuqueue_api::{ADMISSION_GATE, annotations, v1alpha1::GpuQueue};
 use gpuqueue_e2e::{
     ControlPlane, DEFAULT_TIMEOUT, ManagedProcess, UserAccess, apply_yaml, describe_pod,
-    install_crds, node_of, repo_root, target_dir, wait_for,
+    install_crds, node_of, repo_root, target_dir, wait_for, without_crate_env,
 };
 use k8s_openapi::api::core::v1::{Event, Pod, PodSchedulingGate};
 use kube::{
@@ -59,7 +59,7 @@ pub fn operator_binary(release: bool) -> &'static Path {
         if release {
             command.arg("--release");
         }
-        let status = command
+        let status = without_crate_env(&mut command)
             .current_dir(repo_root())
             .status()
             .expect("running cargo build for gpuqueue-operator");
@@ -74,7 +74,7 @@ pub fn operator_binary(release: bool) -> &'static Path {
 pub fn cli_binaries() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let status = Command::new(env!("CARGO"))
+        let status = without_crate_env(&mut Command::new(env!("CARGO")))
             .args([
                 "build",
                 "--quiet",
