@@ -475,7 +475,10 @@ impl Run {
 /// `handovers` single handovers in each mode, after one warm-up each (not counted).
 async fn singles(bench: &mut Bench, handovers: usize, on: &str) -> Vec<Sample> {
     let mut samples = Vec::new();
-    for (mode, reclaim) in modes().into_iter().filter(|_| handovers > 0) {
+    if handovers == 0 {
+        return samples;
+    }
+    for (mode, reclaim) in modes() {
         bench.set_mode(&reclaim).await;
         let warm_up = bench.handover(mode).await;
         eprintln!(

@@ -7,7 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use gpuqueue_api::NVIDIA_GPU;
-use gpuqueue_e2e::{ControlPlane, describe_pod, repo_root, wait_for, without_crate_env};
+use gpuqueue_e2e::{
+    ControlPlane, describe_pod, pod_condition, repo_root, wait_for, without_crate_env,
+};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::json;
@@ -123,14 +125,7 @@ pub fn vllm_pod(name: &str) -> Pod {
 pub async fn ready(pods: &Api<Pod>, name: &str) {
     wait_for(format!("pod {name} Ready"), WAIT, || async {
         let pod = pods.get(name).await.map_err(|e| e.to_string())?;
-        let ready = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .into_iter()
-            .flatten()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        if ready {
+        if pod_condition(&pod, "Ready").is_some_and(|c| c.status == "True") {
             Ok(())
         } else {
             Err(describe_pod(&pod))

@@ -309,21 +309,24 @@ fn median_last_bound(bursts: &[Burst], mode: &str) -> String {
     }
 }
 
+/// How many of the single handovers of `mode` overran their budget.
+fn over_budget(samples: &[Sample], mode: &str) -> usize {
+    samples
+        .iter()
+        .filter(|s| s.mode == mode && s.handover.over_budget())
+        .count()
+}
+
 /// The real node's section: its figures, or how to add them.
 fn real_node_section(knobs: &Knobs, real: &[Sample], rows: &[Row]) -> String {
     let title = "## One real kubelet node: the single handovers there";
     if real.is_empty() {
         return format!(
-            "{title}\n\nNot run: `BENCH_REAL_NODE_HANDOVERS=10 make bench-handover` adds them \
+            "{title}\n\nNot run: `BENCH_REAL_NODE_HANDOVERS=20 make bench-handover` adds them \
              (as root, with `apt-get install -y containerd runc buildah gcc`; \
              `e2e/kubelet/real-node.sh`).\n"
         );
     }
-    let over_budget = |mode: &str| {
-        real.iter()
-            .filter(|s| s.mode == mode && s.handover.over_budget())
-            .count()
-    };
     let (runtime, sees_exit) = if knobs.real_node_evented_pleg {
         (
             "containerd v2 from the Go module proxy",
@@ -350,9 +353,9 @@ fn real_node_section(knobs: &Knobs, real: &[Sample], rows: &[Row]) -> String {
         knobs.real_node_handovers,
         knobs.operator_build,
         table(rows),
-        over_budget("vllm 1.2 s"),
+        over_budget(real, "vllm 1.2 s"),
         knobs.real_node_handovers,
-        over_budget("none"),
+        over_budget(real, "none"),
         knobs.real_node_handovers,
     )
 }
@@ -366,12 +369,6 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst], real: &[Sample
     };
     let burst = burst_rows(bursts);
     let counts = burst_counts(bursts);
-    let over_budget = |mode: &str| {
-        samples
-            .iter()
-            .filter(|s| s.mode == mode && s.handover.over_budget())
-            .count()
-    };
     let gpus = knobs.nodes * GPUS_PER_NODE;
     let setup = setup(knobs);
     let results = std::env::var_os("BENCH_RESULTS").map_or_else(
@@ -388,7 +385,7 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst], real: &[Sample
         "victim_grace_seconds": VICTIM_GRACE_SECONDS,
         "percentiles": "nearest rank",
         "single": rows_json(&single),
-        "single_over_budget": {"vllm 1.2 s": over_budget("vllm 1.2 s"), "none": over_budget("none")},
+        "single_over_budget": {"vllm 1.2 s": over_budget(samples, "vllm 1.2 s"), "none": over_budget(samples, "none")},
         "burst": rows_json(&burst),
         "burst_counts": counts,
         "samples": samples,
@@ -425,9 +422,9 @@ pub fn write(knobs: &Knobs, samples: &[Sample], bursts: &[Burst], real: &[Sample
         knobs.operator_build,
         knobs.handovers,
         table(&single),
-        over_budget("vllm 1.2 s"),
+        over_budget(samples, "vllm 1.2 s"),
         knobs.handovers,
-        over_budget("none"),
+        over_budget(samples, "none"),
         knobs.handovers,
         knobs.burst_pods,
         knobs.burst_none_pods,
